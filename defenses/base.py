@@ -1,0 +1,125 @@
+"""What every defense provides, and the per-run context it computes in.
+
+A defense is a small object with no per-run state of its own: ``init`` makes the agents'
+stacked state, ``round`` advances it one round while talking through the Network, and
+``observe`` turns an adversary's View into Observations (DESIGN.md, "The flow").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from privaudit.errors import PrivauditError
+from privaudit.grads import PairGrads
+from privaudit.models import build_model
+from privaudit.network import SimNetwork
+from privaudit.observation import Observation
+from privaudit.params import ParamSpec
+from privaudit.threat import View
+
+State = dict[str, Tensor]
+
+
+@dataclass
+class Context:
+    """Everything a round computes with: model, data shards, graph, randomness."""
+
+    model: nn.Module
+    spec: ParamSpec
+    grads: PairGrads
+    x0: Tensor  # shared initial model (D,) — public
+    train_x: Tensor  # (n, C, H, W), normalised
+    train_y: Tensor
+    parts: list[Tensor]  # agent i's indices into train_x
+    adj: Tensor
+    W: Tensor
+    batch_size: int
+    generator: torch.Generator
+    device: torch.device
+
+    @property
+    def n(self) -> int:
+        return self.adj.shape[0]
+
+    def sample(self) -> Tensor:
+        """A batch of B distinct local indices per agent (uniform without replacement), (N, B)."""
+        out = []
+        for part in self.parts:
+            pick = torch.randperm(len(part), generator=self.generator, device=self.device)
+            out.append(part[pick[: self.batch_size]])
+        return torch.stack(out)
+
+    def gaussian(self, *shape: int) -> Tensor:
+        return torch.randn(*shape, generator=self.generator, device=self.device)
+
+
+def params_of(cls: type, overrides: dict[str, Any]) -> Any:
+    """Build a params dataclass from ``overrides``, rejecting unknown names and bad types."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bad = sorted(set(overrides) - set(fields))
+    if bad:
+        raise PrivauditError(
+            f"unknown parameter(s) {', '.join(bad)}; valid: {', '.join(sorted(fields))}"
+        )
+    obj = cls(**overrides)
+    check = getattr(obj, "validate", None)
+    if check:
+        check()
+    return obj
+
+
+class Defense:
+    """Base class. Subclasses set ``name``, ``kinds`` (kind → one line), ``Params``."""
+
+    name: str = ""
+    kinds: dict[str, str] = {}
+    Params: type = object
+
+    # -- training -----------------------------------------------------------------
+    def init(self, ctx: Context, p: Any) -> State:
+        return {"x": ctx.x0.expand(ctx.n, -1).clone()}
+
+    def round(
+        self, ctx: Context, p: Any, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
+    ) -> State:
+        raise NotImplementedError
+
+    # -- privacy ------------------------------------------------------------------
+    def releases_per_round(self, adj: Tensor) -> int:
+        """How many noised releases of one agent's batch happen per round (worst agent)."""
+        return 0
+
+    # -- attack surface -------------------------------------------------------------
+    def rounds_needed(self, kind: str, t: int) -> list[int]:
+        """Rounds whose messages ``observe`` needs for the ``kind`` message of round ``t``."""
+        return [t]
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        raise NotImplementedError
+
+    # -- shared helpers ---------------------------------------------------------------
+    @staticmethod
+    def make_observation(
+        view: View, params: Tensor, target: Tensor, **kw: Any
+    ) -> Observation:
+        pub = view.public
+        model = build_model(pub["model"], pub["input_shape"], pub["num_classes"])
+        spec = ParamSpec.of(model)
+        meta = {"threat": view.threat, **kw.pop("meta", {})}
+        return Observation(
+            model=model,
+            params=spec.unflatten(params.float()),
+            target=spec.unflatten(target.float()),
+            batch_size=pub["batch_size"],
+            input_shape=tuple(pub["input_shape"]),
+            num_classes=pub["num_classes"],
+            mean=tuple(pub["mean"]),
+            std=tuple(pub["std"]),
+            meta=meta,
+            **kw,
+        )

@@ -1,0 +1,208 @@
+"""DPDL (Yuan, Xiao, Wang, Li 2026) and its undefended "ND" baseline.
+
+Equations from ``seeds/dpdl-card.txt`` (the paper's own are stripped; numbers are the
+paper's, see ``notes/dpdl.md`` §1). Per round t, agent i with batch ξ^i_t of size B:
+
+    (8)(9)   ĝ^{ji}_{t,b} = clip_C(∇F_i(x^j_{t-1}; ξ_b))   for j ∈ N_i ∪ {i}
+    (10)     g̈^{ji}_t = (1/B)(Σ_b ĝ^{ji}_{t,b} + z^{ji}_t),  z ~ N(0, σ²C² I), fresh per (j,i)
+    (14)     ĝ^{ii}_t = (1/B) Σ_b ĝ^{ii}_{t,b}              (un-noised, same batch)
+    (15)(16) C^{ij}_t = 1/(1 + exp(S(g̈^{ij}_t, ĝ^{ii}_t))),  S = cosine similarity
+    (17)     g̃^{ij}_t = g̈^{ij}_t/(√w_ij · N) + α w_ij C^{ij}_t ĝ^{ii}_t
+    (18)     g̃^i_t = Σ_{j ∈ N_i ∪ {i}} g̃^{ij}_t
+    (19)(20) ṽ^i_t = β v^i_{t-1} + g̃^i_t,   x̃^i_t = x^i_{t-1} − η ṽ^i_t
+    (21)(22) v^i_t = Σ_j w_ij ṽ^j_t,         x^i_t = Σ_j w_ij x̃^j_t
+
+Orientation (notes §6E): g^{ji} is i's data at j's model, computed by i and sent to j; the
+``cg`` message on link i→j is g̈^{ji}. Messages on i→j per round: ``model`` x^i_{t-1},
+``cg`` g̈^{ji}_t, ``mm`` ṽ^i_t, ``half-model`` x̃^i_t. Only ``cg`` is noised; ṽ and x̃
+carry the clipped but un-noised ĝ^{ii} (notes §1, an audit target).
+
+Choices the card leaves open, as parameters (paper values are stripped):
+``momentum`` β = 0.5, ``calib_alpha`` α = 0.5, ``clip`` C = 1.0, ``cross_coef`` the
+weight of a received cross-gradient ("sqrt": 1/(√w_ij N) as on the card; "w": w_ij;
+"degree": 1/|N_i ∪ {i}|), the self-gradient ĝ^{ii} uses the same batch as g̈^{ii}
+(notes §6F), v_0 = 0 and all agents start from the shared x_0.
+ND is the same algorithm with no clipping and no noise (``clip=None, sigma=0``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privaudit.errors import PrivauditError
+from privaudit.network import SimNetwork
+from privaudit.observation import Observation
+from privaudit.threat import View
+
+from .base import Context, Defense, State
+
+CROSS_COEFS = ("sqrt", "w", "degree")
+
+
+@dataclass
+class DPDLParams:
+    lr: float = 0.05  # η
+    momentum: float = 0.5  # β in (19)
+    calib_alpha: float = 0.5  # α in (17)
+    clip: float | None = 1.0  # C in (9); None = no clipping (ND)
+    sigma: float = 0.0  # σ in (10); set from --epsilon by the accountant
+    cross_coef: str = "sqrt"  # weight of a received cross-gradient in (17)
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise PrivauditError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise PrivauditError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.clip is not None and not self.clip > 0:
+            raise PrivauditError(f"clip must be > 0, got {self.clip}")
+        if self.sigma < 0 or (self.sigma > 0 and self.clip is None):
+            raise PrivauditError("sigma must be ≥ 0, and noise needs a clip norm (set clip)")
+        if self.cross_coef not in CROSS_COEFS:
+            raise PrivauditError(f"cross_coef must be one of {', '.join(CROSS_COEFS)}")
+
+
+def _coef(kind: str, w: Tensor, n: int, deg: Tensor) -> Tensor:
+    if kind == "sqrt":
+        return 1.0 / (torch.sqrt(w) * n)
+    if kind == "w":
+        return w
+    return 1.0 / deg
+
+
+class DPDL(Defense):
+    name = "dpdl"
+    kinds = {
+        "model": "x_i, the model at the start of the round, in the clear",
+        "cg": "g̈^{ji}: i's batch at j's model, per-example clip C + N(0,σ²C²) on the sum, /B",
+        "mm": "ṽ_i = β v_i + g̃_i: the momentum, in the clear (holds the un-noised self-gradient)",
+        "half-model": "x̃_i = x_i − η ṽ_i: the half-step model, in the clear",
+    }
+    Params = DPDLParams
+
+    def init(self, ctx: Context, p: DPDLParams) -> State:
+        x = super().init(ctx, p)["x"]
+        return {"x": x, "v": torch.zeros_like(x)}
+
+    def round(
+        self, ctx: Context, p: DPDLParams, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
+    ) -> State:
+        x, v = state["x"], state["v"]
+        xs, ys = batch
+        n, B = ctx.n, xs.shape[1]
+        # 1. models cross the links; agent src[e] computes on dst[e]'s model (received on e's reverse)
+        received = net.broadcast("model", x)
+        models = torch.cat([x, received[net.reverse]])
+        owner = torch.cat([torch.arange(n, device=x.device), net.src])
+        # (8)–(10), (14): clipped means for N self pairs then E cross pairs, noise per pair
+        clean = ctx.grads.clipped_mean(models, xs[owner], ys[owner], p.clip)
+        noisy = clean
+        if p.sigma > 0:
+            noisy = clean + ctx.gaussian(*clean.shape) * (p.sigma * p.clip / B)
+        self_clean, self_noisy = clean[:n], noisy[:n]
+        # 3. exchange: row e of cg is g̈^{dst src}, arriving at dst[e]
+        cg = net.send("cg", noisy[n:])
+        # (15)(16) calibration weights; (17)(18) calibrated aggregate at each receiver
+        W = ctx.W.to(x.dtype)
+        w_in = W[net.dst, net.src]
+        w_self = torch.diagonal(W)
+        deg = ctx.adj.sum(1).to(x.dtype) + 1
+        c_in = torch.sigmoid(-F.cosine_similarity(cg, self_clean[net.dst], dim=-1))
+        c_self = torch.sigmoid(-F.cosine_similarity(self_noisy, self_clean, dim=-1))
+        coef_in = _coef(p.cross_coef, w_in, n, deg[net.dst])
+        coef_self = _coef(p.cross_coef, w_self, n, deg)
+        g_tilde = coef_self[:, None] * self_noisy + net.sum_incoming(coef_in[:, None] * cg)
+        calib = w_self * c_self + torch.zeros_like(w_self).index_add(0, net.dst, w_in * c_in)
+        g_tilde = g_tilde + p.calib_alpha * calib[:, None] * self_clean
+        # (19)–(22)
+        v_half = p.momentum * v + g_tilde
+        x_half = x - p.lr * v_half
+        return {"x": net.gossip("half-model", x_half), "v": net.gossip("mm", v_half)}
+
+    def releases_per_round(self, adj: Tensor) -> int:
+        """One noised cross-gradient per neighbour per round, all of the same batch."""
+        return int(adj.sum(1).max())
+
+    def rounds_needed(self, kind: str, t: int) -> list[int]:
+        if kind == "cg":
+            return [t]
+        if kind == "model":
+            return [t, t + 1]
+        return [t - 1, t] if t > 1 else [t]
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """Under ``link`` (src ↔ dst):
+
+        - ``cg``: the receiver's model x^dst_{t-1} crosses the reverse link in the clear, so
+          the message is exactly the noised, clipped batch-mean gradient of src's batch there.
+        - ``mm``: g̃^i_t ≈ ṽ^i_t − β ṽ^i_{t-1} (the paper's consecutive-round difference; exact
+          at t = 1, else v^i_{t-1} ≈ ṽ^i_{t-1}); it is a mix of the un-noised self-gradient
+          and the neighbours' cross-gradients at x^i_{t-1}.
+        - ``half-model``: ṽ^i_t = (x^i_{t-1} − x̃^i_t)/η exactly, then as ``mm``.
+        - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.
+        """
+        p = view.public["params"]
+        x_prev = view.get(t, src, dst, "model")
+        if kind == "cg":
+            params = view.get(t, dst, src, "model")
+            clip, sigma, B = p["clip"], p["sigma"], view.public["batch_size"]
+            std = sigma * clip / B if clip is not None else 0.0
+            return self.make_observation(
+                view, params, view.get(t, src, dst, "cg"), clip=clip, noise_std=std,
+                meta={"exact": True},
+            )
+        if kind == "model":
+            target = (x_prev - view.get(t + 1, src, dst, "model")) / p["lr"]
+            return self.make_observation(view, x_prev, target, meta={"exact": False})
+        momentum = self._momentum(view, kind, t, src, dst)
+        target = momentum(t) - (p["momentum"] * momentum(t - 1) if t > 1 else 0.0)
+        return self.make_observation(
+            view, x_prev, target, scale=self._self_scale(view, src), clip=p["clip"],
+            meta={"exact": t == 1, "scale_estimated": True},
+        )
+
+    @staticmethod
+    def _momentum(view: View, kind: str, t: int, src: int, dst: int):
+        lr = view.public["params"]["lr"]
+        if kind == "mm":
+            return lambda s: view.get(s, src, dst, "mm")
+        return lambda s: (view.get(s, src, dst, "model") - view.get(s, src, dst, "half-model")) / lr
+
+    @staticmethod
+    def _self_scale(view: View, i: int) -> float:
+        """Weight of ĝ^{ii} in g̃^i: coefficient of g̈^{ii} plus α Σ_j w_ij E[C^{ij}] ≈ α/2."""
+        p, W = view.public["params"], view.public["W"]
+        n = W.shape[0]
+        deg = int((W[i] > 0).sum())
+        w = float(W[i, i])
+        coef = {"sqrt": 1 / (math.sqrt(w) * n), "w": w, "degree": 1 / deg}[p["cross_coef"]]
+        return coef + p["calib_alpha"] * 0.5
+
+
+class ND(DPDL):
+    """The papers' undefended "ND" baseline: DPDL with no clipping and no noise."""
+
+    name = "nd"
+    kinds = {
+        "model": "x_i, the model at the start of the round, in the clear",
+        "cg": "g^{ji}: i's batch-mean gradient at j's model, no clipping, no noise",
+        "mm": "ṽ_i = β v_i + g̃_i: the momentum, in the clear",
+        "half-model": "x̃_i = x_i − η ṽ_i: the half-step model, in the clear",
+    }
+
+    @dataclass
+    class Params(DPDLParams):
+        clip: float | None = None
+        sigma: float = 0.0
+
+        def validate(self) -> None:
+            super().validate()
+            if self.sigma != 0 or self.clip is not None:
+                raise PrivauditError("nd has no clipping and no noise; use --defense dpdl")
+
+    def releases_per_round(self, adj: Tensor) -> int:
+        return 0

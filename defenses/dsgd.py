@@ -1,0 +1,54 @@
+"""D-PSGD (Lian et al. 2017) in adapt-then-combine form — the undefended baseline.
+
+Each round agent i takes a local step and gossips the half-step model:
+    x̃^i_t = x^i_{t-1} − η ∇F_i(x^i_{t-1}; ξ^i_t),     x^i_t = Σ_j w_ij x̃^j_t.
+Only ``half-model`` (x̃^i_t) crosses a link, in the clear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from privaudit.errors import PrivauditError
+from privaudit.network import SimNetwork
+from privaudit.observation import Observation
+from privaudit.threat import View
+
+from .base import Context, Defense, State
+
+
+@dataclass
+class DSGDParams:
+    lr: float = 0.05  # η
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise PrivauditError(f"lr must be > 0, got {self.lr}")
+
+
+class DSGD(Defense):
+    name = "dsgd"
+    kinds = {"half-model": "x̃_i = x_i − η∇F_i(x_i): the half-step model, gossiped in the clear"}
+    Params = DSGDParams
+
+    def round(
+        self, ctx: Context, p: DSGDParams, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
+    ) -> State:
+        x = state["x"]
+        g = ctx.grads.mean(x, *batch)
+        return {"x": net.gossip("half-model", x - p.lr * g)}
+
+    def rounds_needed(self, kind: str, t: int) -> list[int]:
+        return [t - 1, t] if t > 1 else [t]
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """(x^i_{t-1} − x̃^i_t)/η = ∇F_i(x^i_{t-1}): exact at t = 1 (x_0 is public); later
+        x^i_{t-1} is approximated by the previous half-step x̃^i_{t-1} (mixing ignored)."""
+        lr = view.public["params"]["lr"]
+        half = view.get(t, src, dst, "half-model")
+        prev = view.public["x0"] if t == 1 else view.get(t - 1, src, dst, "half-model")
+        return self.make_observation(
+            view, prev, (prev - half) / lr, meta={"exact": t == 1}
+        )

@@ -1,0 +1,10 @@
+"""One exception type for every user-facing error: the CLI prints its message on one line."""
+
+
+class PrivauditError(Exception):
+    """A bad input or a broken file. The message names the problem and the fix."""
+
+
+def unknown(kind: str, name: str, valid) -> PrivauditError:
+    """The error for a name that is not in a registry, listing the valid names."""
+    return PrivauditError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(valid))}")

@@ -1,0 +1,96 @@
+"""The architectures the sources attack and train.
+
+- ``lenet``: the DLG paper's LeNet (Zhu et al. 2019, official code): three 5×5 convolutions
+  with sigmoid activations and one linear layer, every weight and bias drawn from
+  uniform(−0.5, 0.5). Smooth and twice differentiable: the classic inversion target.
+- ``cnn``: the DPDL-style CNN (DPDL §VI: "two conv layers, each followed by max-pooling, then
+  a fully connected layer"); the paper's widths are stripped, ours are 32 and 64 channels,
+  5×5 kernels, ReLU (named parameters ``width1``/``width2``).
+- ``resnet18``: torchvision's ResNet-18 with a CIFAR stem (3×3 stride-1 first convolution,
+  no max-pool). BatchNorm is replaced by GroupNorm because per-example gradients — which DP
+  clipping needs — are undefined with batch statistics (the same substitution opacus makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .errors import unknown
+
+
+class LeNet(nn.Module):
+    """DLG's LeNet (sigmoid), sized for any ``input_shape``."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        c, h, w = input_shape
+        self.body = nn.Sequential(
+            nn.Conv2d(c, 12, kernel_size=5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, kernel_size=5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, kernel_size=5, padding=2, stride=1),
+            nn.Sigmoid(),
+        )
+        with torch.no_grad():
+            feat = self.body(torch.zeros(1, c, h, w)).numel()
+        self.fc = nn.Linear(feat, num_classes)
+        for p in self.parameters():  # DLG's weights_init: uniform(-0.5, 0.5) on every tensor
+            nn.init.uniform_(p, -0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).flatten(1))
+
+
+class DPDLCNN(nn.Module):
+    """conv–pool–conv–pool–FC (DPDL §VI); widths are an open choice, documented above."""
+
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, width1: int = 32, width2: int = 64
+    ):
+        super().__init__()
+        c, h, w = input_shape
+        self.body = nn.Sequential(
+            nn.Conv2d(c, width1, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width1, width2, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.fc = nn.Linear(width2 * (h // 4) * (w // 4), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).flatten(1))
+
+
+def resnet18_cifar(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """torchvision ResNet-18, CIFAR stem, GroupNorm (see module docstring)."""
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=num_classes, norm_layer=lambda ch: nn.GroupNorm(32, ch))
+    model.conv1 = nn.Conv2d(input_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
+    "lenet": LeNet,
+    "cnn": DPDLCNN,
+    "resnet18": resnet18_cifar,
+}
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0
+) -> nn.Module:
+    """A freshly initialised model, deterministic in ``seed``, in eval mode."""
+    if name not in MODELS:
+        raise unknown("model", name, MODELS)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MODELS[name](tuple(input_shape), num_classes)
+    return model.eval()

@@ -1,0 +1,150 @@
+"""The one-way path of an attack: run → captured messages → View → Observations → attack →
+scores against the secret batch → ``result.json`` and a figure grid.
+
+This is the Python API behind ``privaudit attack``; notebooks call it directly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import PrivauditError
+from .messages import CaptureSpec
+from .observation import Observation, Reconstruction
+from .rundir import write_json
+from .simulator import Run
+from .targets import parse_target
+from .threat import build_threat
+
+
+def default_link(run: Run) -> tuple[int, int]:
+    """Agent 0 → its first neighbour."""
+    return run.edges()[0]
+
+
+def observe(
+    run: Run,
+    target: str,
+    round: int,
+    links: list[tuple[int, int]] | None = None,
+    threat: str = "link",
+    progress: bool = True,
+) -> list[Observation]:
+    """One Observation per link for ``target``'s message ``src → dst`` of ``round``,
+    capturing (or re-simulating from the nearest checkpoint) only what the threat needs."""
+    defense, kind = parse_target(target)
+    if defense.name != run.defense.name:
+        raise PrivauditError(
+            f"target {target} needs a {defense.name} run, but this run trains "
+            f"{run.defense.name}; pick a {run.defense.name}-* target or another --run"
+        )
+    rounds = defense.rounds_needed(kind, round)
+    if round < 1 or max(rounds) > run.cfg.rounds:
+        last = run.cfg.rounds - (max(rounds) - round)
+        raise PrivauditError(
+            f"--round {round} is outside what this run can show for {target} "
+            f"(1..{last} of {run.cfg.rounds} rounds); pick a round in range or train longer"
+        )
+    rounds = [t for t in rounds if t >= 1]
+    links = links or [default_link(run)]
+    threats = [build_threat(threat, link) for link in links]
+    capture = CaptureSpec.of(rounds=rounds, links=set().union(*(t.links for t in threats)))
+    messages = run.messages(capture, progress=progress)
+    public = run.public()
+    out = []
+    for th, (src, dst) in zip(threats, links):
+        obs = defense.observe(th.view(messages, public), kind, round, src, dst)
+        obs.meta.update(target=target, round=round, src=src, dst=dst)
+        out.append(obs)
+    return out
+
+
+def attack(
+    run: Run,
+    target: str,
+    round: int,
+    *,
+    attack: str | None = None,
+    links: list[tuple[int, int]] | None = None,
+    threat: str = "link",
+    out: str | Path | None = None,
+    iterations: int | None = None,
+    restarts: int | None = None,
+    seed: int = 0,
+    lpips: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Attack ``target`` at ``round`` on each link; score, and write results to ``out``."""
+    from privaudit.attacks import DEFAULT_ATTACK, run_attack
+    from privaudit.eval.metrics import aggregate, score, to_jsonable
+
+    attack = attack or DEFAULT_ATTACK
+    t0 = time.perf_counter()
+    obs = observe(run, target, round, links, threat, progress)
+    kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
+    device = run.ctx.device
+    recons = run_attack(attack, [o.to(device) for o in obs], seed=seed, progress=progress, **kw)
+    wall = time.perf_counter() - t0
+    truths = [run.secret_batch(round, o.meta["src"]) for o in obs]
+    scores = [
+        score(ti, tl, r.images.detach().cpu(), r.labels.cpu(), lpips=lpips)
+        for (ti, tl), r in zip(truths, recons)
+    ]
+    summary = aggregate(scores)
+    eps = run.resolved["epsilon"]
+    result = {
+        "target": target,
+        "round": round,
+        "attack": attack,
+        "threat": threat,
+        "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
+        "epsilon": eps if math.isfinite(eps) else None,
+        "delta": run.cfg.delta,
+        "sigma": run.resolved["sigma"],
+        "batch_size": run.cfg.batch_size,
+        "metrics": {m: summary[m]["mean"] for m in ("mse", "psnr", "ssim", "lpips", "label_acc")},
+        "lpips_note": summary["lpips_note"],
+        "per_observation": [
+            {k: s[k] for k in ("mse", "psnr", "ssim", "lpips", "label_acc")} for s in scores
+        ],
+        "exact_observation": all(o.meta.get("exact", False) for o in obs),
+        "wall_s": round_(wall),
+        "run": str(run.dir.path),
+    }
+    if out is not None:
+        out = Path(out)
+        write_json(out / "result.json", to_jsonable(result))
+        result["figure"] = str(_figure(out / "grid.png", truths, recons, scores, result))
+    return result
+
+
+def round_(x: float) -> float:
+    return float(f"{x:.3f}")
+
+
+def _figure(
+    path: Path,
+    truths: list[tuple[torch.Tensor, torch.Tensor]],
+    recons: list[Reconstruction],
+    scores: list[dict[str, Any]],
+    result: dict[str, Any],
+) -> Path:
+    """Truth over reconstruction for every observation's batch, side by side."""
+    from privaudit.eval.figures import reconstruction_grid
+
+    true = torch.cat([t for t, _ in truths])
+    rec = torch.cat([r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores)])
+    per = {k: sum((s["per_image"][k] or [None] * len(s["perm"]) for s in scores), [])
+           for k in ("psnr", "ssim", "lpips")}
+    eps = result["epsilon"]
+    title = (
+        f"{result['target']} · round {result['round']} · "
+        f"{'ε = %.3g' % eps if eps is not None else 'no DP (ε = ∞)'} · "
+        f"{result['attack']} under {result['threat']}"
+    )
+    return reconstruction_grid(true, rec, per, title, path)

@@ -1,0 +1,274 @@
+"""The in-process simulator: a defense over N stacked agents, with checkpoints and capture.
+
+All agents live in one ``(N, D)`` tensor per state variable; a round's gradients are one
+``torch.func`` ``vmap`` over (model, batch) pairs (see :mod:`privaudit.grads`). One seeded
+``torch.Generator`` draws every batch and every noise sample, and its state is saved with
+each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture an
+earlier round send bit-identical messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from privaudit.defenses import Context, Defense, get_defense
+from privaudit.defenses.base import State, params_of
+
+from .config import RunConfig
+from .data import ImageData, dirichlet_partition, load_dataset
+from .errors import PrivauditError
+from .grads import PairGrads
+from .messages import CaptureSpec, Tap
+from .models import build_model
+from .network import SimNetwork
+from .params import ParamSpec, flat_params
+from .rundir import Key, RunDir
+from .topology import build_topology, metropolis_hastings, validate_mixing
+
+
+def resolve_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise PrivauditError("--device cuda was asked for but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_privacy(cfg: RunConfig, defense: Defense, adj: Tensor, shard_sizes: list[int]) -> dict:
+    """σ for the run: ``--sigma`` as given, else from ``--epsilon`` with an opacus accountant
+    over ``rounds`` rounds of ``releases_per_round`` releases at rate q = B/min_i n_i."""
+    from privaudit.eval.accounting import epsilon_for_sigma, sigma_for_epsilon
+
+    releases = defense.releases_per_round(adj)
+    q = min(1.0, cfg.batch_size / min(shard_sizes))
+    out: dict[str, Any] = {"releases_per_round": releases, "sample_rate": q, "delta": cfg.delta}
+    if releases == 0:
+        return {**out, "sigma": 0.0, "epsilon": math.inf}
+    if cfg.sigma is not None:
+        sigma = cfg.sigma
+    elif cfg.epsilon is not None:
+        sigma = sigma_for_epsilon(cfg.epsilon, cfg.delta, q, cfg.rounds, releases, cfg.accountant)
+    else:
+        raise PrivauditError(f"{defense.name} adds noise: pass --epsilon or --sigma")
+    eps = epsilon_for_sigma(sigma, cfg.delta, q, cfg.rounds, releases, cfg.accountant)
+    return {**out, "sigma": sigma, "epsilon": eps}
+
+
+@dataclass
+class Run:
+    """A configured run bound to its directory; trains, resumes and captures."""
+
+    cfg: RunConfig
+    dir: RunDir
+    resolved: dict[str, Any]
+    defense: Defense
+    params: Any
+    data: ImageData
+    ctx: Context
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, **override: Any) -> Run:
+        """An existing run; ``override`` may change only non-identity fields (device, …)."""
+        cfg, _ = RunDir(path).read_config()
+        cfg = dataclasses.replace(cfg, **override).validate()
+        return cls._build(cfg, RunDir(path), existing=True)
+
+    @classmethod
+    def create(cls, cfg: RunConfig, path: str | Path) -> Run:
+        """A new run at ``path``, or the run already there if its config is the same."""
+        cfg.validate()
+        rd = RunDir(path)
+        if rd.exists():
+            old, _ = rd.read_config()
+            if old.identity() != cfg.identity():
+                diff = sorted(k for k, v in cfg.identity().items() if old.identity()[k] != v)
+                raise PrivauditError(
+                    f"{path} holds a run with a different configuration ({', '.join(diff)}); "
+                    "choose another --out or delete it"
+                )
+            return cls._build(cfg, rd, existing=True)
+        if rd.path.exists() and any(rd.path.iterdir()):
+            raise PrivauditError(f"{path} exists and is not a privaudit run; choose another --out")
+        return cls._build(cfg, rd, existing=False)
+
+    @classmethod
+    def _build(cls, cfg: RunConfig, rd: RunDir, existing: bool) -> Run:
+        defense = get_defense(cfg.defense)
+        device = resolve_device(cfg.device)
+        adj = build_topology(cfg.topology, cfg.agents)
+        W = metropolis_hastings(adj).to(torch.float64)
+        validate_mixing(W)
+        data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
+        parts = dirichlet_partition(
+            data.train_y, cfg.agents, cfg.dirichlet_alpha, seed=cfg.seed,
+            min_size=cfg.batch_size,
+        )
+        resolved = resolve_privacy(cfg, defense, adj, [len(p) for p in parts])
+        p = params_of(defense.Params, {**cfg.params, **_sigma(defense, resolved)})
+        model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed).to(device)
+        spec = ParamSpec.of(model)
+        mean = torch.tensor(data.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(data.std, dtype=torch.float32).view(-1, 1, 1)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(cfg.seed)
+        ctx = Context(
+            model=model,
+            spec=spec,
+            grads=PairGrads(model, spec),
+            x0=flat_params(model),
+            train_x=((data.train_x - mean) / std).to(device),
+            train_y=data.train_y.to(device),
+            parts=[q.to(device) for q in parts],
+            adj=adj.to(device),
+            W=W.to(device),
+            batch_size=cfg.batch_size,
+            generator=gen,
+            device=device,
+        )
+        run = cls(cfg, rd, resolved, defense, p, data, ctx)
+        if not existing:
+            rd.write_config(cfg, {**resolved, "params": dataclasses.asdict(p)})
+        return run
+
+    # -- public facts an adversary knows ------------------------------------------------
+    def public(self) -> dict[str, Any]:
+        return {
+            "defense": self.defense.name,
+            "model": self.cfg.model,
+            "input_shape": tuple(self.data.input_shape),
+            "num_classes": self.data.num_classes,
+            "mean": tuple(self.data.mean),
+            "std": tuple(self.data.std),
+            "batch_size": self.cfg.batch_size,
+            "W": self.ctx.W.cpu(),
+            "n": self.cfg.agents,
+            "x0": self.ctx.x0.cpu(),
+            "params": dataclasses.asdict(self.params),
+            "epsilon": self.resolved["epsilon"],
+            "delta": self.cfg.delta,
+        }
+
+    def edges(self) -> list[tuple[int, int]]:
+        adj = self.ctx.adj
+        return [(i, j) for i in range(self.cfg.agents) for j in range(self.cfg.agents) if adj[i, j]]
+
+    # -- training -------------------------------------------------------------------------
+    def train(
+        self, until: int | None = None, capture: CaptureSpec | None = None, progress: bool = True
+    ) -> State:
+        """Advance to round ``until`` (default: the configured rounds), resuming from the
+        latest usable checkpoint and recording the messages ``capture`` selects."""
+        until = self.cfg.rounds if until is None else until
+        if not 1 <= until <= self.cfg.rounds:
+            raise PrivauditError(
+                f"round {until} is outside this run (1..{self.cfg.rounds}); "
+                f"train a longer run with --rounds {until}"
+            )
+        start_limit = until
+        if capture is not None and capture.rounds:
+            start_limit = min(min(capture.rounds) - 1, until)
+        start = max([c for c in self.dir.checkpoint_rounds() if c <= start_limit], default=0)
+        state = self._restore(start)
+        if start == until:
+            return state
+        tap = Tap(capture or CaptureSpec(rounds=frozenset()))
+        net = SimNetwork(self.ctx.adj, self.ctx.W, tap)
+        return self._simulate(state, start, until, net, progress)
+
+    def _restore(self, t: int) -> State:
+        if t == 0:
+            self.ctx.generator.manual_seed(self.cfg.seed)
+            return self.defense.init(self.ctx, self.params)
+        blob = self.dir.load_checkpoint(t)
+        self.ctx.generator.set_state(blob.pop("rng"))
+        return {k.removeprefix("state."): v.to(self.ctx.device) for k, v in blob.items()}
+
+    def _checkpoint(self, t: int, state: State, rng: Tensor) -> None:
+        blob = {f"state.{k}": v for k, v in state.items()}
+        self.dir.save_checkpoint(t, {**blob, "rng": rng})
+
+    def _simulate(self, state: State, start: int, until: int, net: SimNetwork, progress: bool) -> State:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        ctx, tap = self.ctx, net.tap
+        have = set(self.dir.checkpoint_rounds())
+        columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, disable=not progress, transient=True) as bar:
+            task = bar.add_task(f"{self.defense.name} rounds", total=until, completed=start)
+            t = start
+            try:
+                for t in range(start + 1, until + 1):
+                    rng = ctx.generator.get_state()
+                    net.round = t
+                    idx = ctx.sample()
+                    batch = (ctx.train_x[idx], ctx.train_y[idx])
+                    state = self.defense.round(ctx, self.params, state, net, batch)
+                    if tap.spec.wants_round(t):
+                        self.dir.save_secrets(t, {"batch": idx, "labels": batch[1]})
+                        if tap.messages:
+                            self.dir.save_messages(t, {k: m.payload for k, m in tap.messages.items()})
+                        tap.clear()
+                    if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
+                        self._checkpoint(t, state, ctx.generator.get_state())
+                    bar.advance(task)
+            except KeyboardInterrupt:
+                # ``state`` is still the state after round t-1; ``rng`` the RNG state before t.
+                if t - 1 > start and t - 1 not in have:
+                    self._checkpoint(t - 1, state, rng)
+                raise PrivauditError(
+                    f"interrupted in round {t}; run the same command again to resume "
+                    f"from round {max(t - 1, start)}"
+                ) from None
+        return state
+
+    # -- what attacks and eval need ---------------------------------------------------------
+    def messages(self, capture: CaptureSpec, progress: bool = True) -> dict[Key, Tensor]:
+        """The messages ``capture`` selects, from disk or by re-simulating their rounds."""
+        rounds = sorted(capture.rounds or [])
+
+        def load() -> dict[Key, Tensor]:
+            return {
+                k: v for t in rounds for k, v in self.dir.load_messages(t).items() if capture.wants(*k)
+            }
+
+        out = load()
+        seen = {(k[0], k[1], k[2]) for k in out}
+        links = capture.links or {(s, d) for s, d in self.edges()}
+        if any((t, s, d) not in seen for t in rounds for s, d in links):
+            self.train(until=max(rounds), capture=capture, progress=progress)
+            out = load()
+        return out
+
+    def secret_batch(self, t: int, agent: int) -> tuple[Tensor, Tensor]:
+        """Agent's true batch of round ``t``: images in [0, 1] and labels (eval only)."""
+        s = self.dir.load_secrets(t)
+        idx = s["batch"][agent].long()
+        return self.data.train_x[idx], self.data.train_y[idx]
+
+    def test_accuracy(self, state: State) -> float:
+        """Test accuracy of the agents' average model."""
+        from torch.func import functional_call
+
+        ctx = self.ctx
+        flat = state["x"].mean(0)
+        mean = torch.tensor(self.data.mean).view(-1, 1, 1)
+        std = torch.tensor(self.data.std).view(-1, 1, 1)
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(self.data.test_y), 1024):
+                x = ((self.data.test_x[i : i + 1024] - mean) / std).to(ctx.device)
+                out = functional_call(ctx.model, ctx.spec.unflatten(flat), (x,))
+                correct += int((out.argmax(1).cpu() == self.data.test_y[i : i + 1024]).sum())
+        return correct / max(len(self.data.test_y), 1)
+
+
+def _sigma(defense: Defense, resolved: dict[str, Any]) -> dict[str, float]:
+    fields = {f.name for f in dataclasses.fields(defense.Params)}
+    return {"sigma": resolved["sigma"]} if "sigma" in fields and resolved["sigma"] > 0 else {}

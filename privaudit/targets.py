@@ -1,0 +1,22 @@
+"""The target registry: ``<defense>-<message kind>``, built from the defenses' own kinds."""
+
+from __future__ import annotations
+
+from privaudit.defenses import DEFENSES, Defense
+
+from .errors import unknown
+
+
+def all_targets() -> dict[str, tuple[Defense, str, str]]:
+    """``{target: (defense, kind, one-line description)}`` in registry order."""
+    return {
+        f"{d.name}-{kind}": (d, kind, text) for d in DEFENSES.values() for kind, text in d.kinds.items()
+    }
+
+
+def parse_target(name: str) -> tuple[Defense, str]:
+    targets = all_targets()
+    if name not in targets:
+        raise unknown("target", name, targets)
+    defense, kind, _ = targets[name]
+    return defense, kind
