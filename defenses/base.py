@@ -104,9 +104,7 @@ class Defense:
 
     # -- shared helpers ---------------------------------------------------------------
     @staticmethod
-    def make_observation(
-        view: View, params: Tensor, target: Tensor, **kw: Any
-    ) -> Observation:
+    def make_observation(view: View, params: Tensor, target: Tensor, **kw: Any) -> Observation:
         pub = view.public
         model = build_model(pub["model"], pub["input_shape"], pub["num_classes"])
         spec = ParamSpec.of(model)

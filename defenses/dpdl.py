@@ -89,12 +89,17 @@ class DPDL(Defense):
         return {"x": x, "v": torch.zeros_like(x)}
 
     def round(
-        self, ctx: Context, p: DPDLParams, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
+        self,
+        ctx: Context,
+        p: DPDLParams,
+        state: State,
+        net: SimNetwork,
+        batch: tuple[Tensor, Tensor],
     ) -> State:
         x, v = state["x"], state["v"]
         xs, ys = batch
         n, B = ctx.n, xs.shape[1]
-        # 1. models cross the links; agent src[e] computes on dst[e]'s model (received on e's reverse)
+        # models cross the links; src[e] computes on dst[e]'s model, received on e's reverse
         received = net.broadcast("model", x)
         models = torch.cat([x, received[net.reverse]])
         owner = torch.cat([torch.arange(n, device=x.device), net.src])
@@ -152,7 +157,11 @@ class DPDL(Defense):
             clip, sigma, B = p["clip"], p["sigma"], view.public["batch_size"]
             std = sigma * clip / B if clip is not None else 0.0
             return self.make_observation(
-                view, params, view.get(t, src, dst, "cg"), clip=clip, noise_std=std,
+                view,
+                params,
+                view.get(t, src, dst, "cg"),
+                clip=clip,
+                noise_std=std,
                 meta={"exact": True},
             )
         if kind == "model":
@@ -161,7 +170,11 @@ class DPDL(Defense):
         momentum = self._momentum(view, kind, t, src, dst)
         target = momentum(t) - (p["momentum"] * momentum(t - 1) if t > 1 else 0.0)
         return self.make_observation(
-            view, x_prev, target, scale=self._self_scale(view, src), clip=p["clip"],
+            view,
+            x_prev,
+            target,
+            scale=self._self_scale(view, src),
+            clip=p["clip"],
             meta={"exact": t == 1, "scale_estimated": True},
         )
 

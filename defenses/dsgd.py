@@ -34,7 +34,12 @@ class DSGD(Defense):
     Params = DSGDParams
 
     def round(
-        self, ctx: Context, p: DSGDParams, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
+        self,
+        ctx: Context,
+        p: DSGDParams,
+        state: State,
+        net: SimNetwork,
+        batch: tuple[Tensor, Tensor],
     ) -> State:
         x = state["x"]
         g = ctx.grads.mean(x, *batch)
@@ -49,6 +54,4 @@ class DSGD(Defense):
         lr = view.public["params"]["lr"]
         half = view.get(t, src, dst, "half-model")
         prev = view.public["x0"] if t == 1 else view.get(t - 1, src, dst, "half-model")
-        return self.make_observation(
-            view, prev, (prev - half) / lr, meta={"exact": t == 1}
-        )
+        return self.make_observation(view, prev, (prev - half) / lr, meta={"exact": t == 1})

@@ -11,6 +11,7 @@ q = B/n_i (the DPDL paper's own Lemma 1 assumes Poisson sampling too).
 from __future__ import annotations
 
 import math
+import warnings
 
 from privaudit.errors import PrivauditError
 
@@ -40,14 +41,16 @@ def sigma_for_epsilon(
     from opacus.accountants.utils import get_noise_multiplier
 
     _check(epsilon, delta, sample_rate, rounds)
-    sigma = get_noise_multiplier(
-        target_epsilon=epsilon,
-        target_delta=delta,
-        sample_rate=sample_rate,
-        steps=rounds,
-        accountant=accountant,
-        epsilon_tolerance=0.005,
-    )
+    with warnings.catch_warnings():  # the bisection's small-σ probes hit the last RDP order
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        sigma = get_noise_multiplier(
+            target_epsilon=epsilon,
+            target_delta=delta,
+            sample_rate=sample_rate,
+            steps=rounds,
+            accountant=accountant,
+            epsilon_tolerance=0.005,
+        )
     return float(sigma) * math.sqrt(max(releases_per_round, 1))
 
 

@@ -37,28 +37,53 @@ def _param(text: str) -> tuple[str, Any]:
 
 def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> None:
     g = p.add_argument_group("training")
-    g.add_argument("--rounds", type=int, default=rounds_default,
-                   help=f"rounds T (default: {rounds_default or 'the attacked round'})")
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=rounds_default,
+        help=f"rounds T (default: {rounds_default or 'the attacked round'})",
+    )
     g.add_argument("--agents", type=int, default=DEFAULTS.agents, help="number of agents N")
-    g.add_argument("--topology", default=DEFAULTS.topology,
-                   help="ring | complete | bipartite | torus | exponential")
-    g.add_argument("--dataset", default=DEFAULTS.dataset,
-                   help="photos (embedded) | mnist | fashion-mnist | cifar10")
+    g.add_argument(
+        "--topology",
+        default=DEFAULTS.topology,
+        help="ring | complete | bipartite | torus | exponential",
+    )
+    g.add_argument(
+        "--dataset",
+        default=DEFAULTS.dataset,
+        help="photos (embedded) | mnist | fashion-mnist | cifar10",
+    )
     g.add_argument("--data-root", default=None, help="folder holding the torchvision dataset")
     g.add_argument("--download", action="store_true", help="let torchvision download it")
     g.add_argument("--model", default=DEFAULTS.model, help="lenet | cnn | resnet18")
     g.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    g.add_argument("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha,
-                   help="label skew of the partition (smaller: more skewed)")
+    g.add_argument(
+        "--dirichlet-alpha",
+        type=float,
+        default=DEFAULTS.dirichlet_alpha,
+        help="label skew of the partition (smaller: more skewed)",
+    )
     g.add_argument("--lr", type=float, default=None, help="learning rate η (default 0.05)")
     g.add_argument("--clip", type=float, default=None, help="clip norm C (DP defenses)")
-    g.add_argument("--epsilon", type=float, default=DEFAULTS.epsilon,
-                   help="ε per agent over the run, turned into σ by the accountant")
+    g.add_argument(
+        "--epsilon",
+        type=float,
+        default=DEFAULTS.epsilon,
+        help="ε per agent over the run, turned into σ by the accountant",
+    )
     g.add_argument("--delta", type=float, default=DEFAULTS.delta)
     g.add_argument("--sigma", type=float, default=None, help="noise multiplier (overrides ε)")
     g.add_argument("--accountant", default=DEFAULTS.accountant, help="rdp | prv")
-    g.add_argument("--param", "-p", action="append", default=[], type=_param,
-                   metavar="NAME=VALUE", help="a defense parameter, e.g. -p momentum=0.9")
+    g.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        type=_param,
+        metavar="NAME=VALUE",
+        help="a defense parameter, e.g. -p momentum=0.9",
+    )
     g.add_argument("--seed", type=int, default=DEFAULTS.seed)
     g.add_argument("--device", default=DEFAULTS.device, help="cpu | cuda")
     g.add_argument("--checkpoint-every", type=int, default=DEFAULTS.checkpoint_every)
@@ -72,11 +97,24 @@ def _config(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
     if a.clip is not None:
         params["clip"] = a.clip
     return RunConfig(
-        defense=defense, rounds=rounds, agents=a.agents, topology=a.topology,
-        dataset=a.dataset, data_root=a.data_root, download=a.download, model=a.model,
-        batch_size=a.batch_size, dirichlet_alpha=a.dirichlet_alpha, epsilon=a.epsilon,
-        delta=a.delta, sigma=a.sigma, accountant=a.accountant, params=params, seed=a.seed,
-        device=a.device, checkpoint_every=a.checkpoint_every,
+        defense=defense,
+        rounds=rounds,
+        agents=a.agents,
+        topology=a.topology,
+        dataset=a.dataset,
+        data_root=a.data_root,
+        download=a.download,
+        model=a.model,
+        batch_size=a.batch_size,
+        dirichlet_alpha=a.dirichlet_alpha,
+        epsilon=a.epsilon,
+        delta=a.delta,
+        sigma=a.sigma,
+        accountant=a.accountant,
+        params=params,
+        seed=a.seed,
+        device=a.device,
+        checkpoint_every=a.checkpoint_every,
     ).validate()
 
 
@@ -102,9 +140,11 @@ def cmd_train(a: argparse.Namespace) -> int:
     state = run.train(progress=not a.no_progress)
     acc = run.test_accuracy(state)
     eps = run.resolved["epsilon"]
-    print(f"{a.defense}: {run.cfg.rounds} rounds, {run.cfg.agents} agents on {run.cfg.topology}, "
-          f"σ = {run.resolved['sigma']:.3g}, ε = {eps:.3g} (δ = {run.cfg.delta:g}); "
-          f"test accuracy of the average model {acc:.3f}; run in {a.out}")
+    print(
+        f"{a.defense}: {run.cfg.rounds} rounds, {run.cfg.agents} agents on {run.cfg.topology}, "
+        f"σ = {run.resolved['sigma']:.3g}, ε = {eps:.3g} (δ = {run.cfg.delta:g}); "
+        f"test accuracy of the average model {acc:.3f}; run in {a.out}"
+    )
     return 0
 
 
@@ -115,6 +155,10 @@ def cmd_attack(a: argparse.Namespace) -> int:
     from .threat import parse_link
 
     defense, _ = parse_target(a.target)
+    if a.attack is not None:
+        from .attacks import options
+
+        options(a.attack)  # unknown attack names fail before any training
     if a.round < 1:
         raise PrivauditError(f"--round must be at least 1, got {a.round}")
     out = Path(a.out or f"privaudit-out/{a.target}-r{a.round}")
@@ -124,9 +168,18 @@ def cmd_attack(a: argparse.Namespace) -> int:
         run = Run.create(_config(a, defense.name, a.rounds or a.round), out / "run")
     links = [parse_link(s, run.edges()) for s in a.link] if a.link else None
     result = attack(
-        run, a.target, a.round, attack=a.attack, links=links, threat=a.threat, out=out,
-        iterations=a.iterations, restarts=a.restarts, seed=a.attack_seed,
-        lpips=not a.no_lpips, progress=not a.no_progress,
+        run,
+        a.target,
+        a.round,
+        attack=a.attack,
+        links=links,
+        threat=a.threat,
+        out=out,
+        iterations=a.iterations,
+        restarts=a.restarts,
+        seed=a.attack_seed,
+        lpips=not a.no_lpips,
+        progress=not a.no_progress,
     )
     if a.json:
         from .eval.metrics import to_jsonable
@@ -136,10 +189,12 @@ def cmd_attack(a: argparse.Namespace) -> int:
     m = result["metrics"]
     eps = result["epsilon"]
     lp = f"{m['lpips']:.3f}" if m["lpips"] is not None else "n/a"
-    print(f"{a.target} round {a.round}, {result['attack']} under {result['threat']} "
-          f"(links {result['links']}), ε = {eps if eps is not None else math.inf:.3g}: "
-          f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
-          f"label acc {m['label_acc']:.2f}, {result['wall_s']:.1f} s")
+    print(
+        f"{a.target} round {a.round}, {result['attack']} under {result['threat']} "
+        f"(links {result['links']}), ε = {eps if eps is not None else math.inf:.3g}: "
+        f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
+        f"label acc {m['label_acc']:.2f}, {result['wall_s']:.1f} s"
+    )
     if result["lpips_note"]:
         print(result["lpips_note"])
     print(f"wrote {out / 'result.json'} and {result['figure']}")
@@ -165,8 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--round", type=int, required=True, help="round whose message is attacked")
     at.add_argument("--attack", default=None, help="ig (default) | dlg | idlg | analytic")
     at.add_argument("--threat", default="link", help="threat model (link)")
-    at.add_argument("--link", action="append", default=None, metavar="SRC,DST",
-                    help="the link whose SRC→DST message is attacked (repeatable)")
+    at.add_argument(
+        "--link",
+        action="append",
+        default=None,
+        metavar="SRC,DST",
+        help="the link whose SRC→DST message is attacked (repeatable)",
+    )
     at.add_argument("--run", default=None, help="an existing run directory (else one is trained)")
     at.add_argument("--out", default=None, help="output folder (default privaudit-out/T-rR)")
     at.add_argument("--iterations", type=int, default=None)

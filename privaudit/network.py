@@ -37,7 +37,9 @@ class SimNetwork:
 
     def to(self, device: torch.device | str) -> SimNetwork:
         self.W = self.W.to(device)
-        self.src, self.dst, self.reverse = (t.to(device) for t in (self.src, self.dst, self.reverse))
+        self.src, self.dst, self.reverse = (
+            t.to(device) for t in (self.src, self.dst, self.reverse)
+        )
         return self
 
     def send(self, kind: str, per_edge: Tensor) -> Tensor:

@@ -36,7 +36,8 @@ class ParamSpec:
         """``(..., D)`` -> ``{name: (..., *shape)}`` views."""
         lead = flat.shape[:-1]
         parts = torch.split(flat, self.sizes, dim=-1)
-        return {n: p.reshape(*lead, *s) for n, p, s in zip(self.names, parts, self.shapes)}
+        items = zip(self.names, parts, self.shapes, strict=True)
+        return {n: p.reshape(*lead, *s) for n, p, s in items}
 
     def flatten(self, named: dict[str, Tensor], batch_dims: int = 0) -> Tensor:
         """``{name: (..., *shape)}`` -> ``(..., D)``; ``batch_dims`` leading dims are kept."""

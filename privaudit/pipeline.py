@@ -57,7 +57,7 @@ def observe(
     messages = run.messages(capture, progress=progress)
     public = run.public()
     out = []
-    for th, (src, dst) in zip(threats, links):
+    for th, (src, dst) in zip(threats, links, strict=True):
         obs = defense.observe(th.view(messages, public), kind, round, src, dst)
         obs.meta.update(target=target, round=round, src=src, dst=dst)
         out.append(obs)
@@ -93,7 +93,7 @@ def attack(
     truths = [run.secret_batch(round, o.meta["src"]) for o in obs]
     scores = [
         score(ti, tl, r.images.detach().cpu(), r.labels.cpu(), lpips=lpips)
-        for (ti, tl), r in zip(truths, recons)
+        for (ti, tl), r in zip(truths, recons, strict=True)
     ]
     summary = aggregate(scores)
     eps = run.resolved["epsilon"]
@@ -138,13 +138,17 @@ def _figure(
     from privaudit.eval.figures import reconstruction_grid
 
     true = torch.cat([t for t, _ in truths])
-    rec = torch.cat([r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores)])
-    per = {k: sum((s["per_image"][k] or [None] * len(s["perm"]) for s in scores), [])
-           for k in ("psnr", "ssim", "lpips")}
+    rec = torch.cat(
+        [r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores, strict=True)]
+    )
+    per = {
+        k: sum((s["per_image"][k] or [None] * len(s["perm"]) for s in scores), [])
+        for k in ("psnr", "ssim", "lpips")
+    }
     eps = result["epsilon"]
     title = (
         f"{result['target']} · round {result['round']} · "
-        f"{'ε = %.3g' % eps if eps is not None else 'no DP (ε = ∞)'} · "
+        f"{f'ε = {eps:.3g}' if eps is not None else 'no DP (ε = ∞)'} · "
         f"{result['attack']} under {result['threat']}"
     )
     return reconstruction_grid(true, rec, per, title, path)

@@ -35,7 +35,9 @@ from .topology import build_topology, metropolis_hastings, validate_mixing
 
 def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise PrivauditError("--device cuda was asked for but CUDA is not available; use --device cpu")
+        raise PrivauditError(
+            "--device cuda was asked for but CUDA is not available; use --device cpu"
+        )
     return torch.device(name)
 
 
@@ -106,7 +108,10 @@ class Run:
         validate_mixing(W)
         data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
         parts = dirichlet_partition(
-            data.train_y, cfg.agents, cfg.dirichlet_alpha, seed=cfg.seed,
+            data.train_y,
+            cfg.agents,
+            cfg.dirichlet_alpha,
+            seed=cfg.seed,
             min_size=cfg.batch_size,
         )
         resolved = resolve_privacy(cfg, defense, adj, [len(p) for p in parts])
@@ -193,13 +198,19 @@ class Run:
         blob = {f"state.{k}": v for k, v in state.items()}
         self.dir.save_checkpoint(t, {**blob, "rng": rng})
 
-    def _simulate(self, state: State, start: int, until: int, net: SimNetwork, progress: bool) -> State:
+    def _simulate(
+        self, state: State, start: int, until: int, net: SimNetwork, progress: bool
+    ) -> State:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         ctx, tap = self.ctx, net.tap
         have = set(self.dir.checkpoint_rounds())
-        columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn())
+        columns = (
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, disable=not progress, transient=True) as bar:
             task = bar.add_task(f"{self.defense.name} rounds", total=until, completed=start)
             t = start
@@ -213,7 +224,9 @@ class Run:
                     if tap.spec.wants_round(t):
                         self.dir.save_secrets(t, {"batch": idx, "labels": batch[1]})
                         if tap.messages:
-                            self.dir.save_messages(t, {k: m.payload for k, m in tap.messages.items()})
+                            self.dir.save_messages(
+                                t, {k: m.payload for k, m in tap.messages.items()}
+                            )
                         tap.clear()
                     if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
                         self._checkpoint(t, state, ctx.generator.get_state())
@@ -235,7 +248,10 @@ class Run:
 
         def load() -> dict[Key, Tensor]:
             return {
-                k: v for t in rounds for k, v in self.dir.load_messages(t).items() if capture.wants(*k)
+                k: v
+                for t in rounds
+                for k, v in self.dir.load_messages(t).items()
+                if capture.wants(*k)
             }
 
         out = load()

@@ -10,7 +10,9 @@ from .errors import unknown
 def all_targets() -> dict[str, tuple[Defense, str, str]]:
     """``{target: (defense, kind, one-line description)}`` in registry order."""
     return {
-        f"{d.name}-{kind}": (d, kind, text) for d in DEFENSES.values() for kind, text in d.kinds.items()
+        f"{d.name}-{kind}": (d, kind, text)
+        for d in DEFENSES.values()
+        for kind, text in d.kinds.items()
     }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from privaudit.eval import metrics as M
 from privaudit.eval.figures import reconstruction_grid
 

@@ -1,0 +1,183 @@
+"""Worker of benchmarks/vs_breaching.py: runs breaching's attacks on privaudit's observations.
+
+Run with the interpreter of ``benchmarks/.breaching-env`` (made by setup_breaching.sh), never
+with the system python: breaching lives only in that venv. Usage::
+
+    _breaching_worker.py OBSERVATIONS.safetensors OUTPUT.safetensors
+
+The input (written by vs_breaching.py) holds, for observation ``k``: ``{k}.param.{name}`` (the
+LeNet's parameters), ``{k}.grad.{name}`` (the true gradient), ``{k}.x0`` (the initial image in
+[0, 1]) and ``{k}.y0`` (DLG's initial label logits); its metadata ``config`` is JSON with the
+hyperparameters and breaching config overrides.
+
+The worker imports everything, then reads one JSON command per line on stdin, so that the main
+script can interleave its own runs with breaching's (fair timing on a shared machine):
+
+- ``{"attack": "ig", "k": 0, "iterations": N, "keep": true}``: one breaching reconstruction;
+  replies one JSON line ``{"wall", "cpu", "evals", "steps", "objective"}`` on stdout (breaching's
+  own prints go to stderr). ``wall``/``cpu`` cover ``attacker.reconstruct()`` only: no import,
+  config or attacker construction. ``evals`` counts forward passes, ``steps`` optimizer steps.
+  ``keep`` stores the reconstruction ([0, 1] image) and labels for the output file.
+- ``{"finish": true}``: writes OUTPUT (``{attack}.{k}.recon``, ``{attack}.{k}.label``, metadata
+  ``results`` = JSON of every run's times and counts and the breaching configs) and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")  # torch.jit.script deprecation (breaching scripts its losses)
+
+
+def main(argv: list[str]) -> int:
+    src, dst = argv
+    # Protocol on the real stdout; everything printed by breaching / hydra goes to stderr.
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    from safetensors.torch import load_file, safe_open, save_file
+
+    with safe_open(src, "pt") as f:
+        cfg = json.loads(f.metadata()["config"])
+    import torch
+
+    torch.set_num_threads(int(cfg["threads"]))
+    import breaching
+    from omegaconf import OmegaConf
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from privaudit.models import build_model
+
+    logging.getLogger("breaching").setLevel(logging.WARNING)
+    tensors = load_file(src)
+    device = torch.device(cfg["device"])
+    setup = dict(dtype=torch.float, device=device)
+    shape = list(cfg["input_shape"])
+    mean = torch.tensor(cfg["mean"]).reshape(1, -1, 1, 1)
+    std = torch.tensor(cfg["std"]).reshape(1, -1, 1, 1)
+    pixel_space = cfg["breaching_space"] == "pixel"
+
+    class Normalized(torch.nn.Module):
+        """``net((x − mean) / std)``: breaching then optimises [0, 1] pixels, as privaudit."""
+
+        def __init__(self, net: torch.nn.Module):
+            super().__init__()
+            self.net = net
+            self.register_buffer("mean", mean.clone())
+            self.register_buffer("std", std.clone())
+
+        def forward(self, x):
+            return self.net((x - self.mean) / self.std)
+
+    counts = {"evals": 0, "steps": 0}
+
+    def count_eval(*_):
+        counts["evals"] += 1
+
+    def count_step(*_):
+        counts["steps"] += 1
+
+    register_optimizer_step_post_hook(count_step)
+
+    def build(k: int):
+        net = build_model("lenet", tuple(shape), int(cfg["num_classes"]), 0)
+        params = {n: tensors[f"{k}.param.{n}"] for n, _ in net.named_parameters()}
+        net.load_state_dict(params, strict=True)
+        net.fc.register_forward_hook(count_eval)  # one call per forward pass (copies share it)
+        model = Normalized(net) if pixel_space else net
+        grads = [tensors[f"{k}.grad.{n}"].to(device) for n, _ in net.named_parameters()]
+        return model.to(device), grads
+
+    def payloads(model, grads):
+        meta = dict(shape=shape, modality="vision", task="classification",
+                    classes=int(cfg["num_classes"]))
+        if pixel_space:
+            meta.update(mean=[0.0] * shape[0], std=[1.0] * shape[0])
+        else:
+            meta.update(mean=list(cfg["mean"]), std=list(cfg["std"]))
+        server = dict(
+            parameters=[p.detach().clone() for p in model.parameters()],
+            buffers=[b.detach().clone() for b in model.buffers()] or None,
+            metadata=OmegaConf.create(meta),
+        )
+        user = dict(
+            gradients=[g.clone() for g in grads],
+            buffers=None,
+            metadata=dict(num_data_points=1, labels=None, local_hyperparams=None),
+        )
+        return [server], [user]
+
+    def to_model_space(x):
+        return x if pixel_space else (x - mean.to(x)) / std.to(x)
+
+    def to_pixels(x):
+        x = x if pixel_space else x * std.to(x) + mean.to(x)
+        return x.clamp(0, 1)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    configs = {}
+
+    def run(attack: str, k: int, iterations: int):
+        a = cfg[attack]
+        overrides = [f"optim.max_iterations={iterations}"] + list(a["overrides"])
+        cfg_attack = breaching.get_attack_config(a["config"], overrides=overrides)
+        configs[attack] = OmegaConf.to_container(cfg_attack, resolve=True)
+        model, grads = build(k)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        attacker = breaching.attacks.prepare_attack(model, loss_fn, cfg_attack, setup)
+        x0 = to_model_space(tensors[f"{k}.x0"].to(device))
+        if attack == "dlg":
+            # Same initial label logits as privaudit: breaching draws them with randn inside
+            # _initialize_data; overwrite that (B, classes) draw with privaudit's start point.
+            y0 = tensors[f"{k}.y0"].to(device)
+            original = attacker._initialize_data
+
+            def init(data_shape, _orig=original, _y0=y0):
+                c = _orig(data_shape)
+                if tuple(data_shape) == tuple(_y0.shape):
+                    c.data.copy_(_y0)
+                return c
+
+            attacker._initialize_data = init
+        server, user = payloads(model, grads)
+        counts.update(evals=0, steps=0)
+        sync()
+        c, t = time.process_time(), time.perf_counter()
+        out, stats = attacker.reconstruct(server, user, {}, x0, dryrun=False)
+        sync()
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        info = dict(wall=wall, cpu=cpu, evals=counts["evals"], steps=counts["steps"],
+                    objective=float(stats["opt_value"]) if "opt_value" in stats else None)
+        return info, out
+
+    runs: list[dict] = []
+    kept = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("finish"):
+            break
+        info, out = run(cmd["attack"], int(cmd["k"]), int(cmd["iterations"]))
+        runs.append(dict(cmd, **info))
+        if cmd.get("keep"):
+            key = f"{cmd['attack']}.{cmd['k']}"
+            kept[f"{key}.recon"] = to_pixels(out["data"].detach()).cpu().contiguous()
+            kept[f"{key}.label"] = torch.as_tensor(out["labels"]).reshape(-1).long().cpu()
+        reply.write(json.dumps(info) + "\n")
+    results = dict(runs=runs, configs=configs, torch_threads=torch.get_num_threads(),
+                   torch=torch.__version__)
+    save_file(kept, dst, metadata={"results": json.dumps(results)})
+    reply.write(json.dumps({"finished": True}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,231 @@
+"""The CLI end to end on a tiny configuration, and every bad input of the foundation issue."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from privaudit.cli import main
+
+TINY = ["--agents", "3", "--batch-size", "1", "--no-progress", "--iterations", "4", "--no-lpips"]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_targets_lists_every_message(capsys):
+    code, out, _ = run_cli(capsys, "targets", "--json")
+    assert code == 0
+    names = {row["target"] for row in json.loads(out)}
+    assert {"dsgd-half-model", "nd-cg", "nd-mm", "dpdl-cg", "dpdl-mm", "dpdl-model"} <= names
+
+
+def test_attack_end_to_end_writes_result_and_grid(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        capsys, "attack", "--target", "dpdl-cg", "--round", "2", "--out", str(out), "--json", *TINY
+    )
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert result == json.loads((out / "result.json").read_text()) | {"figure": result["figure"]}
+    assert result["target"] == "dpdl-cg" and result["round"] == 2 and result["attack"] == "ig"
+    assert result["epsilon"] == pytest.approx(1.0, abs=0.02) and result["sigma"] > 0
+    for k in ("mse", "psnr", "ssim", "lpips", "label_acc"):
+        assert k in result["metrics"]
+    assert result["metrics"]["lpips"] is None or result["metrics"]["lpips"] >= 0
+    png = (out / "grid.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # attacking again reuses the run and gives the same numbers
+    code, stdout2, _ = run_cli(
+        capsys, "attack", "--target", "dpdl-cg", "--round", "2", "--out", str(out), "--json", *TINY
+    )
+    assert json.loads(stdout2)["metrics"] == result["metrics"]
+
+
+def test_train_then_attack_an_existing_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        "--defense",
+        "nd",
+        "--rounds",
+        "3",
+        "--agents",
+        "3",
+        "--out",
+        str(run),
+        "--no-progress",
+    )
+    assert code == 0, err and "test accuracy" in out
+    code, out, err = run_cli(
+        capsys,
+        "attack",
+        "--target",
+        "nd-cg",
+        "--round",
+        "2",
+        "--run",
+        str(run),
+        "--link",
+        "1,2",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-progress",
+        "--iterations",
+        "3",
+        "--no-lpips",
+    )
+    assert code == 0, err
+    assert "PSNR" in out and "links [[1, 2]]" in out
+
+
+def test_console_script_runs():
+    exe = shutil.which("privaudit")
+    cmd = [exe] if exe else [sys.executable, "-m", "privaudit.cli"]
+    proc = subprocess.run([*cmd, "targets"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "dpdl-cg" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runs") / "nd"
+    assert (
+        main(
+            [
+                "train",
+                "--defense",
+                "nd",
+                "--rounds",
+                "2",
+                "--agents",
+                "3",
+                "--out",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    return path
+
+
+BAD = {
+    "unknown target": (["attack", "--target", "nope-cg", "--round", "1"], "dpdl-cg"),
+    "unknown defense": (["train", "--defense", "nope", "--out", "{tmp}/x"], "dpdl"),
+    "unknown dataset": (
+        ["train", "--defense", "nd", "--dataset", "imagenet", "--out", "{tmp}/x"],
+        "photos",
+    ),
+    "unknown model": (["train", "--defense", "nd", "--model", "vgg", "--out", "{tmp}/x"], "lenet"),
+    "unknown topology": (
+        ["train", "--defense", "nd", "--topology", "star", "--out", "{tmp}/x"],
+        "ring",
+    ),
+    "unknown attack": (
+        ["attack", "--target", "nd-cg", "--round", "1", "--attack", "magic", "--run", "{run}"],
+        "ig",
+    ),
+    "round below 1": (["attack", "--target", "nd-cg", "--round", "0"], "--round"),
+    "round beyond run": (
+        ["attack", "--target", "nd-cg", "--round", "5", "--run", "{run}"],
+        "train longer",
+    ),
+    "too few agents": (
+        ["train", "--defense", "nd", "--agents", "1", "--out", "{tmp}/x"],
+        "--agents",
+    ),
+    "epsilon not positive": (
+        ["train", "--defense", "dpdl", "--epsilon", "0", "--out", "{tmp}/x"],
+        "--epsilon",
+    ),
+    "delta outside (0,1)": (
+        ["train", "--defense", "dpdl", "--delta", "1", "--out", "{tmp}/x"],
+        "--delta",
+    ),
+    "missing run dir": (
+        ["attack", "--target", "nd-cg", "--round", "1", "--run", "{tmp}/none"],
+        "does not exist",
+    ),
+    "not a run dir": (
+        ["attack", "--target", "nd-cg", "--round", "1", "--run", "{tmp}"],
+        "not a privaudit run",
+    ),
+    "unreadable data root": (
+        [
+            "train",
+            "--defense",
+            "nd",
+            "--dataset",
+            "mnist",
+            "--data-root",
+            "{tmp}/nowhere",
+            "--out",
+            "{tmp}/x",
+        ],
+        "data-root",
+    ),
+    "target of another defense": (
+        ["attack", "--target", "dpdl-cg", "--round", "1", "--run", "{run}"],
+        "nd-*",
+    ),
+    "link not in graph": (
+        ["attack", "--target", "nd-cg", "--round", "1", "--run", "{run}", "--link", "0,7"],
+        "not a link",
+    ),
+    "malformed param": (
+        ["train", "--defense", "nd", "-p", "momentum", "--out", "{tmp}/x"],
+        "NAME=VALUE",
+    ),
+    "unknown param": (["train", "--defense", "nd", "-p", "gamma=2", "--out", "{tmp}/x"], "valid:"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_one_clear_line(case, tmp_path, small_run, capsys):
+    argv, needle = BAD[case]
+    argv = [a.format(tmp=tmp_path, run=small_run) for a in argv]
+    code, out, err = run_cli(capsys, *argv, "--no-progress")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("privaudit: error:") and needle in lines[0], lines[0]
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def test_corrupt_run_files_are_reported_and_kept(tmp_path, small_run, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    (run / "config.json").write_text("{not json")
+    code, _, err = run_cli(capsys, "attack", "--target", "nd-cg", "--round", "1", "--run", str(run))
+    assert code == 2 and "corrupt" in err and len(err.strip().splitlines()) == 1
+    assert (run / "config.json").read_text() == "{not json"  # never overwritten
+
+    run2 = tmp_path / "run2"
+    shutil.copytree(small_run, run2)
+    shutil.rmtree(run2 / "secrets", ignore_errors=True)
+    shutil.rmtree(run2 / "messages", ignore_errors=True)
+    ckpt = sorted((run2 / "checkpoints").glob("*.safetensors"))[-1]
+    ckpt.write_bytes(b"\x80\x04 hostile pickle bytes")
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        "--defense",
+        "nd",
+        "--rounds",
+        "2",
+        "--agents",
+        "3",
+        "--out",
+        str(run2),
+        "--no-progress",
+    )
+    assert code == 2 and "corrupt" in err and len(err.strip().splitlines()) == 1
+    assert ckpt.read_bytes() == b"\x80\x04 hostile pickle bytes"

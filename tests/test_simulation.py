@@ -1,0 +1,121 @@
+"""The simulator and the DPDL family: message orientation, clipping and noise, resumption."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from privaudit.config import RunConfig
+from privaudit.errors import PrivauditError
+from privaudit.eval.accounting import epsilon_for_sigma, sigma_for_epsilon
+from privaudit.grads import clip_rows
+from privaudit.messages import CaptureSpec
+from privaudit.simulator import Run
+
+
+def tiny(defense: str = "nd", **kw) -> RunConfig:
+    base = dict(defense=defense, rounds=4, agents=4, batch_size=2, checkpoint_every=2)
+    return RunConfig(**{**base, **kw})
+
+
+def grad_at(run: Run, flat: torch.Tensor, agent: int, t: int, clip: float | None) -> torch.Tensor:
+    """Batch-mean (optionally per-example clipped) gradient of ``agent``'s round-t batch."""
+    s = run.dir.load_secrets(t)
+    idx = s["batch"][agent]
+    x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
+    return run.ctx.grads.clipped_mean(flat[None], x, y, clip)[0]
+
+
+def test_cg_is_senders_batch_at_receivers_model(tmp_path):
+    run = Run.create(tiny("nd"), tmp_path / "run")
+    msgs = run.messages(CaptureSpec.of(rounds=[3]), progress=False)
+    kinds = {k[3] for k in msgs}
+    assert kinds == {"model", "cg", "mm", "half-model"}
+    for src, dst in run.edges():
+        expected = grad_at(run, msgs[(3, dst, src, "model")], src, 3, None)
+        torch.testing.assert_close(msgs[(3, src, dst, "cg")], expected, rtol=1e-4, atol=1e-6)
+        # and not the receiver's own batch at the sender's model
+        wrong = grad_at(run, msgs[(3, src, dst, "model")], dst, 3, None)
+        assert not torch.allclose(msgs[(3, src, dst, "cg")], wrong, atol=1e-6)
+
+
+def test_momentum_and_half_model_are_consistent(tmp_path):
+    run = Run.create(tiny("nd"), tmp_path / "run")
+    m = run.messages(CaptureSpec.of(rounds=[1, 2]), progress=False)
+    lr = run.params.lr
+    for src, dst in run.edges():
+        v = (m[(2, src, dst, "model")] - m[(2, src, dst, "half-model")]) / lr
+        torch.testing.assert_close(v, m[(2, src, dst, "mm")], rtol=1e-3, atol=1e-5)
+    # every agent starts from the public x_0
+    for src, dst in run.edges():
+        torch.testing.assert_close(m[(1, src, dst, "model")], run.ctx.x0)
+
+
+def test_dpdl_noise_has_the_documented_std(tmp_path):
+    """g̈ − clipped mean = z/B with z ~ N(0, σ²C²): its std over D ≈ 15k coordinates is σC/B."""
+    sigma, clip, B = 2.0, 0.5, 4
+    run = Run.create(tiny("dpdl", sigma=sigma, batch_size=B, params={"clip": clip}), tmp_path / "r")
+    msgs = run.messages(CaptureSpec.of(rounds=[2]), progress=False)
+    stds = []
+    for src, dst in run.edges():
+        clean = grad_at(run, msgs[(2, dst, src, "model")], src, 2, clip)
+        assert clean.norm() <= clip * (1 + 1e-5)
+        noise = msgs[(2, src, dst, "cg")] - clean
+        stds.append(float(noise.std()))
+        assert abs(float(noise.mean())) < 4 * sigma * clip / B / math.sqrt(noise.numel())
+    D = run.ctx.spec.numel
+    tol = 4 * math.sqrt(1 / (2 * D))  # 4 standard errors of a sample std
+    for s in stds:
+        assert abs(s / (sigma * clip / B) - 1) < tol
+
+
+def test_clip_rows_bounds_norm_and_keeps_small_rows():
+    g = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    out = clip_rows(g, 1.0)
+    torch.testing.assert_close(out.norm(dim=1), torch.tensor([1.0, 0.5]))
+    torch.testing.assert_close(out[1], g[1])
+    torch.testing.assert_close(out[0] / out[0].norm(), g[0] / g[0].norm())
+
+
+def test_resume_and_recapture_are_bit_identical(tmp_path):
+    cfg = tiny("dpdl", rounds=5, epsilon=2.0)
+    full = Run.create(cfg, tmp_path / "a")
+    state = full.train(capture=CaptureSpec.of(rounds=[4]), progress=False)
+    first = full.dir.load_messages(4)
+    # a second run trained in two pieces, with round 4 captured later from checkpoint 2
+    part = Run.create(cfg, tmp_path / "b")
+    part.train(until=3, progress=False)
+    again = part.messages(CaptureSpec.of(rounds=[4]), progress=False)
+    assert first.keys() == again.keys()
+    for k in first:
+        assert torch.equal(first[k], again[k])
+    resumed = Run.open(tmp_path / "b").train(progress=False)
+    assert torch.equal(state["x"], resumed["x"])
+
+
+def test_existing_run_with_other_config_is_refused(tmp_path):
+    Run.create(tiny("nd"), tmp_path / "r").train(progress=False)
+    with pytest.raises(PrivauditError, match="different configuration"):
+        Run.create(tiny("nd", agents=6), tmp_path / "r")
+
+
+def test_epsilon_sigma_round_trip_and_composition():
+    q, T = 0.05, 100
+    s1 = sigma_for_epsilon(1.0, 1e-5, q, T, releases_per_round=1)
+    s2 = sigma_for_epsilon(1.0, 1e-5, q, T, releases_per_round=2)
+    assert s2 == pytest.approx(math.sqrt(2) * s1)
+    assert epsilon_for_sigma(s1, 1e-5, q, T) == pytest.approx(1.0, abs=0.02)
+    assert epsilon_for_sigma(s1 * 2, 1e-5, q, T) < 0.6
+    assert epsilon_for_sigma(0.0, 1e-5, q, T) == math.inf
+    with pytest.raises(PrivauditError, match="delta"):
+        sigma_for_epsilon(1.0, 1.5, q, T)
+
+
+def test_dpdl_sigma_comes_from_epsilon(tmp_path):
+    run = Run.create(tiny("dpdl", epsilon=1.0), tmp_path / "r")
+    r = run.resolved
+    assert r["releases_per_round"] == 2  # ring: two neighbours, one cross-gradient each
+    assert r["epsilon"] == pytest.approx(1.0, abs=0.02)
+    assert run.params.sigma == pytest.approx(r["sigma"]) and r["sigma"] > 1
