@@ -8,15 +8,20 @@ in this process; breaching's (``invertinggradients`` / ``deepleakage`` configs o
 ``breaching`` package, 0.1.2) runs on exactly the same tensors in a second process,
 ``benchmarks/_breaching_worker.py``, under ``benchmarks/.breaching-env`` (made by
 ``benchmarks/setup_breaching.sh``; breaching is no privaudit dependency). Both get the same
-iteration count, the same starting point, the same torch thread count.
+iteration count, the same starting point (privaudit's seeded uniform image, and for DLG its
+label logits), the same torch thread count.
 
 Reported per attack: PSNR of each reconstruction against the true image, time per iteration,
 ``time_per_iter(privaudit) / time_per_iter(breaching)`` and ``psnr(privaudit) − psnr(breaching)``
-(means over the images). Time per iteration is ``(T_N − T_0) / N``: the wall time of a run with
-N iterations minus that of the same call with 0 iterations, after a short warm-up run, so imports,
-setup and final scoring cancel out and everything inside the optimisation loop is counted. For
-DLG an iteration is one L-BFGS step of up to ``max_iter`` closure evaluations; the time per
-evaluation (forward + second-order backward) is reported too.
+(means over the images). Time per iteration is ``(T_N − T_0) / steps``: the wall time of the
+attack call with N iterations minus that of the same call with 0 iterations (after one short
+warm-up call per side), over the optimizer steps actually taken; imports, setup and final scoring
+cancel out and everything inside the optimisation loop is counted. The worker stays alive and
+takes one run per request, so the two sides' runs are interleaved (order alternating) and, with
+``--repeats``, each time is the min over rounds: load from other processes hits both alike.
+Threads default to 1 in both processes (``--threads``). For DLG an iteration is one L-BFGS
+step of up to ``max_iter`` closure evaluations; the time per evaluation (forward pass +
+second-order backward, counted by a forward hook) is reported too.
 
 Labels: the observations do not reveal them; both sides infer them the same way for IG (iDLG:
 argmin of the last layer's weight-gradient row sums — privaudit ``label_source="weight"``,
@@ -28,7 +33,8 @@ printed with the table. Usage::
 
     bash benchmarks/setup_breaching.sh          # once
     python benchmarks/vs_breaching.py [--images 4] [--iterations N] [--attacks ig,dlg]
-                                      [--device cpu] [--threads T] [--json [PATH]]
+                                      [--device cpu] [--threads 1] [--repeats R]
+                                      [--breaching-space pixel|normalized] [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -61,8 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=None,
                    help="iterations for every attack (default: IG 1000, DLG 300)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads in both processes (default: torch's current count)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads in both processes (default 1: a B=1 LeNet step is "
+                   "too small to parallelise, and with more threads than free cores OpenMP "
+                   "barriers make both sides' timings erratic)")
     p.add_argument("--seed", type=int, default=0, help="attack seed of image i is seed + i")
     p.add_argument("--breaching-space", choices=("pixel", "normalized"), default="pixel",
                    help="pixel (default): fold the normalisation into breaching's model so it "
@@ -359,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from privaudit.eval.metrics import psnr
+    from privaudit.eval.metrics import psnr, to_jsonable
 
-    threads = args.threads or torch.get_num_threads()
+    threads = max(1, args.threads)
     torch.set_num_threads(threads)
     if args.indices:
         indices = [int(s) for s in args.indices.split(",")]
@@ -456,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print_report(report)
     if args.json:
-        text = json.dumps(report, indent=2, default=str)
+        text = json.dumps(to_jsonable(report), indent=2, allow_nan=False)
         if args.json == "-":
             print(text)
         else:
