@@ -7,12 +7,14 @@ mean PSNR / SSIM of each and the drop, against the foundation issue's bar (ND â‰
 drop â‰¥ 8 dB).
 
     python benchmarks/nd_vs_dpdl.py [--round 200] [--epsilon 1] [--iterations N] [--json]
+                                    [--figures figures/]   # keep the two grids
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 
@@ -45,6 +47,9 @@ def measure(defense: str, args: argparse.Namespace, root: str) -> dict:
         out=f"{root}/{defense}-out",
     )
     res["total_s"] = time.perf_counter() - t0
+    if args.figures:
+        dest = f"{args.figures}/{defense}-cg-b1-r{args.round}.png"
+        shutil.copy(res["figure"], dest)
     return res
 
 
@@ -57,6 +62,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--figures", default=None, help="folder to copy the two grids into")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as root:
         nd, dp = measure("nd", args, root), measure("dpdl", args, root)

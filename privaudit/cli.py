@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _param(text: str) -> tuple[str, Any]:
     if "=" not in text:
-        raise PrivauditError(f"--param must be NAME=VALUE, got {text!r}")
+        raise PrivauditError(f"options must be NAME=VALUE, got {text!r}")
     name, value = text.split("=", 1)
     try:
         parsed = json.loads(value)
@@ -178,6 +178,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
         iterations=a.iterations,
         restarts=a.restarts,
         seed=a.attack_seed,
+        options=dict(a.attack_option),
         lpips=not a.no_lpips,
         progress=not a.no_progress,
     )
@@ -232,6 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--iterations", type=int, default=None)
     at.add_argument("--restarts", type=int, default=None)
     at.add_argument("--attack-seed", type=int, default=0)
+    at.add_argument(
+        "--attack-option",
+        "-a",
+        action="append",
+        default=[],
+        type=_param,
+        metavar="NAME=VALUE",
+        help="an attack option, e.g. -a tv=1e-3 -a lr=0.05",
+    )
     at.add_argument("--no-lpips", action="store_true")
     at.add_argument("--json", action="store_true", help="print result.json on stdout")
     _training_options(at, None)

@@ -76,10 +76,13 @@ def attack(
     iterations: int | None = None,
     restarts: int | None = None,
     seed: int = 0,
+    options: dict[str, Any] | None = None,
     lpips: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Attack ``target`` at ``round`` on each link; score, and write results to ``out``."""
+    """Attack ``target`` at ``round`` on each link; score, and write results to ``out``.
+
+    ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG)."""
     from privaudit.attacks import DEFAULT_ATTACK, run_attack
     from privaudit.eval.metrics import aggregate, score, to_jsonable
 
@@ -87,6 +90,7 @@ def attack(
     t0 = time.perf_counter()
     obs = observe(run, target, round, links, threat, progress)
     kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
+    kw.update(options or {})
     device = run.ctx.device
     recons = run_attack(attack, [o.to(device) for o in obs], seed=seed, progress=progress, **kw)
     wall = time.perf_counter() - t0
@@ -101,6 +105,7 @@ def attack(
         "target": target,
         "round": round,
         "attack": attack,
+        "attack_options": {**kw, "seed": seed},
         "threat": threat,
         "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
         "epsilon": eps if math.isfinite(eps) else None,
