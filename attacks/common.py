@@ -29,7 +29,7 @@ from torch.func import functional_call, grad, vmap
 from privaudit.errors import PrivauditError
 from privaudit.observation import Observation
 
-GradFn = Callable[[Tensor, Tensor], dict[str, Tensor]]
+GradFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def as_list(observations: Observation | Sequence[Observation]) -> list[Observation]:
@@ -59,7 +59,7 @@ class Stack:
     model: nn.Module
     names: tuple[str, ...]
     params: dict[str, Tensor]  # (K, *shape)
-    target: dict[str, Tensor]  # (K, *shape)
+    target: Tensor  # (K, D): the targets flattened in ``names`` order
     scale: Tensor  # (K,)
     clip: Tensor  # (K,) C, 1.0 where the observation is unclipped
     has_clip: Tensor  # (K,) bool
@@ -89,7 +89,7 @@ class Stack:
         return replace(
             self,
             params={n: rep(v) for n, v in self.params.items()},
-            target={n: rep(v) for n, v in self.target.items()},
+            target=rep(self.target),
             scale=rep(self.scale),
             clip=rep(self.clip),
             has_clip=rep(self.has_clip),
@@ -140,7 +140,7 @@ def stack_observations(
         model=model,
         names=names,
         params=stk("params"),
-        target=stk("target"),
+        target=torch.cat([v.reshape(len(obs), -1) for v in stk("target").values()], dim=1),
         scale=torch.tensor([float(o.scale) for o in obs], device=dev, dtype=dtype),
         clip=torch.tensor([float(o.clip or 1.0) for o in obs], device=dev, dtype=dtype),
         has_clip=torch.tensor([o.clip is not None for o in obs], device=dev),
@@ -163,7 +163,8 @@ def _bcast(s: Tensor, v: Tensor) -> Tensor:
 
 
 def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
-    """``(x (K, B, *S) in [0, 1], y (K, B, classes) probabilities) -> {name: (K, *shape)}``.
+    """``(x (K, B, *S) in [0, 1], y (K, B, classes) probabilities) -> (K, D)``, flattened in
+    ``stack.names`` order like ``stack.target``.
 
     The dummy counterpart of each target: ``scale · mean_b clip(∇_θ CE(f(norm(x_b)), y_b))``;
     the per-example clip is applied only if ``clip_aware`` and the observation has ``clip``.
@@ -196,28 +197,40 @@ def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
             factor = torch.where(has, (clip / (norm + 1e-12)).clamp(max=1.0), torch.ones_like(norm))
             return {n: (v * _bcast(factor, v)).mean(0) for n, v in gs.items()}
 
-    batched = vmap(one)
+    args = (stack.params, stack.mean, stack.std, stack.clip, stack.has_clip)
+    if stack.scale.shape[0] == 1:
+        # one problem: vmap's batching rules would only add overhead (~25% per iteration)
+        p1, mean1, std1, clip1, has1 = (
+            {n: v[0] for n, v in a.items()} if isinstance(a, dict) else a[0] for a in args
+        )
 
-    def fn(x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        def batched(p, x, y, mean, std, clip, has):  # noqa: ARG001 - same signature as vmap's
+            g = one(p1, x[0], y[0], mean1, std1, clip1, has1)
+            return {n: v.unsqueeze(0) for n, v in g.items()}
+
+    else:
+        batched = vmap(one)
+
+    names, k = stack.names, stack.k
+    scale = stack.scale.unsqueeze(1)
+
+    def fn(x: Tensor, y: Tensor) -> Tensor:
         gs = batched(stack.params, x, y, stack.mean, stack.std, stack.clip, stack.has_clip)
-        return {n: v * _bcast(stack.scale, v) for n, v in gs.items()}
+        return torch.cat([gs[n].reshape(k, -1) for n in names], dim=1) * scale
 
     return fn
 
 
-def l2_distance(g: dict[str, Tensor], t: dict[str, Tensor]) -> Tensor:
-    """Per-observation ``‖g − t‖²`` over all parameters (DLG, Zhu et al. 2019, Eq. 4) -> (K,)."""
-    return sum((g[n] - t[n]).reshape(t[n].shape[0], -1).pow(2).sum(1) for n in t)
+def l2_distance(g: Tensor, t: Tensor) -> Tensor:
+    """Per-observation ``‖g − t‖²`` over all parameters (DLG, Zhu et al. 2019, Eq. 4):
+    flat ``(K, D)`` gradients -> (K,)."""
+    return (g - t).pow(2).sum(1)
 
 
-def cosine_distance(g: dict[str, Tensor], t: dict[str, Tensor]) -> Tensor:
+def cosine_distance(g: Tensor, t: Tensor) -> Tensor:
     """Per-observation ``1 − <g, t> / (‖g‖ ‖t‖)`` over the whole concatenated gradient
-    (Geiping et al. 2020, Eq. 4) -> (K,)."""
-    flat = lambda d, n: d[n].reshape(d[n].shape[0], -1)  # noqa: E731
-    dot = sum((flat(g, n) * flat(t, n)).sum(1) for n in t)
-    gg = sum(flat(g, n).pow(2).sum(1) for n in t)
-    tt = sum(flat(t, n).pow(2).sum(1) for n in t)
-    return 1 - dot / (gg.sqrt() * tt.sqrt()).clamp_min(1e-30)
+    (Geiping et al. 2020, Eq. 4): flat ``(K, D)`` gradients -> (K,)."""
+    return 1 - torch.nn.functional.cosine_similarity(g, t, dim=1, eps=1e-30)
 
 
 def total_variation(x: Tensor) -> Tensor:

@@ -42,9 +42,14 @@ class SimNetwork:
         )
         return self
 
-    def send(self, kind: str, per_edge: Tensor) -> Tensor:
-        """Row ``e`` goes from ``src[e]`` to ``dst[e]``; returns what each receiver gets."""
-        self.tap.record(self.round, kind, self.edges, per_edge)
+    def send(
+        self, kind: str, per_edge: Tensor, edges: list[tuple[int, int]] | None = None
+    ) -> Tensor:
+        """Row ``e`` goes from ``src[e]`` to ``dst[e]``; returns what each receiver gets.
+
+        ``edges`` overrides the graph's links for this call (time-varying or directed
+        graphs, e.g. one push-sum peer per round); rows then follow ``edges``."""
+        self.tap.record(self.round, kind, self.edges if edges is None else edges, per_edge)
         return per_edge
 
     def broadcast(self, kind: str, per_agent: Tensor) -> Tensor:
@@ -59,7 +64,7 @@ class SimNetwork:
         out = torch.diagonal(self.W).to(per_agent.dtype).unsqueeze(-1) * per_agent
         return out.index_add(0, self.dst, w * received)
 
-    def sum_incoming(self, per_edge: Tensor) -> Tensor:
-        """``out[i] = Σ_{e: dst[e]=i} per_edge[e]``."""
+    def sum_incoming(self, per_edge: Tensor, dst: Tensor | None = None) -> Tensor:
+        """``out[i] = Σ_{e: dst[e]=i} per_edge[e]`` (``dst`` for explicit ``edges``)."""
         out = per_edge.new_zeros((self.n, *per_edge.shape[1:]))
-        return out.index_add(0, self.dst, per_edge)
+        return out.index_add(0, self.dst if dst is None else dst, per_edge)

@@ -119,3 +119,25 @@ def test_dpdl_sigma_comes_from_epsilon(tmp_path):
     assert r["releases_per_round"] == 2  # ring: two neighbours, one cross-gradient each
     assert r["epsilon"] == pytest.approx(1.0, abs=0.02)
     assert run.params.sigma == pytest.approx(r["sigma"]) and r["sigma"] > 1
+
+
+def test_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
+    cfg = tiny("dpdl", rounds=5, checkpoint_every=10, epsilon=2.0)
+    reference = Run.create(cfg, tmp_path / "ref").train(progress=False)
+    run = Run.create(cfg, tmp_path / "r")
+    real_round = type(run.defense).round
+    calls = {"n": 0}
+
+    def flaky(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real_round(self, *a, **kw)
+
+    monkeypatch.setattr(type(run.defense), "round", flaky)
+    with pytest.raises(PrivauditError, match="interrupted in round 4"):
+        run.train(progress=False)
+    assert run.dir.checkpoint_rounds() == [3]
+    monkeypatch.setattr(type(run.defense), "round", real_round)
+    resumed = Run.open(tmp_path / "r").train(progress=False)
+    assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
