@@ -1,12 +1,19 @@
-"""Decentralized training algorithms, each producing exactly the messages it sends."""
+"""Decentralized training algorithms, each producing exactly the messages it sends.
+
+Every module of this package defines its defenses and adds them to the one registry,
+:data:`DEFENSES`, with the ``@register`` decorator; importing the package imports them all.
+"""
+
+import importlib
+import pkgutil
 
 from privaudit.errors import unknown
 
-from .base import Context, Defense
-from .dpdl import DPDL, ND
-from .dsgd import DSGD
+from .base import DEFENSES, Context, Defense, register
 
-DEFENSES: dict[str, Defense] = {d.name: d for d in (DSGD(), ND(), DPDL())}
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _m != "base":
+        importlib.import_module(f"{__name__}.{_m}")
 
 
 def get_defense(name: str) -> Defense:
@@ -15,4 +22,4 @@ def get_defense(name: str) -> Defense:
     return DEFENSES[name]
 
 
-__all__ = ["DEFENSES", "Context", "Defense", "get_defense"]
+__all__ = ["DEFENSES", "Context", "Defense", "get_defense", "register"]

@@ -73,8 +73,18 @@ def params_of(cls: type, overrides: dict[str, Any]) -> Any:
     return obj
 
 
+DEFENSES: dict[str, Defense] = {}
+
+
+def register(cls: type[Defense]) -> type[Defense]:
+    """Class decorator: add one instance of ``cls`` to :data:`DEFENSES` under ``cls.name``."""
+    DEFENSES[cls.name] = cls()
+    return cls
+
+
 class Defense:
-    """Base class. Subclasses set ``name``, ``kinds`` (kind → one line), ``Params``."""
+    """Base class. Subclasses set ``name``, ``kinds`` (kind → one line), ``Params``, and are
+    decorated with :func:`register`."""
 
     name: str = ""
     kinds: dict[str, str] = {}

@@ -39,7 +39,7 @@ from privaudit.network import SimNetwork
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State
+from .base import Context, Defense, State, register
 
 CROSS_COEFS = ("sqrt", "w", "degree")
 
@@ -74,6 +74,7 @@ def _coef(kind: str, w: Tensor, n: int, deg: Tensor) -> Tensor:
     return 1.0 / deg
 
 
+@register
 class DPDL(Defense):
     name = "dpdl"
     kinds = {
@@ -196,6 +197,7 @@ class DPDL(Defense):
         return coef + p["calib_alpha"] * 0.5
 
 
+@register
 class ND(DPDL):
     """The papers' undefended "ND" baseline: DPDL with no clipping and no noise."""
 

@@ -16,7 +16,7 @@ from privaudit.network import SimNetwork
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State
+from .base import Context, Defense, State, register
 
 
 @dataclass
@@ -28,6 +28,7 @@ class DSGDParams:
             raise PrivauditError(f"lr must be > 0, got {self.lr}")
 
 
+@register
 class DSGD(Defense):
     name = "dsgd"
     kinds = {"half-model": "x̃_i = x_i − η∇F_i(x_i): the half-step model, gossiped in the clear"}

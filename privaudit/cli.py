@@ -257,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrivauditError as e:
         print(f"privaudit: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `privaudit targets | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("privaudit: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
