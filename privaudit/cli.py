@@ -142,7 +142,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     eps = run.resolved["epsilon"]
     print(
         f"{a.defense}: {run.cfg.rounds} rounds, {run.cfg.agents} agents on {run.cfg.topology}, "
-        f"σ = {run.resolved['sigma']:.3g}, ε = {eps:.3g} (δ = {run.cfg.delta:g}); "
+        f"σ = {getattr(run.params, 'sigma', 0.0):.3g}, ε = {eps:.3g} (δ = {run.cfg.delta:g}); "
         f"test accuracy of the average model {acc:.3f}; run in {a.out}"
     )
     return 0

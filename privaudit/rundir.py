@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -123,12 +125,35 @@ class RunDir:
         return self._load(self._file("checkpoints", t))
 
     # messages
-    def save_messages(self, t: int, messages: dict[Key, Tensor]) -> None:
-        """Merge into the round's file: earlier captures of the same round are kept."""
+    def save_messages(
+        self, t: int, messages: dict[Key, Tensor], links: Iterable[tuple[int, int]]
+    ) -> None:
+        """Merge into the round's file: earlier captures of the same round are kept.
+
+        ``links`` are the directed links that were tapped, whether or not they carried a
+        message this round (time-varying graphs leave some idle)."""
         path = self._file("messages", t)
         merged = self._load(path) if path.exists() else {}
         merged.update({f"{s}-{d}-{k}": v for (_, s, d, k), v in messages.items()})
-        self._save(path, merged)
+        tapped = sorted(set(self.captured_links(t)) | {tuple(e) for e in links})
+        tensors = {k: v.detach().contiguous().cpu() for k, v in merged.items()}
+        meta = {"links": json.dumps(tapped)}
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+    def captured_links(self, t: int) -> list[tuple[int, int]]:
+        """The directed links tapped in round ``t`` (empty if none)."""
+        path = self._file("messages", t)
+        if not path.exists():
+            return []
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+            return [tuple(e) for e in json.loads(meta.get("links", "[]"))]
+        except Exception:
+            raise PrivauditError(
+                f"{path} is corrupt or not a safetensors file; delete it and rerun "
+                "(it is regenerated from the previous checkpoint)"
+            ) from None
 
     def load_messages(self, t: int) -> dict[Key, Tensor]:
         path = self._file("messages", t)

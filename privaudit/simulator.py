@@ -26,7 +26,7 @@ from .data import ImageData, dirichlet_partition, load_dataset
 from .errors import PrivauditError
 from .grads import PairGrads
 from .messages import CaptureSpec, Tap
-from .models import build_model
+from .models import build_model, normalizes_inputs
 from .network import SimNetwork
 from .params import ParamSpec, flat_params
 from .rundir import Key, RunDir
@@ -118,6 +118,10 @@ class Run:
         p = params_of(defense.Params, {**cfg.params, **_sigma(defense, resolved)})
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed).to(device)
         spec = ParamSpec.of(model)
+        if not normalizes_inputs(model):
+            data = dataclasses.replace(
+                data, mean=(0.0,) * len(data.mean), std=(1.0,) * len(data.std)
+            )
         mean = torch.tensor(data.mean, dtype=torch.float32).view(-1, 1, 1)
         std = torch.tensor(data.std, dtype=torch.float32).view(-1, 1, 1)
         gen = torch.Generator(device=device)
@@ -223,10 +227,9 @@ class Run:
                     state = self.defense.round(ctx, self.params, state, net, batch)
                     if tap.spec.wants_round(t):
                         self.dir.save_secrets(t, {"batch": idx, "labels": batch[1]})
-                        if tap.messages:
-                            self.dir.save_messages(
-                                t, {k: m.payload for k, m in tap.messages.items()}
-                            )
+                        links = tap.spec.links or self.edges()
+                        payloads = {k: m.payload for k, m in tap.messages.items()}
+                        self.dir.save_messages(t, payloads, links)
                         tap.clear()
                     if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
                         self._checkpoint(t, state, ctx.generator.get_state())
@@ -255,9 +258,8 @@ class Run:
             }
 
         out = load()
-        seen = {(k[0], k[1], k[2]) for k in out}
-        links = capture.links or {(s, d) for s, d in self.edges()}
-        if any((t, s, d) not in seen for t in rounds for s, d in links):
+        links = capture.links or set(self.edges())
+        if any(not links <= set(self.dir.captured_links(t)) for t in rounds):
             self.train(until=max(rounds), capture=capture, progress=progress)
             out = load()
         return out

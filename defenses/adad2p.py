@@ -1,0 +1,388 @@
+"""AdaD²P and its fixed-noise counterparts ConstD²P and ClipD²P (anonymous submission,
+``seeds/adad2p-paper.txt``; digest ``notes/adad2p.md``).
+
+Stochastic Gradient Push (Assran et al. 2019) with Gaussian noise on the local gradient.
+Agent i holds the push-sum numerator x_i, the scalar weight w_i (x_i⁰ = x_0, w_i⁰ = 1) and
+the de-biased point z_i = x_i / w_i. Round t (the paper's iteration k = t − 1), Algorithm 1:
+
+    g_i = ∇f_i(z_i^k; ξ_i^k)                              (line 4: at z, not at x)
+    (3)  N_i^k ~ N(0, σ² S_i² I):  S_i = ‖g_i‖ (adad2p), G (constd2p), C with g clipped to C
+         (clipd2p; Algorithms 2, 3 are missing from the source, this is notes §6.5's reading)
+    (4)  x_i^{k+½} = x_i^k − γ (g_i + N_i^k)
+    send (x_i^{k+½}, w_i^k) to the out-neighbour (line 7)
+    x_i^{k+1} = Σ_j P^k_ij x_j^{k+½},  w_i^{k+1} = Σ_j P^k_ij w_j^k     (lines 9, 10)
+    z_i^{k+1} = x_i^{k+1} / w_i^{k+1}                                   (line 11)
+
+Messages on link i→j in the rounds it is active: ``half-model`` x_i^{k+½} (noised) and
+``weight`` w_i^k (in the clear).
+
+Graph (the paper's Appendix C is missing; SGP's definition). A time-varying directed
+exponential graph: the hops are every 2^j < N (L = ⌈log₂ N⌉ of them, SGP's
+2^0 … 2^⌊log₂(N−1)⌋; for N = 20 that is 1, 2, 4, 8, 16), and in round t every agent i sends to
+the one peer (i + 2^((t−1) mod L)) mod N and keeps the share ``keep`` of its own pair
+(SGP's UniformMixing with one peer: ½). P^k = keep·I + (1 − keep)·Π_hop is column stochastic
+(A1) and — the hop being shared — also row stochastic, so w ≡ 1 and z = x on this graph
+(notes §3): the weight message leaks nothing. The defense ignores the run's mixing matrix W;
+it runs only where ``--topology exponential`` builds the undirected union of these links (a
+graph equal to it, e.g. ``complete`` for N ≤ 4, is accepted), and any other graph is a
+:class:`PrivauditError`. A link eavesdropper sees i→j only in the rounds whose hop is
+(j − i) mod N, one round in L.
+
+Choices the paper leaves open, as parameters: ``lr`` γ = 0.05 (paper: 0.05 ResNet-18 /
+CIFAR-10, 0.03 MNIST); ``keep`` = 0.5; ``prescale`` = False sends x^{k+½}, w^k as line 7
+writes them (True: SGP's code, the sender pre-scales both by its out-share 1 − keep);
+``unit`` = "example": the paper samples one example per round (B = 1); with a batch of B
+the noise is drawn for the sum of B per-example gradients with per-example sensitivity S
+(S = max_b ‖g_{i,b}‖ for adad2p, G, or C with per-example clipping) and divided by B, so
+the noise std on the batch-mean gradient is σS/B (DP-SGD's convention, the one the
+accountant assumes); "batch" applies (3) verbatim to the batch-mean gradient ḡ: std σ‖ḡ‖,
+σG, σC with ḡ clipped to C. The two agree for B = 1.
+
+Privacy. σ multiplies the per-example sensitivity S. The paper's Prop. 2 / eq. (5) gives
+σ = c₂√(K log(1/δ))/(Jε) with c₁, c₂ never stated, so σ is not derived from it:
+- clipd2p: releases its batch once per round (to one peer), a sampled Gaussian mechanism
+  of sensitivity C; σ comes from ``--epsilon`` via the run's accountant.
+- constd2p: the same accounting with sensitivity G, which holds only if every per-example
+  gradient norm is ≤ G (Assumption 6). As in the paper, this is assumed and not enforced.
+- adad2p: the noise scale σ‖g‖ is a function of the private data (no clipping, no bound).
+  The Gaussian-mechanism argument Prop. 2 borrows from Abadi et al. needs a
+  data-independent sensitivity, so the paper's (ε, δ) claim is uncertified (notes §6.2);
+  the message norm ‖g + N‖ ≈ ‖g‖√(1 + σ²d) even reveals ‖g‖. We implement the algorithm as
+  written but claim no ε: ``releases_per_round`` is 0, the run reports ε = ∞, and σ is the
+  Params field ``sigma`` (default 0.02, in both of the paper's grids: CIFAR-10
+  {0.001 … 0.04}, MNIST {0.02, 0.05}); ``--epsilon``/``--sigma`` do not set it, use
+  ``-p sigma=…``.
+Defaults G = 3.5 and C = 1 are the paper's MNIST values (CIFAR-10: G = 8.5, C ∈ {2, 3, 5}).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from privaudit.errors import PrivauditError
+from privaudit.grads import clip_rows
+from privaudit.network import SimNetwork
+from privaudit.observation import Observation
+from privaudit.threat import View
+from privaudit.topology import TOPOLOGIES, exponential
+
+from .base import Context, Defense, State, register
+
+UNITS = ("example", "batch")
+# rounds_needed() cannot see N: it names a window long enough for any hop cycle L ≤ 16
+# (N ≤ 65536 agents); observe() reads only rounds t and t − L.
+MAX_CYCLE = 16
+
+
+def hops(n: int) -> list[int]:
+    """The hop cycle: every power of two below N, ascending (SGP's peer list)."""
+    return [1 << j for j in range(max(n - 1, 1).bit_length())]
+
+
+def hop(n: int, t: int) -> int:
+    """The hop every agent uses in round ``t`` (rounds start at 1)."""
+    h = hops(n)
+    return h[(t - 1) % len(h)]
+
+
+def peers(n: int, t: int) -> list[int]:
+    """``peers(n, t)[i]``: the one agent i sends to in round ``t``."""
+    return [(i + hop(n, t)) % n for i in range(n)]
+
+
+def active_rounds(n: int, src: int, dst: int) -> tuple[int, int] | None:
+    """``(first, period)``: src→dst carries messages in rounds first, first + period, …
+    (None: never)."""
+    h = hops(n)
+    d = (dst - src) % n
+    return (h.index(d) + 1, len(h)) if d in h else None
+
+
+def push_sum(
+    net: SimNetwork,
+    x_half: Tensor,
+    w: Tensor,
+    peer: Tensor,
+    keep: float | Tensor,
+    prescale: bool,
+) -> tuple[Tensor, Tensor]:
+    """Send (x^{k+½}, w^k) from each agent i to ``peer[i]`` and mix with P^k (lines 7–10).
+
+    ``x_half`` (N, D), ``w`` (N, 1); ``keep`` a scalar or per-agent (N, 1) (then P^k is only
+    column stochastic); returns (x^{k+1}, w^{k+1})."""
+    n = x_half.shape[0]
+    share = 1.0 - keep
+    edges = [(i, int(peer[i])) for i in range(n)]
+    out = share if prescale else 1.0
+    rx = net.send("half-model", out * x_half, edges=edges)
+    rw = net.send("weight", out * w, edges=edges)
+    inc = 1.0 if prescale else share
+    x_new = keep * x_half + net.sum_incoming(inc * rx, dst=peer)
+    w_new = keep * w + net.sum_incoming(inc * rw, dst=peer)
+    return x_new, w_new
+
+
+def _graph_name(adj: Tensor) -> str:
+    n = adj.shape[0]
+    for name, build in TOPOLOGIES.items():
+        try:
+            if torch.equal(build(n), adj):
+                return name
+        except PrivauditError:
+            continue
+    return "a custom graph"
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive(name: str, x: Any) -> None:
+    if not (_number(x) and x > 0):
+        raise PrivauditError(f"{name} must be a finite number > 0, got {x!r}")
+
+
+@dataclass
+class D2PParams:
+    lr: float = 0.05  # γ in (4)
+    keep: float = 0.5  # P^k_ii: the share of (x, w) an agent keeps; 1 − keep goes to its peer
+    unit: str = "example"  # sensitivity unit with a batch: "example" (σS/B) or "batch"
+    prescale: bool = False  # messages pre-scaled by the out-share (SGP code) or raw (line 7)
+    sigma: float = 0.0  # σ in (3)
+
+    def validate(self) -> None:
+        _positive("lr", self.lr)
+        if not (_number(self.keep) and 0 < self.keep < 1):
+            raise PrivauditError(f"keep must be in (0, 1), got {self.keep!r}")
+        if self.unit not in UNITS:
+            raise PrivauditError(f"unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
+        if not isinstance(self.prescale, bool):
+            raise PrivauditError(f"prescale must be true or false, got {self.prescale!r}")
+        if not (_number(self.sigma) and self.sigma >= 0):
+            raise PrivauditError(f"sigma must be a finite number ≥ 0, got {self.sigma!r}")
+
+
+class _D2P(Defense):
+    """Shared SGP machinery; subclasses supply the noised gradient and its leak."""
+
+    Params = D2PParams
+
+    def _check_graph(self, adj: Tensor) -> None:
+        adj = adj.to("cpu", torch.bool)
+        if not torch.equal(adj, exponential(adj.shape[0])):
+            raise PrivauditError(
+                f"{self.name} runs on its own time-varying directed exponential graph and "
+                f"needs --topology exponential, but this run's graph is {_graph_name(adj)}"
+            )
+
+    # -- training -----------------------------------------------------------------
+    def init(self, ctx: Context, p: D2PParams) -> State:
+        self._check_graph(ctx.adj)
+        x = super().init(ctx, p)["x"]
+        return {"x": x, "w": torch.ones(ctx.n, 1, dtype=x.dtype, device=x.device)}
+
+    def gradient(
+        self, ctx: Context, p: Any, z: Tensor, xs: Tensor, ys: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(released gradient g_i (N, D), noise std per agent (N,)) at the points ``z``."""
+        raise NotImplementedError
+
+    def round(
+        self,
+        ctx: Context,
+        p: D2PParams,
+        state: State,
+        net: SimNetwork,
+        batch: tuple[Tensor, Tensor],
+    ) -> State:
+        x, w = state["x"], state["w"]
+        n = ctx.n
+        g, std = self.gradient(ctx, p, x / w, *batch)  # line 4: at the de-biased z
+        if p.sigma > 0:  # (3)
+            g = g + ctx.gaussian(*g.shape) * std[:, None]
+        x_half = x - p.lr * g  # (4)
+        peer = torch.tensor(peers(n, net.round), dtype=torch.long, device=x.device)
+        x_new, w_new = push_sum(net, x_half, w, peer, p.keep, p.prescale)
+        return {"x": x_new, "w": w_new}
+
+    # -- privacy ------------------------------------------------------------------
+    def releases_per_round(self, adj: Tensor) -> int:
+        """One noised half-step model per round, sent to one peer."""
+        self._check_graph(adj)
+        return 1
+
+    # -- attack surface -------------------------------------------------------------
+    def rounds_needed(self, kind: str, t: int) -> list[int]:
+        """Round t and the previous message on the same link, t − L (L = ⌈log₂ N⌉ is not
+        known here, so the window t − 16 … t)."""
+        return list(range(max(1, t - MAX_CYCLE), t + 1))
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """Under ``link`` (src ↔ dst), from the pair (x_src^{k+½}, w_src^k) of round t:
+
+        target = (x̂ − x_src^{k+½})/γ = g_src + N_src at params x̂ / w_src^k, where x̂ is
+        x_src^k: exact at t = 1 (x_0 is public, w⁰ = 1); later the link has not carried
+        x_src^k (src's state after mixing), so x̂ is src's previous half-step model on this
+        link (round t − L), or x_0 when t ≤ L. ``weight`` w_src^k is data-independent
+        (≡ 1 here): alone it leaks nothing, so its observation is that of the pair it
+        travels with. Asking for a round in which src→dst is idle is an error that names
+        the rounds it is active."""
+        if kind not in self.kinds:
+            raise PrivauditError(f"{self.name} has no {kind!r} message; kinds: {list(self.kinds)}")
+        pub = view.public
+        p, n = pub["params"], int(pub["n"])
+        self._check_active(n, t, src, dst)
+        div = (1.0 - p["keep"]) if p["prescale"] else 1.0
+        x_half = view.get(t, src, dst, "half-model") / div
+        w = float(view.get(t, src, dst, "weight").reshape(-1)[0]) / div
+        period = len(hops(n))
+        if t == 1:
+            x_hat, proxy = pub["x0"], "x0 (exact)"
+        elif t - period >= 1 and period <= MAX_CYCLE:
+            x_hat, proxy = view.get(t - period, src, dst, "half-model") / div, f"round {t - period}"
+        else:
+            x_hat, proxy = pub["x0"], "x0"
+        x_hat = x_hat.to(x_half.dtype)
+        target = (x_hat - x_half) / p["lr"]
+        leak = self.leak(pub, target)
+        meta = {"exact": t == 1, "params_from": proxy, "via": "half-model", **leak.pop("meta")}
+        return self.make_observation(view, x_hat / w, target, meta=meta, **leak)
+
+    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
+        """Observation fields ``clip``, ``noise_std`` and ``meta`` of a target g + N."""
+        raise NotImplementedError
+
+    def _check_active(self, n: int, t: int, src: int, dst: int) -> None:
+        act = active_rounds(n, src, dst)
+        now = (src + hop(n, t)) % n
+        fix = f"in round {t} agent {src} sends to {now} (--link {src},{now})"
+        if act is None:
+            raise PrivauditError(
+                f"{self.name}: link {src}->{dst} never carries a message on the time-varying "
+                f"exponential graph over {n} agents (hops {hops(n)}); {fix}"
+            )
+        first, period = act
+        if (t - first) % period:
+            rounds = ", ".join(str(first + period * m) for m in range(3))
+            raise PrivauditError(
+                f"{self.name}: link {src}->{dst} carries no message in round {t}; it does in "
+                f"rounds {rounds}, … (every {period} from {first}); {fix}"
+            )
+
+
+@dataclass
+class AdaD2PParams(D2PParams):
+    sigma: float = 0.02  # σ in (3); the paper's σ, never set from --epsilon (no formal DP)
+
+
+@register
+class AdaD2P(_D2P):
+    """AdaD²P (Algorithm 1): noise N(0, σ²‖g‖² I), σ a parameter (no DP accounting)."""
+
+    name = "adad2p"
+    kinds = {
+        "half-model": "x_i^{k+½} = x_i − γ(g_i + N), N ~ N(0, σ²‖g_i‖²): one peer per round",
+        "weight": "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)",
+    }
+    Params = AdaD2PParams
+
+    def gradient(
+        self, ctx: Context, p: AdaD2PParams, z: Tensor, xs: Tensor, ys: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if p.unit == "batch":
+            g = ctx.grads.mean(z, xs, ys)
+            return g, p.sigma * g.norm(dim=-1)
+        per = ctx.grads.per_example(z, xs, ys)  # (N, B, D)
+        return per.mean(1), p.sigma * per.norm(dim=-1).amax(1) / xs.shape[1]
+
+    def releases_per_round(self, adj: Tensor) -> int:
+        """0: the data-dependent noise has no accountable sensitivity; σ is not from ε."""
+        self._check_graph(adj)
+        return 0
+
+    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
+        """The noise std σS/B (σ‖ḡ‖ for unit "batch") is data-dependent; estimated from
+        ‖target‖² = ‖ḡ‖² + D·std², taking ‖ḡ‖ = S (exact for B = 1)."""
+        p = public["params"]
+        m = public["batch_size"] if p["unit"] == "example" else 1
+        sigma = p["sigma"]
+        std = 0.0
+        if sigma > 0:
+            std = float(target.norm()) / math.sqrt(target.numel() + (m / sigma) ** 2)
+        return {"clip": None, "noise_std": std, "meta": {"noise_std_estimated": True}}
+
+
+@dataclass
+class ConstD2PParams(D2PParams):
+    G: float = 3.5  # per-example gradient-norm bound (Assumption 6); paper: 3.5 MNIST, 8.5 CIFAR
+
+    def validate(self) -> None:
+        super().validate()
+        _positive("G", self.G)
+
+
+@register
+class ConstD2P(_D2P):
+    """ConstD²P (Algorithm 2, missing; notes §6.5): noise N(0, σ²G² I), G assumed."""
+
+    name = "constd2p"
+    kinds = {
+        "half-model": "x_i^{k+½} = x_i − γ(g_i + N), N ~ N(0, σ²G²), G assumed: one peer/round",
+        "weight": "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)",
+    }
+    Params = ConstD2PParams
+
+    def gradient(
+        self, ctx: Context, p: ConstD2PParams, z: Tensor, xs: Tensor, ys: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        g = ctx.grads.mean(z, xs, ys)
+        m = xs.shape[1] if p.unit == "example" else 1
+        return g, torch.full((z.shape[0],), p.sigma * p.G / m, dtype=g.dtype, device=g.device)
+
+    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
+        p = public["params"]
+        m = public["batch_size"] if p["unit"] == "example" else 1
+        return {"clip": None, "noise_std": p["sigma"] * p["G"] / m, "meta": {}}
+
+
+@dataclass
+class ClipD2PParams(D2PParams):
+    clip: float = 1.0  # C; paper: 1 on MNIST, {2, 3, 5} on CIFAR-10
+
+    def validate(self) -> None:
+        super().validate()
+        _positive("clip", self.clip)
+
+
+@register
+class ClipD2P(_D2P):
+    """ClipD²P (Algorithm 3, missing; notes §6.5): clip to C, noise N(0, σ²C² I)."""
+
+    name = "clipd2p"
+    kinds = {
+        "half-model": "x_i^{k+½} = x_i − γ(clip_C(g_i) + N), N ~ N(0, σ²C²): one peer/round",
+        "weight": "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)",
+    }
+    Params = ClipD2PParams
+
+    def gradient(
+        self, ctx: Context, p: ClipD2PParams, z: Tensor, xs: Tensor, ys: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if p.unit == "batch":
+            g, m = clip_rows(ctx.grads.mean(z, xs, ys), p.clip), 1
+        else:
+            g, m = ctx.grads.clipped_mean(z, xs, ys, p.clip), xs.shape[1]
+        return g, torch.full((z.shape[0],), p.sigma * p.clip / m, dtype=g.dtype, device=g.device)
+
+    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
+        p = public["params"]
+        if p["unit"] == "example":
+            std = p["sigma"] * p["clip"] / public["batch_size"]
+            return {"clip": p["clip"], "noise_std": std, "meta": {}}
+        meta = {"batch_clip": p["clip"], "scale_estimated": True}
+        return {"clip": None, "noise_std": p["sigma"] * p["clip"], "meta": meta}

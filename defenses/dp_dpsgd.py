@@ -1,0 +1,97 @@
+"""DP-DPSGD: A(DP)²SGD (Xu, Zhang, Wang, TPAMI 2021) as the DPDL and PDSL papers run it.
+
+Both papers describe the baseline in one sentence each (``seeds/dpdl-paper.txt`` §VI-A,
+"DP-DPSGD: … Gaussian mechanism is applied in decentralized parallel SGD [6] … each agent
+perturbs its local gradient shared with its neighbors"; ``seeds/pdsl-paper.txt`` §VI):
+D-PSGD (Lian et al. 2017) whose local gradient is noised before it leaves the agent. Per
+round t, agent i with batch ξ^i_t of size B, in adapt-then-combine form like ``dsgd``:
+
+    ĝ^i_t = (1/B)(Σ_b clip_C(∇F_i(x^i_{t-1}; ξ_b)) + z^i_t),   z ~ N(0, σ²C² I)
+    x̃^i_t = x^i_{t-1} − η ĝ^i_t,        x^i_t = Σ_j w_ij x̃^j_t
+
+Only ``half-model`` (x̃^i_t) crosses a link; it carries the noised gradient once, the same
+value to every neighbour, so ``releases_per_round`` is 1 and σ (set from ``--epsilon``) is
+the noise multiplier of the clipped sum: the noise on the batch mean has std σC/B.
+
+Choices the sources leave open, as parameters: ``clip`` C = 1.0 (per-example clipping —
+A(DP)²SGD instead *assumes* ‖∇F‖ ≤ G and scales its noise by G; clipping makes that bound
+hold), ``lr`` η = 0.05. The original is asynchronous (AD-PSGD: each worker averages with
+one random neighbour); the DPDL/PDSL papers compare against the synchronous D-PSGD form,
+implemented here with Metropolis–Hastings W. No momentum, all agents start from x_0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from privaudit.errors import PrivauditError
+from privaudit.network import SimNetwork
+from privaudit.observation import Observation
+from privaudit.threat import View
+
+from .base import Context, Defense, State, register
+
+
+@dataclass
+class DPDPSGDParams:
+    lr: float = 0.05  # η
+    clip: float = 1.0  # C, per-example
+    sigma: float = 0.0  # noise multiplier; set from --epsilon by the accountant
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise PrivauditError(f"lr must be > 0, got {self.lr}")
+        if self.clip is None or not self.clip > 0:
+            raise PrivauditError(f"clip must be > 0, got {self.clip}")
+        if self.sigma < 0:
+            raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
+
+
+@register
+class DPDPSGD(Defense):
+    name = "dp-dpsgd"
+    kinds = {
+        "half-model": "x̃_i = x_i − η ĝ_i: half-step with a per-example clipped, noised gradient",
+    }
+    Params = DPDPSGDParams
+
+    def round(
+        self,
+        ctx: Context,
+        p: DPDPSGDParams,
+        state: State,
+        net: SimNetwork,
+        batch: tuple[Tensor, Tensor],
+    ) -> State:
+        x = state["x"]
+        xs, ys = batch
+        g = ctx.grads.clipped_mean(x, xs, ys, p.clip)
+        if p.sigma > 0:
+            g = g + ctx.gaussian(*g.shape) * (p.sigma * p.clip / xs.shape[1])
+        return {"x": net.gossip("half-model", x - p.lr * g)}
+
+    def releases_per_round(self, adj: Tensor) -> int:
+        """One noised gradient per round, broadcast as the same x̃ to every neighbour."""
+        return 1
+
+    def rounds_needed(self, kind: str, t: int) -> list[int]:
+        return [t - 1, t] if t > 1 else [t]
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """(x^i_{t-1} − x̃^i_t)/η = ĝ^i_t: the clipped mean plus N(0, (σC/B)²), at x^i_{t-1}.
+
+        Exact at t = 1 (x_0 is public); later x^i_{t-1} is approximated by the previous
+        half-step x̃^i_{t-1} seen on the same link (mixing ignored), as for ``dsgd``."""
+        p = view.public["params"]
+        half = view.get(t, src, dst, "half-model")
+        prev = view.public["x0"] if t == 1 else view.get(t - 1, src, dst, "half-model")
+        return self.make_observation(
+            view,
+            prev,
+            (prev - half) / p["lr"],
+            clip=p["clip"],
+            noise_std=p["sigma"] * p["clip"] / view.public["batch_size"],
+            meta={"exact": t == 1},
+        )

@@ -1,0 +1,363 @@
+"""PDSL (Wang, Yuan, Wang, Li): Shapley-weighted cross-gradient momentum with DP noise.
+
+Equations from ``seeds/pdsl-paper.txt`` (Alg. 1, Alg. 2; notes/pdsl.md §1). Per round t,
+agent i with batch ξ_{i,t} of size B and players 𝓜_i = {i} ∪ neighbours (ω_{i,j} = W_ij):
+
+    (9)–(11)  ĝ_{i,i} = clip_C(∇F_i(x_i; ξ_{i,t})) + n_{i,i}
+    (12)–(14) ĝ_{i,j} = clip_C(∇F_i(x_j; ξ_{i,t})) + n_{i,j},  same batch, fresh n per j
+    (15)      x_{i,j} = x_i − γ ĝ_{j,i}                        candidate models, j ∈ 𝓜_i
+    (16)(17)  v(𝓜′) = accuracy of (1/|𝓜′|) Σ_{j∈𝓜′} x_{i,j} on i's validation set
+    (18)/(26) φ_{i,j}: exact Shapley (subset form) or Monte-Carlo permutations (Alg. 2)
+    (19)      φ̂_{i,j} = (φ_{i,j} − min_k φ_{i,k}) / (max_k φ_{i,k} − min_k φ_{i,k})
+    (20)      π_{i,j} = φ̂_{i,j} / (ω_{i,j} Σ_k φ̂_{i,k})
+    (21)–(23) ḡ_i = Σ_j π_{i,j} ĝ_{j,i},  û_i = α u_i + ḡ_i,  x̂_i = x_i − γ û_i
+    (24)(25)  u_i = Σ_j ω_{i,j} û_j,  x_i = Σ_j ω_{i,j} x̂_j
+
+Clipping is flat, on the batch-mean gradient (eq. 10), not per example; the noise is
+n ~ N(0, σ²C² I): the paper's absolute std σ is written here as ``sigma`` · C, so ``sigma``
+is the noise multiplier the simulator derives from --epsilon.
+Orientation: ĝ_{i,j} is i's batch at j's model, computed by i and sent to j (first index =
+data owner). Messages on i→j per round: ``model`` x_i^{t-1}, ``cg`` ĝ_{i,j}, ``mm`` û_i,
+``half-model`` x̂_i. Only ``cg`` (and ĝ_{i,i} inside û_i) is noised.
+
+Choices the paper leaves open, as parameters (paper values where it gives them):
+``lr`` γ = 0.01 (paper: 0.01 CIFAR-10, 0.001 MNIST), ``momentum`` α = 0.7 (0.7 / 0.5),
+``clip`` C = 1.0 (not given), ``shapley`` = "mc" (Alg. 2) or "exact" (eq. 18),
+``permutations`` R = 20 (not given), ``val_size`` = 32 (paper: 2,000 shared test images),
+``empty_value`` v(∅) = "zero" (Def. 3; "current" = accuracy of x_i^{t-1}, "chance" =
+1/classes; under exact Shapley v(∅) only shifts every φ_{i,j} by the same amount and cancels
+in eq. 19), ``tie_tol`` = 1e-9 (Shapley values are computed in float64): when
+max_k φ − min_k φ ≤ tie_tol, eq. 19 is 0/0 and every φ̂ is set to 1 (equal weights,
+π_{i,j} = 1/(ω_{i,j}|𝓜_i|)). u_0 = 0; all agents start at x_0.
+
+Validation set: the run's Context has no held-out data, so 𝒬_i is a fixed, seeded subset of
+agent i's own shard (``val_size`` images, fewer if a shard is smaller), drawn in ``init``
+and kept in the state (``val``). It is NOT excluded from i's training batches, and unlike
+the paper's public 𝒬 it is private: π_i, hence û_i and x̂_i, is an un-noised function of
+i's validation images.
+
+Unsound as written (implemented literally, see notes §2, §6): π divides by ω_{i,j}, so
+Σ_j ω_{i,j} π_{i,j} = 1 and Σ_j π_{i,j} ≈ 1/ω (the step grows with the degree); the
+lowest-Shapley player always gets π = 0, so Theorem 1's φ̂_min is 0 and its σ bound is
+vacuous. The accountant here treats each of the |𝓜_i| same-batch releases per round as a
+sensitivity-C Gaussian release (σ·C noise); a flat-clipped batch mean has replace-one
+sensitivity 2C, so the reported ε is optimistic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call, vmap
+
+from privaudit.errors import PrivauditError
+from privaudit.grads import clip_rows
+from privaudit.network import SimNetwork
+from privaudit.observation import Observation
+from privaudit.threat import View
+
+from .base import Context, Defense, State, register
+
+SHAPLEY = ("mc", "exact")
+EMPTY = ("zero", "current", "chance")
+_CHUNK = 128  # coalition models evaluated per vmap call
+EXACT_MAX = 16  # players; exact Shapley evaluates 2^m coalitions
+
+
+@dataclass
+class PDSLParams:
+    lr: float = 0.01  # γ
+    momentum: float = 0.7  # α in (22)
+    clip: float = 1.0  # C in (10)(13), flat batch-gradient clip
+    sigma: float = 0.0  # noise std / C in (11)(14); set from --epsilon by the accountant
+    shapley: str = "mc"  # "mc": Alg. 2 with R permutations; "exact": eq. (18)
+    permutations: int = 20  # R in Alg. 2
+    val_size: int = 32  # |𝒬_i|, a fixed seeded subset of agent i's shard
+    empty_value: str = "zero"  # v(∅): "zero" (Def. 3), "current", "chance"
+    tie_tol: float = 1e-9  # max φ − min φ ≤ tie_tol → eq. (19) is 0/0 → all φ̂ = 1
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise PrivauditError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise PrivauditError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not self.clip > 0:
+            raise PrivauditError(f"clip must be > 0, got {self.clip}")
+        if self.sigma < 0:
+            raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
+        if self.shapley not in SHAPLEY:
+            raise PrivauditError(f"shapley must be one of {', '.join(SHAPLEY)}")
+        if self.permutations < 1:
+            raise PrivauditError(f"permutations must be ≥ 1, got {self.permutations}")
+        if self.val_size < 1:
+            raise PrivauditError(f"val_size must be ≥ 1, got {self.val_size}")
+        if self.empty_value not in EMPTY:
+            raise PrivauditError(f"empty_value must be one of {', '.join(EMPTY)}")
+        if self.tie_tol < 0:
+            raise PrivauditError(f"tie_tol must be ≥ 0, got {self.tie_tol}")
+
+
+# -- Shapley values: pure functions of a game -------------------------------------------------
+def code_bits(codes: Tensor, m: int) -> Tensor:
+    """Bitmask coalition codes ``(...)`` → membership ``(..., m)`` in {0, 1} (long)."""
+    return (codes.unsqueeze(-1) >> torch.arange(m, device=codes.device)) & 1
+
+
+def exact_shapley(table: Tensor) -> Tensor:
+    """Eq. (18): ``table (..., 2^m)`` holds v(S) at index bitmask(S) → φ ``(..., m)``.
+
+    φ_j = Σ_{S ∌ j} [v(S ∪ {j}) − v(S)] / (m·C(m−1, |S|)), as one matrix product."""
+    m = int(table.shape[-1]).bit_length() - 1
+    if table.shape[-1] != 1 << m or m < 1:
+        raise PrivauditError(f"a Shapley table needs 2^m ≥ 2 entries, got {table.shape[-1]}")
+    codes = torch.arange(1 << m, device=table.device)
+    bits = code_bits(codes, m).to(table.dtype)  # (2^m, m)
+    size = bits.sum(-1).long()
+    w = torch.tensor([1.0 / (m * math.comb(m - 1, s)) for s in range(m)], dtype=table.dtype)
+    w = w.to(table.device)
+    # S ∋ j contributes +w(|S|−1)·v(S); S ∌ j contributes −w(|S|)·v(S)
+    plus = w[(size - 1).clamp(min=0)][:, None]
+    minus = w[size.clamp(max=m - 1)][:, None]
+    coef = bits * plus - (1 - bits) * minus
+    return table @ coef
+
+
+def random_permutations(batch: int, m: int, r: int, generator: torch.Generator) -> Tensor:
+    """``r`` uniform permutations of ``m`` players for each of ``batch`` games, (batch, r, m)."""
+    keys = torch.rand(batch, r, m, generator=generator, device=generator.device)
+    return keys.argsort(-1)
+
+
+def prefix_masks(perms: Tensor) -> Tensor:
+    """Membership of the first k players of each permutation, k = 0..m → (..., m + 1, m)."""
+    m = perms.shape[-1]
+    first = F.one_hot(perms, m).cumsum(-2) > 0
+    return torch.cat([torch.zeros_like(first[..., :1, :]), first], -2)
+
+
+def mc_shapley(perms: Tensor, prefix_values: Tensor) -> Tensor:
+    """Eq. (26): ``perms (..., R, m)`` and v at their prefixes ``(..., R, m + 1)`` → φ (..., m).
+
+    φ_j = (1/R) Σ_r [v(Z_j(ϕ_r) ∪ {j}) − v(Z_j(ϕ_r))], Z_j the predecessors of j in ϕ_r."""
+    marginal = prefix_values[..., 1:] - prefix_values[..., :-1]  # of player perms[..., k]
+    phi = torch.zeros_like(marginal).scatter_add_(-1, perms, marginal)
+    return phi.mean(-2)
+
+
+def shapley_weights(
+    phi: Tensor, omega: Tensor, mask: Tensor | None = None, tol: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Eqs. (19)(20): min–max normalise φ over the real players, then π = φ̂/(ω Σφ̂).
+
+    ``phi``, ``omega`` and ``mask`` (real players; padding gets π = 0) are ``(..., m)``.
+    When max − min ≤ ``tol`` eq. (19) is 0/0: every φ̂ is 1 and π_j = 1/(ω_j |𝓜|).
+    Returns ``(φ̂, π)``."""
+    mask = torch.ones_like(phi, dtype=torch.bool) if mask is None else mask
+    lo = phi.masked_fill(~mask, math.inf).amin(-1, keepdim=True)
+    hi = phi.masked_fill(~mask, -math.inf).amax(-1, keepdim=True)
+    span = hi - lo
+    tie = span <= tol
+    hat = torch.where(tie, torch.ones_like(phi), (phi - lo) / torch.where(tie, 1.0, span))
+    hat = hat.masked_fill(~mask, 0.0)
+    denom = omega.masked_fill(~mask, 1.0) * hat.sum(-1, keepdim=True)
+    return hat, (hat / denom).masked_fill(~mask, 0.0)
+
+
+def shapley(
+    value: Callable[[Tensor], Tensor],
+    batch: int,
+    m: int,
+    method: str,
+    permutations: int = 20,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Shapley values of ``batch`` m-player games, ``(batch, m)``.
+
+    ``value(masks (batch, K, m) bool) → (batch, K)`` evaluates coalitions given by
+    membership. ``method`` "exact" evaluates all 2^m coalitions (eq. 18); "mc" evaluates
+    the prefixes of ``permutations`` random permutations from ``generator`` (Alg. 2)."""
+    if method == "exact":
+        if m > EXACT_MAX:
+            raise PrivauditError(
+                f"exact Shapley over {m} players needs 2^{m} evaluations per agent; "
+                f"use shapley=mc (exact allows at most {EXACT_MAX} players)"
+            )
+        device = None if generator is None else generator.device
+        masks = code_bits(torch.arange(1 << m, device=device), m).bool()
+        return exact_shapley(value(masks.expand(batch, -1, -1)))
+    if generator is None:
+        raise PrivauditError("Monte-Carlo Shapley needs a generator")
+    perms = random_permutations(batch, m, permutations, generator)
+    masks = prefix_masks(perms)  # (batch, R, m + 1, m)
+    values = value(masks.reshape(batch, -1, m)).reshape(masks.shape[:-1])
+    return mc_shapley(perms, values)
+
+
+# -- the defense ------------------------------------------------------------------------------
+@register
+class PDSL(Defense):
+    name = "pdsl"
+    kinds = {
+        "model": "x_i, the model at the start of the round, in the clear",
+        "cg": "ĝ_{i,j}: i's batch at j's model, batch-gradient clip C + N(0,σ²C²)",
+        "mm": "û_i = α u_i + Σ_j π_ij ĝ_{j,i}: Shapley-weighted momentum, in the clear",
+        "half-model": "x̂_i = x_i − γ û_i: the half-step model, in the clear",
+    }
+    Params = PDSLParams
+
+    def init(self, ctx: Context, p: PDSLParams) -> State:
+        x = super().init(ctx, p)["x"]
+        size = min(p.val_size, *(len(part) for part in ctx.parts))
+        val = []
+        for part in ctx.parts:
+            pick = torch.randperm(len(part), generator=ctx.generator, device=ctx.device)
+            val.append(part[pick[:size]])
+        return {"x": x, "u": torch.zeros_like(x), "val": torch.stack(val).long()}
+
+    def round(
+        self,
+        ctx: Context,
+        p: PDSLParams,
+        state: State,
+        net: SimNetwork,
+        batch: tuple[Tensor, Tensor],
+    ) -> State:
+        x, u, val = state["x"], state["u"], state["val"]
+        xs, ys = batch
+        n, dev = ctx.n, x.device
+        # L5–L11: models cross; src[e] computes on dst[e]'s model (received on e's reverse)
+        received = net.broadcast("model", x)
+        models = torch.cat([x, received[net.reverse]])
+        owner = torch.cat([torch.arange(n, device=dev), net.src])
+        # (9)–(14): flat clip of each batch-mean gradient, fresh noise per (data, model) pair
+        noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
+        if p.sigma > 0:
+            noisy = noisy + ctx.gaussian(*noisy.shape) * (p.sigma * p.clip)
+        cg = net.send("cg", noisy[n:])  # row e: ĝ_{src,dst}, arriving at dst[e]
+        # players of agent i: slot 0 = i itself, slots 1.. = incoming links in edge order
+        edge = torch.arange(len(net.dst), device=net.dst.device)
+        slot = F.one_hot(net.dst, n).cumsum(0)[edge, net.dst]
+        m = int(slot.max()) + 1 if len(slot) else 1
+        W = ctx.W.double()
+        G = x.new_zeros(n, m, x.shape[1])
+        G[:, 0], G[net.dst, slot] = noisy[:n], cg
+        omega = torch.ones(n, m, dtype=torch.float64, device=dev)
+        omega[:, 0], omega[net.dst, slot] = torch.diagonal(W), W[net.dst, net.src]
+        real = torch.zeros(n, m, dtype=torch.bool, device=dev)
+        real[:, 0], real[net.dst, slot] = True, True
+        # (15)–(18)/(26), (19)(20)
+        value = self._utility(ctx, p, x, G, real, val)
+        phi = shapley(value, n, m, p.shapley, p.permutations, ctx.generator)
+        _, pi = shapley_weights(phi, omega, real, p.tie_tol)
+        pi = pi.to(x.dtype)
+        # (21)–(25)
+        g_bar = torch.einsum("nm,nmd->nd", pi, G)
+        u_half = p.momentum * u + g_bar
+        x_half = x - p.lr * u_half
+        x_new = net.gossip("half-model", x_half)
+        return {"x": x_new, "u": net.gossip("mm", u_half), "val": val}
+
+    @staticmethod
+    def _utility(
+        ctx: Context, p: PDSLParams, x: Tensor, G: Tensor, real: Tensor, val: Tensor
+    ) -> Callable[[Tensor], Tensor]:
+        """v(codes) per agent, eqs. (16)(17): accuracy of x_i − γ·mean_{j∈S} ĝ_{j,i} on 𝒬_i.
+
+        Codes are restricted to real players (padding slots are null players, which leaves
+        the real players' Shapley values unchanged), deduplicated across the whole round,
+        and evaluated by ``vmap`` over coalition models in chunks."""
+        n, m, d = G.shape
+        vx, vy = ctx.train_x[val], ctx.train_y[val]
+
+        def acc(flat: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+            out = functional_call(ctx.model, ctx.spec.unflatten(flat), (xb,))
+            return (out.argmax(-1) == yb).double().mean()
+
+        accuracy = vmap(acc)
+
+        def value(masks: Tensor) -> Tensor:
+            masks = masks & real[:, None, :]
+            agent = torch.arange(n, device=x.device)[:, None, None].expand(*masks.shape[:2], 1)
+            rows = torch.cat([agent, masks.long()], -1).reshape(-1, m + 1)
+            uniq, inv = torch.unique(rows, dim=0, return_inverse=True)
+            a_u, bits = uniq[:, 0], uniq[:, 1:].to(x.dtype)
+            size = bits.sum(-1)
+            coef = bits / size.clamp(min=1)[:, None]
+            out = torch.empty(len(uniq), dtype=torch.float64, device=x.device)
+            with torch.no_grad():
+                for s in range(0, len(uniq), _CHUNK):
+                    a, c = a_u[s : s + _CHUNK], coef[s : s + _CHUNK]
+                    mix = x.new_zeros(len(a), n, m)
+                    mix[torch.arange(len(a), device=x.device), a] = c
+                    cand = x[a] - p.lr * (mix.reshape(len(a), n * m) @ G.reshape(n * m, d))
+                    out[s : s + _CHUNK] = accuracy(cand, vx[a], vy[a])
+                if p.empty_value != "current":
+                    classes = functional_call(ctx.model, ctx.spec.unflatten(x[0]), (vx[0, :1],))
+                    empty = 0.0 if p.empty_value == "zero" else 1.0 / classes.shape[-1]
+                    out = torch.where(size == 0, empty, out)
+            return out[inv].reshape(masks.shape[:2])
+
+        return value
+
+    def releases_per_round(self, adj: Tensor) -> int:
+        """|𝓜_i| noised releases of agent i's batch per round: one cross-gradient per
+        neighbour plus ĝ_{i,i} (sent inside û_i), all of the same batch."""
+        return int(adj.sum(1).max()) + 1
+
+    def rounds_needed(self, kind: str, t: int) -> list[int]:
+        if kind == "cg":
+            return [t]
+        if kind == "model":
+            return [t, t + 1]
+        return [t - 1, t] if t > 1 else [t]
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """Under ``link`` (src ↔ dst):
+
+        - ``cg``: x_dst^{t-1} crosses the reverse link in the clear, so the message is
+          exactly the flat-clipped batch-mean gradient of src's batch there plus N(0, σ²C²).
+          The clip factor min(1, C/‖g‖) is one unknown scalar (``scale`` = 1 is given;
+          ``meta["batch_clip"]`` = C); per-example ``clip`` is None.
+        - ``mm``: ḡ_i ≈ û_i^t − α û_i^{t-1} (u_i^{t-1} ≈ û_i^{t-1}; exact at t = 1): a
+          π-weighted sum of gradients at x_i^{t-1} of src's and its neighbours' batches.
+          π is data-dependent and unseen; ``scale`` is the equal-Shapley weight
+          π_ii = 1/(ω_ii |𝓜_i|), ``noise_std`` the matching σC·√(Σ_j π_ij²).
+        - ``half-model``: û_i^t = (x_i^{t-1} − x̂_i^t)/γ exactly, then as ``mm``.
+        - ``model``: (x_i^{t-1} − x_i^t)/γ at x_i^{t-1}; mixing and momentum ignored.
+        """
+        p = view.public["params"]
+        x_prev = view.get(t, src, dst, "model")
+        if kind == "cg":
+            return self.make_observation(
+                view,
+                view.get(t, dst, src, "model"),
+                view.get(t, src, dst, "cg"),
+                noise_std=p["sigma"] * p["clip"],
+                meta={"exact": True, "batch_clip": p["clip"], "scale_estimated": True},
+            )
+        if kind == "model":
+            target = (x_prev - view.get(t + 1, src, dst, "model")) / p["lr"]
+            return self.make_observation(view, x_prev, target, meta={"exact": False})
+
+        def mom(s: int) -> Tensor:
+            if kind == "mm":
+                return view.get(s, src, dst, "mm")
+            return (view.get(s, src, dst, "model") - view.get(s, src, dst, "half-model")) / p["lr"]
+
+        target = mom(t) - (p["momentum"] * mom(t - 1) if t > 1 else 0.0)
+        W = view.public["W"]
+        w = W[src][W[src] > 0].double()  # ω_{i,j}, j ∈ 𝓜_i (self included)
+        pi = 1.0 / (w * len(w))
+        return self.make_observation(
+            view,
+            x_prev,
+            target,
+            scale=1.0 / (float(W[src, src]) * len(w)),
+            noise_std=p["sigma"] * p["clip"] * float(pi.square().sum().sqrt()),
+            meta={"exact": False, "scale_estimated": True, "batch_clip": p["clip"]},
+        )
