@@ -168,6 +168,7 @@ class D2PParams:
 
 
 class _D2P(Defense):
+    topology = "exponential"  # its own time-varying directed exponential graph
     """Shared SGP machinery; subclasses supply the noised gradient and its leak."""
 
     Params = D2PParams

@@ -89,6 +89,7 @@ class Defense:
     name: str = ""
     kinds: dict[str, str] = {}
     Params: type = object
+    topology: str | None = None  # the graph a defense needs, used when --topology is not given
 
     # -- training -----------------------------------------------------------------
     def init(self, ctx: Context, p: Any) -> State:

@@ -46,8 +46,9 @@ def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) ->
     g.add_argument("--agents", type=int, default=DEFAULTS.agents, help="number of agents N")
     g.add_argument(
         "--topology",
-        default=DEFAULTS.topology,
-        help="ring | complete | bipartite | torus | exponential",
+        default=None,
+        help="ring (default) | complete | bipartite | torus | exponential "
+        "(default exponential for the push-sum defenses)",
     )
     g.add_argument(
         "--dataset",
@@ -91,6 +92,8 @@ def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) ->
 
 
 def _config(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
+    from .defenses import get_defense
+
     params = dict(a.param)
     if a.lr is not None:
         params["lr"] = a.lr
@@ -100,7 +103,7 @@ def _config(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
         defense=defense,
         rounds=rounds,
         agents=a.agents,
-        topology=a.topology,
+        topology=a.topology or get_defense(defense).topology or DEFAULTS.topology,
         dataset=a.dataset,
         data_root=a.data_root,
         download=a.download,
@@ -154,7 +157,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     from .targets import parse_target
     from .threat import parse_link
 
-    defense, _ = parse_target(a.target)
+    defense, kind = parse_target(a.target)
     if a.attack is not None:
         from .attacks import options
 
@@ -165,7 +168,8 @@ def cmd_attack(a: argparse.Namespace) -> int:
     if a.run:
         run = Run.open(a.run, device=a.device)
     else:
-        run = Run.create(_config(a, defense.name, a.rounds or a.round), out / "run")
+        rounds = a.rounds or max(defense.rounds_needed(kind, a.round))  # e.g. *-model needs R+1
+        run = Run.create(_config(a, defense.name, rounds), out / "run")
     links = [parse_link(s, run.edges()) for s in a.link] if a.link else None
     result = attack(
         run,

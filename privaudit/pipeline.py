@@ -153,7 +153,7 @@ def _figure(
     eps = result["epsilon"]
     title = (
         f"{result['target']} · round {result['round']} · "
-        f"{f'ε = {eps:.3g}' if eps is not None else 'no DP (ε = ∞)'} · "
+        f"{f'ε = {eps:.3g}' if eps is not None else 'ε = ∞ (no formal DP bound)'} · "
         f"{result['attack']} under {result['threat']}"
     )
     return reconstruction_grid(true, rec, per, title, path)
