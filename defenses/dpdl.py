@@ -66,6 +66,11 @@ class DPDLParams:
             raise PrivauditError(f"cross_coef must be one of {', '.join(CROSS_COEFS)}")
 
 
+def calibration(received: Tensor, self_clean: Tensor) -> Tensor:
+    """(15)(16): C = 1/(1 + exp(S(g̈, ĝ^{ii}))) = sigmoid(−cos), in [1/(1+e), e/(1+e)]."""
+    return torch.sigmoid(-F.cosine_similarity(received, self_clean, dim=-1))
+
+
 def _coef(kind: str, w: Tensor, n: int, deg: Tensor) -> Tensor:
     if kind == "sqrt":
         return 1.0 / (torch.sqrt(w) * n)
@@ -117,8 +122,8 @@ class DPDL(Defense):
         w_in = W[net.dst, net.src]
         w_self = torch.diagonal(W)
         deg = ctx.adj.sum(1).to(x.dtype) + 1
-        c_in = torch.sigmoid(-F.cosine_similarity(cg, self_clean[net.dst], dim=-1))
-        c_self = torch.sigmoid(-F.cosine_similarity(self_noisy, self_clean, dim=-1))
+        c_in = calibration(cg, self_clean[net.dst])
+        c_self = calibration(self_noisy, self_clean)
         coef_in = _coef(p.cross_coef, w_in, n, deg[net.dst])
         coef_self = _coef(p.cross_coef, w_self, n, deg)
         g_tilde = coef_self[:, None] * self_noisy + net.sum_incoming(coef_in[:, None] * cg)

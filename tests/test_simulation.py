@@ -141,3 +141,17 @@ def test_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
     monkeypatch.setattr(type(run.defense), "round", real_round)
     resumed = Run.open(tmp_path / "r").train(progress=False)
     assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
+
+
+def test_dpdl_calibration_weight_range():
+    from privaudit.defenses.dpdl import calibration
+
+    lo, hi = 1 / (1 + math.e), math.e / (1 + math.e)
+    g = torch.randn(2000, 50, generator=torch.Generator().manual_seed(0))
+    h = torch.randn(2000, 50, generator=torch.Generator().manual_seed(1))
+    c = calibration(g, h)
+    assert ((c >= lo - 1e-6) & (c <= hi + 1e-6)).all()
+    # the extremes: aligned gradients are damped most, opposed ones up-weighted most
+    assert float(calibration(g[:1], 3 * g[:1])) == pytest.approx(lo, abs=1e-6)
+    assert float(calibration(g[:1], -g[:1])) == pytest.approx(hi, abs=1e-6)
+    assert float(calibration(g[:1], g[:1])) < float(calibration(g[:1], h[:1])) < hi
