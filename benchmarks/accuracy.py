@@ -2,8 +2,10 @@
 
 Trains each registered defense (or ``--defenses``) with the same data, partition, model,
 rounds and ε, and prints the test accuracy of the agents' average model next to the
-non-private baselines (dsgd, nd, dsgt: no noise). Real MNIST is read from ``--data-root``
-(e.g. ``../shared/data``, whose t10k-only split privaudit divides 8,000/2,000).
+non-private baselines (dsgd, nd, dsgt: no noise). The push-sum defenses (adad2p family) run
+on their own time-varying exponential graph whatever the column says; the cell names it.
+Real MNIST is read from ``--data-root`` (e.g. ``../shared/data``, whose t10k-only split
+privaudit divides 8,000/2,000).
 
     python benchmarks/accuracy.py --data-root ../shared/data [--rounds 200 --agents 10
         --epsilon 1 --topologies ring,complete --model cnn --defenses dpdl,pdsl,...] [--json]
@@ -43,9 +45,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as root:
         for defense in args.defenses.split(","):
+            own = DEFENSES[defense].topology  # push-sum defenses run on their own graph
             for topo in args.topologies.split(","):
                 cfg = RunConfig(
-                    defense=defense, rounds=args.rounds, agents=args.agents, topology=topo,
+                    defense=defense, rounds=args.rounds, agents=args.agents,
+                    topology=own or topo,
                     dataset=args.dataset, data_root=args.data_root, model=args.model,
                     batch_size=args.batch_size, epsilon=args.epsilon, seed=args.seed,
                     device=args.device, checkpoint_every=args.rounds,
@@ -58,7 +62,8 @@ def main() -> None:
                 except PrivauditError as e:  # e.g. a defense that runs on its own graph only
                     acc, eps, sigma, note = math.nan, math.nan, math.nan, str(e)
                 rows.append({
-                    "defense": defense, "topology": topo, "accuracy": acc, "epsilon": eps,
+                    "defense": defense, "topology": topo, "graph": own or topo,
+                    "accuracy": acc, "epsilon": eps,
                     "sigma": sigma, "seconds": time.perf_counter() - t0, "note": note,
                 })
                 if not args.json:
@@ -78,7 +83,10 @@ def main() -> None:
         for t in topos:
             r = next(r for r in rows if r["defense"] == d and r["topology"] == t)
             eps = "no DP" if r["epsilon"] == math.inf else f"ε={r['epsilon']:.2g}"
-            cells.append("n/a" if math.isnan(r["accuracy"]) else f"{r['accuracy']:.3f} ({eps})")
+            graph = "" if r["graph"] == t else f", {r['graph']}"
+            cells.append(
+                "n/a" if math.isnan(r["accuracy"]) else f"{r['accuracy']:.3f} ({eps}{graph})"
+            )
         print(f"| {d} | " + " | ".join(cells) + " |")
 
 

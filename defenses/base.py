@@ -114,6 +114,33 @@ class Defense:
         raise NotImplementedError
 
     # -- shared helpers ---------------------------------------------------------------
+    def observe_cg(self, view: View, t: int, src: int, dst: int, **kw: Any) -> Observation:
+        """A cross-gradient src→dst: src's batch at dst's model, which crosses the reverse
+        link in the clear in the same round (``model`` message dst→src)."""
+        params = view.get(t, dst, src, "model")
+        return self.make_observation(view, params, view.get(t, src, dst, "cg"), **kw)
+
+    def observe_model_step(self, view: View, t: int, src: int, dst: int) -> Observation:
+        """(x^i_{t-1} − x^i_t)/η at x^i_{t-1}, from two consecutive ``model`` messages; mixing
+        and momentum are ignored (an approximation)."""
+        x_prev = view.get(t, src, dst, "model")
+        target = (x_prev - view.get(t + 1, src, dst, "model")) / view.public["params"]["lr"]
+        return self.make_observation(view, x_prev, target, meta={"exact": False})
+
+    @staticmethod
+    def momentum_step(view: View, kind: str, t: int, src: int, dst: int, beta: float) -> Tensor:
+        """ṽ_t − β ṽ_{t-1}, the momentum's new gradient term (exact at t = 1, else with
+        v_{t-1} ≈ ṽ_{t-1}); ṽ is the ``mm`` message, or (x_{s-1} − x̃_s)/η from the ``model``
+        and ``half-model`` messages."""
+        lr = view.public["params"]["lr"]
+
+        def v(s: int) -> Tensor:
+            if kind == "mm":
+                return view.get(s, src, dst, "mm")
+            return (view.get(s, src, dst, "model") - view.get(s, src, dst, "half-model")) / lr
+
+        return v(t) - beta * v(t - 1) if t > 1 else v(t)
+
     @staticmethod
     def make_observation(view: View, params: Tensor, target: Tensor, **kw: Any) -> Observation:
         pub = view.public

@@ -274,24 +274,19 @@ class DPCGA(Defense):
         - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.
         """
         p = view.public["params"]
-        x_prev = view.get(t, src, dst, "model")
         if kind == "cg":
-            return self.make_observation(
+            return self.observe_cg(
                 view,
-                view.get(t, dst, src, "model"),
-                view.get(t, src, dst, "cg"),
+                t,
+                src,
+                dst,
                 noise_std=p["sigma"] * p["clip"],
                 meta={"exact": True, "batch_clip": p["clip"], "scale_estimated": True},
             )
         if kind == "model":
-            target = (x_prev - view.get(t + 1, src, dst, "model")) / p["lr"]
-            return self.make_observation(view, x_prev, target, meta={"exact": False})
-
-        def momentum(s: int) -> Tensor:
-            x_s = view.get(s, src, dst, "model")
-            return (x_s - view.get(s, src, dst, "half-model")) / p["lr"]
-
-        target = momentum(t) - (p["momentum"] * momentum(t - 1) if t > 1 else 0.0)
+            return self.observe_model_step(view, t, src, dst)
+        x_prev = view.get(t, src, dst, "model")
+        target = self.momentum_step(view, "half-model", t, src, dst, p["momentum"])
         w_self = float(view.public["W"][src, src])
         return self.make_observation(
             view,

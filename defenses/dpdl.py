@@ -157,39 +157,22 @@ class DPDL(Defense):
         - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.
         """
         p = view.public["params"]
-        x_prev = view.get(t, src, dst, "model")
         if kind == "cg":
-            params = view.get(t, dst, src, "model")
             clip, sigma, B = p["clip"], p["sigma"], view.public["batch_size"]
             std = sigma * clip / B if clip is not None else 0.0
-            return self.make_observation(
-                view,
-                params,
-                view.get(t, src, dst, "cg"),
-                clip=clip,
-                noise_std=std,
-                meta={"exact": True},
+            return self.observe_cg(
+                view, t, src, dst, clip=clip, noise_std=std, meta={"exact": True}
             )
         if kind == "model":
-            target = (x_prev - view.get(t + 1, src, dst, "model")) / p["lr"]
-            return self.make_observation(view, x_prev, target, meta={"exact": False})
-        momentum = self._momentum(view, kind, t, src, dst)
-        target = momentum(t) - (p["momentum"] * momentum(t - 1) if t > 1 else 0.0)
+            return self.observe_model_step(view, t, src, dst)
         return self.make_observation(
             view,
-            x_prev,
-            target,
+            view.get(t, src, dst, "model"),
+            self.momentum_step(view, kind, t, src, dst, p["momentum"]),
             scale=self._self_scale(view, src),
             clip=p["clip"],
             meta={"exact": t == 1, "scale_estimated": True},
         )
-
-    @staticmethod
-    def _momentum(view: View, kind: str, t: int, src: int, dst: int):
-        lr = view.public["params"]["lr"]
-        if kind == "mm":
-            return lambda s: view.get(s, src, dst, "mm")
-        return lambda s: (view.get(s, src, dst, "model") - view.get(s, src, dst, "half-model")) / lr
 
     @staticmethod
     def _self_scale(view: View, i: int) -> float:

@@ -331,25 +331,19 @@ class PDSL(Defense):
         - ``model``: (x_i^{t-1} − x_i^t)/γ at x_i^{t-1}; mixing and momentum ignored.
         """
         p = view.public["params"]
-        x_prev = view.get(t, src, dst, "model")
         if kind == "cg":
-            return self.make_observation(
+            return self.observe_cg(
                 view,
-                view.get(t, dst, src, "model"),
-                view.get(t, src, dst, "cg"),
+                t,
+                src,
+                dst,
                 noise_std=p["sigma"] * p["clip"],
                 meta={"exact": True, "batch_clip": p["clip"], "scale_estimated": True},
             )
         if kind == "model":
-            target = (x_prev - view.get(t + 1, src, dst, "model")) / p["lr"]
-            return self.make_observation(view, x_prev, target, meta={"exact": False})
-
-        def mom(s: int) -> Tensor:
-            if kind == "mm":
-                return view.get(s, src, dst, "mm")
-            return (view.get(s, src, dst, "model") - view.get(s, src, dst, "half-model")) / p["lr"]
-
-        target = mom(t) - (p["momentum"] * mom(t - 1) if t > 1 else 0.0)
+            return self.observe_model_step(view, t, src, dst)
+        x_prev = view.get(t, src, dst, "model")
+        target = self.momentum_step(view, kind, t, src, dst, p["momentum"])
         W = view.public["W"]
         w = W[src][W[src] > 0].double()  # ω_{i,j}, j ∈ 𝓜_i (self included)
         pi = 1.0 / (w * len(w))
