@@ -184,6 +184,22 @@ BAD = {
         ["train", "--defense", "nd", "-p", "momentum", "--out", "{tmp}/x"],
         "NAME=VALUE",
     ),
+    "laplace scale not positive": (
+        ["train", "--defense", "lppa", "-p", "beta=0", "--out", "{tmp}/x"],
+        "beta",
+    ),
+    "gossip steps below 1": (
+        ["train", "--defense", "muffliato", "-p", "gossip_steps=0", "--out", "{tmp}/x"],
+        "gossip_steps",
+    ),
+    "shapley permutations below 1": (
+        ["train", "--defense", "pdsl", "-p", "permutations=0", "--out", "{tmp}/x"],
+        "permutations",
+    ),
+    "graph the defense cannot run on": (
+        ["train", "--defense", "clipd2p", "--topology", "ring", "--out", "{tmp}/x"],
+        "exponential",
+    ),
     "unknown param": (["train", "--defense", "nd", "-p", "gamma=2", "--out", "{tmp}/x"], "valid:"),
 }
 
