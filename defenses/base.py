@@ -58,6 +58,16 @@ class Context:
         return torch.randn(*shape, generator=self.generator, device=self.device)
 
 
+def exchange_models(net: SimNetwork, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Every agent sends its model to its neighbours (``model`` messages); returns the
+    (model, data owner) pairs of the cross-gradient defenses: N self pairs (agent i at its own
+    model), then one per edge e — src[e]'s batch at dst[e]'s model, received on e's reverse."""
+    received = net.broadcast("model", x)
+    models = torch.cat([x, received[net.reverse]])
+    owner = torch.cat([torch.arange(x.shape[0], device=x.device), net.src])
+    return models, owner
+
+
 def params_of(cls: type, overrides: dict[str, Any]) -> Any:
     """Build a params dataclass from ``overrides``, rejecting unknown names and bad types."""
     fields = {f.name: f for f in dataclasses.fields(cls)}

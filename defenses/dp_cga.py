@@ -53,7 +53,7 @@ from privaudit.network import SimNetwork
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, State, exchange_models, register
 
 QPS = ("cga", "cone")
 BLOCKS = ("layer", "flat")
@@ -227,9 +227,7 @@ class DPCGA(Defense):
         x, v = state["x"], state["v"]
         xs, ys = batch
         n = ctx.n
-        received = net.broadcast("model", x)
-        models = torch.cat([x, received[net.reverse]])
-        owner = torch.cat([torch.arange(n, device=x.device), net.src])
+        models, owner = exchange_models(net, x)
         # step 2: batch-mean gradient, clipped as a whole, then N(0, σ²C²) per pair
         noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
         if p.sigma > 0:

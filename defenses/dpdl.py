@@ -39,7 +39,7 @@ from privaudit.network import SimNetwork
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, State, exchange_models, register
 
 CROSS_COEFS = ("sqrt", "w", "degree")
 
@@ -105,10 +105,7 @@ class DPDL(Defense):
         x, v = state["x"], state["v"]
         xs, ys = batch
         n, B = ctx.n, xs.shape[1]
-        # models cross the links; src[e] computes on dst[e]'s model, received on e's reverse
-        received = net.broadcast("model", x)
-        models = torch.cat([x, received[net.reverse]])
-        owner = torch.cat([torch.arange(n, device=x.device), net.src])
+        models, owner = exchange_models(net, x)
         # (8)–(10), (14): clipped means for N self pairs then E cross pairs, noise per pair
         clean = ctx.grads.clipped_mean(models, xs[owner], ys[owner], p.clip)
         noisy = clean

@@ -61,7 +61,7 @@ from privaudit.network import SimNetwork
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, State, exchange_models, register
 
 SHAPLEY = ("mc", "exact")
 EMPTY = ("zero", "current", "chance")
@@ -230,10 +230,8 @@ class PDSL(Defense):
         x, u, val = state["x"], state["u"], state["val"]
         xs, ys = batch
         n, dev = ctx.n, x.device
-        # L5–L11: models cross; src[e] computes on dst[e]'s model (received on e's reverse)
-        received = net.broadcast("model", x)
-        models = torch.cat([x, received[net.reverse]])
-        owner = torch.cat([torch.arange(n, device=dev), net.src])
+        # L5–L11: models cross the links
+        models, owner = exchange_models(net, x)
         # (9)–(14): flat clip of each batch-mean gradient, fresh noise per (data, model) pair
         noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
         if p.sigma > 0:
