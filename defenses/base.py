@@ -8,7 +8,7 @@ stacked state, ``round`` advances it one round while talking through the Network
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ class Context:
     batch_size: int
     generator: torch.Generator
     device: torch.device
+    holdout: list[Tensor] = field(default_factory=list)  # agent i's validation indices
 
     @property
     def n(self) -> int:
@@ -109,6 +110,10 @@ class Defense:
         self, ctx: Context, p: Any, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
     ) -> State:
         raise NotImplementedError
+
+    def holdout_size(self, p: Any) -> int:
+        """Examples per agent to hold out of training as a validation split (``ctx.holdout``)."""
+        return 0
 
     # -- privacy ------------------------------------------------------------------
     def releases_per_round(self, adj: Tensor) -> int:

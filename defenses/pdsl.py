@@ -30,11 +30,10 @@ in eq. 19), ``tie_tol`` = 1e-9 (Shapley values are computed in float64): when
 max_k φ − min_k φ ≤ tie_tol, eq. 19 is 0/0 and every φ̂ is set to 1 (equal weights,
 π_{i,j} = 1/(ω_{i,j}|𝓜_i|)). u_0 = 0; all agents start at x_0.
 
-Validation set: the run's Context has no held-out data, so 𝒬_i is a fixed, seeded subset of
-agent i's own shard (``val_size`` images, fewer if a shard is smaller), drawn in ``init``
-and kept in the state (``val``). It is NOT excluded from i's training batches, and unlike
-the paper's public 𝒬 it is private: π_i, hence û_i and x̂_i, is an un-noised function of
-i's validation images.
+Validation set: 𝒬_i is ``val_size`` seeded examples of agent i's own shard, held out of
+its training batches (``holdout_size``; the run splits them off before training) and kept
+in the state (``val``). Unlike the paper's public 𝒬 it is private: π_i, hence û_i and x̂_i,
+is an un-noised function of i's validation images.
 
 Unsound as written (implemented literally, see notes §2, §6): π divides by ω_{i,j}, so
 Σ_j ω_{i,j} π_{i,j} = 1 and Σ_j π_{i,j} ≈ 1/ω (the step grows with the degree); the
@@ -212,12 +211,11 @@ class PDSL(Defense):
 
     def init(self, ctx: Context, p: PDSLParams) -> State:
         x = super().init(ctx, p)["x"]
-        size = min(p.val_size, *(len(part) for part in ctx.parts))
-        val = []
-        for part in ctx.parts:
-            pick = torch.randperm(len(part), generator=ctx.generator, device=ctx.device)
-            val.append(part[pick[:size]])
-        return {"x": x, "u": torch.zeros_like(x), "val": torch.stack(val).long()}
+        return {"x": x, "u": torch.zeros_like(x), "val": torch.stack(ctx.holdout).long()}
+
+    def holdout_size(self, p: PDSLParams) -> int:
+        """𝒬_i: ``val_size`` examples of agent i's shard, held out of its training batches."""
+        return p.val_size
 
     def round(
         self,

@@ -107,14 +107,16 @@ class Run:
         W = metropolis_hastings(adj).to(torch.float64)
         validate_mixing(W)
         data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
+        held = defense.holdout_size(params_of(defense.Params, cfg.params))
         parts = dirichlet_partition(
             data.train_y,
             cfg.agents,
             cfg.dirichlet_alpha,
             seed=cfg.seed,
-            min_size=cfg.batch_size,
+            min_size=cfg.batch_size + held,
         )
-        resolved = resolve_privacy(cfg, defense, adj, [len(p) for p in parts])
+        parts, holdout = split_holdout(parts, held, cfg.seed)
+        resolved = resolve_privacy(cfg, defense, adj, [len(q) for q in parts])
         p = params_of(defense.Params, {**cfg.params, **_sigma(defense, resolved)})
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed).to(device)
         spec = ParamSpec.of(model)
@@ -139,6 +141,7 @@ class Run:
             batch_size=cfg.batch_size,
             generator=gen,
             device=device,
+            holdout=[h.to(device) for h in holdout],
         )
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
         if not existing:
@@ -285,6 +288,26 @@ class Run:
                 out = functional_call(ctx.model, ctx.spec.unflatten(flat), (x,))
                 correct += int((out.argmax(1).cpu() == self.data.test_y[i : i + 1024]).sum())
         return correct / max(len(self.data.test_y), 1)
+
+
+def split_holdout(
+    parts: list[Tensor], size: int, seed: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Hold ``size`` seeded examples of each shard out of training (a validation split)."""
+    if size <= 0:
+        return parts, []
+    gen = torch.Generator().manual_seed(seed + 7919)  # apart from the run's own stream
+    train, held = [], []
+    for part in parts:
+        if len(part) <= size:
+            raise PrivauditError(
+                f"a shard of {len(part)} examples cannot hold out {size} for validation; "
+                "lower the defense's val_size or --agents"
+            )
+        perm = torch.randperm(len(part), generator=gen)
+        held.append(part[perm[:size]].sort().values)
+        train.append(part[perm[size:]].sort().values)
+    return train, held
 
 
 def _sigma(defense: Defense, resolved: dict[str, Any]) -> dict[str, float]:

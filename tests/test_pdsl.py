@@ -150,7 +150,7 @@ def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path):
     untied = 0
     for t in (1, 2):
         for i in range(n):
-            assert set(val[i].tolist()) <= set(run.ctx.parts[i].tolist())
+            assert set(val[i].tolist()) == set(run.ctx.holdout[i].tolist())
             players = [i, *nbrs[i]]
             x = msgs[(t, i, nbrs[i][0], "model")]
             g = {j: msgs[(t, j, i, "cg")] for j in nbrs[i]}
@@ -200,3 +200,15 @@ def test_cg_noise_has_the_documented_std_and_observations_build(tmp_path):
                 run.ctx.spec.flatten(obs.params),
                 msgs[(2, obs.meta["dst"], obs.meta["src"], "model")],
             )
+
+
+def test_validation_split_is_held_out_of_training(tmp_path):
+    run = Run.create(tiny(rounds=4, params={"val_size": 8}), tmp_path / "r")
+    assert len(run.ctx.holdout) == run.cfg.agents
+    for part, held in zip(run.ctx.parts, run.ctx.holdout, strict=True):
+        assert len(held) == 8 and not set(held.tolist()) & set(part.tolist())
+    run.messages(CaptureSpec.of(rounds=[1, 2, 3, 4]), progress=False)
+    for t in range(1, 5):
+        batch = run.dir.load_secrets(t)["batch"]
+        for i, held in enumerate(run.ctx.holdout):
+            assert not set(batch[i].tolist()) & set(held.tolist())
