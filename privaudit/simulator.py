@@ -190,7 +190,7 @@ class Run:
         if start == until:
             return state
         tap = Tap(capture or CaptureSpec(rounds=frozenset()))
-        net = SimNetwork(self.ctx.adj, self.ctx.W, tap)
+        net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
         return self._simulate(state, start, until, net, progress)
 
     def _restore(self, t: int) -> State:
