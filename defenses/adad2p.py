@@ -74,9 +74,6 @@ from privaudit.topology import TOPOLOGIES, exponential
 from .base import Context, Defense, State, register
 
 UNITS = ("example", "batch")
-# rounds_needed() cannot see N: it names a window long enough for any hop cycle L ≤ 16
-# (N ≤ 65536 agents); observe() reads only rounds t and t − L.
-MAX_CYCLE = 16
 
 
 def hops(n: int) -> list[int]:
@@ -218,10 +215,10 @@ class _D2P(Defense):
         return 1
 
     # -- attack surface -------------------------------------------------------------
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
-        """Round t and the previous message on the same link, t − L (L = ⌈log₂ N⌉ is not
-        known here, so the window t − 16 … t)."""
-        return list(range(max(1, t - MAX_CYCLE), t + 1))
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
+        """Round t and the previous message on the same link, t − L (L = ⌈log₂ N⌉ hops)."""
+        period = len(hops(n))
+        return [t - period, t] if t - period >= 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
         """Under ``link`` (src ↔ dst), from the pair (x_src^{k+½}, w_src^k) of round t:
@@ -244,7 +241,7 @@ class _D2P(Defense):
         period = len(hops(n))
         if t == 1:
             x_hat, proxy = pub["x0"], "x0 (exact)"
-        elif t - period >= 1 and period <= MAX_CYCLE:
+        elif t - period >= 1:
             x_hat, proxy = view.get(t - period, src, dst, "half-model") / div, f"round {t - period}"
         else:
             x_hat, proxy = pub["x0"], "x0"

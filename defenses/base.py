@@ -121,8 +121,9 @@ class Defense:
         return 0
 
     # -- attack surface -------------------------------------------------------------
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
-        """Rounds whose messages ``observe`` needs for the ``kind`` message of round ``t``."""
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
+        """Rounds whose messages ``observe`` needs for the ``kind`` message of round ``t``
+        in a run of ``n`` agents."""
         return [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:

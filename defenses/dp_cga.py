@@ -253,7 +253,7 @@ class DPCGA(Defense):
         """One noised cross-gradient per neighbour (the noised self-gradient is not counted)."""
         return int(adj.sum(1).max())
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]
         if kind == "model":

@@ -76,7 +76,7 @@ class DPDPSGD(Defense):
         """One noised gradient per round, broadcast as the same x̃ to every neighbour."""
         return 1
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:

@@ -135,7 +135,7 @@ class DPDL(Defense):
         """One noised cross-gradient per neighbour per round, all of the same batch."""
         return int(adj.sum(1).max())
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]
         if kind == "model":

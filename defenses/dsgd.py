@@ -46,7 +46,7 @@ class DSGD(Defense):
         g = ctx.grads.mean(x, *batch)
         return {"x": net.gossip("half-model", x - p.lr * g)}
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:

@@ -150,7 +150,7 @@ class Muffliato(Defense):
         """y^0 is the one noised release per round; later gossip steps post-process it."""
         return 1
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:

@@ -305,7 +305,7 @@ class PDSL(Defense):
         neighbour plus ĝ_{i,i} (sent inside û_i), all of the same batch."""
         return int(adj.sum(1).max()) + 1
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]
         if kind == "model":

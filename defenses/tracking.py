@@ -201,7 +201,7 @@ class DSGT(Defense):
         return out
 
     # -- attack surface -----------------------------------------------------------------
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "model":
             return [t, t + 1]
         return [t] if t == 1 else [t - 1, t]
@@ -291,8 +291,8 @@ class LPPA(DSGT):
         sent = torch.zeros_like(like).index_add(0, net.src, shares)
         return sent - net.sum_incoming(shares)
 
-    def rounds_needed(self, kind: str, t: int) -> list[int]:
-        return super().rounds_needed("gt" if kind == "noise" else kind, t)
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
+        return super().rounds_needed("gt" if kind == "noise" else kind, t, n)
 
     def injected_std(self, p: dict[str, Any], W: Tensor, src: int, t: int, known: bool) -> float:
         if t > 1 and not p["reinject"]:

@@ -168,7 +168,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     if a.run:
         run = Run.open(a.run, device=a.device)
     else:
-        rounds = a.rounds or max(defense.rounds_needed(kind, a.round))  # e.g. *-model needs R+1
+        rounds = a.rounds or max(defense.rounds_needed(kind, a.round, a.agents))  # *-model: R+1
         run = Run.create(_config(a, defense.name, rounds), out / "run")
     links = [parse_link(s, run.edges()) for s in a.link] if a.link else None
     result = attack(

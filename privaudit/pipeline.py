@@ -43,7 +43,7 @@ def observe(
             f"target {target} needs a {defense.name} run, but this run trains "
             f"{run.defense.name}; pick a {run.defense.name}-* target or another --run"
         )
-    rounds = defense.rounds_needed(kind, round)
+    rounds = defense.rounds_needed(kind, round, run.cfg.agents)
     if round < 1 or max(rounds) > run.cfg.rounds:
         last = run.cfg.rounds - (max(rounds) - round)
         raise PrivauditError(
