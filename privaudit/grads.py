@@ -17,8 +17,6 @@ from torch.func import functional_call, grad, vmap
 
 from .params import ParamSpec
 
-GradFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-
 
 def batch_loss_fn(model: nn.Module, spec: ParamSpec) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """``loss(flat, x, y)``: mean cross-entropy of the batch ``x`` at flat parameters."""

@@ -118,7 +118,7 @@ def attack(
             {k: s[k] for k in ("mse", "psnr", "ssim", "lpips", "label_acc")} for s in scores
         ],
         "exact_observation": all(o.meta.get("exact", False) for o in obs),
-        "wall_s": round_(wall),
+        "wall_s": float(f"{wall:.3f}"),
         "run": str(run.dir.path),
     }
     if out is not None:
@@ -126,10 +126,6 @@ def attack(
         write_json(out / "result.json", to_jsonable(result))
         result["figure"] = str(_figure(out / "grid.png", truths, recons, scores, result))
     return result
-
-
-def round_(x: float) -> float:
-    return float(f"{x:.3f}")
 
 
 def _figure(
