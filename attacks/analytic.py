@@ -102,6 +102,11 @@ def analytic(
     obs = as_list(observations)
     out = []
     for o in obs:
+        if o.terms:
+            raise PrivauditError(
+                "the analytic attack inverts one gradient; this observation is a sum of "
+                "gradient terms (e.g. a tracking difference): use --attack ig or dlg"
+            )
         src_dev = next(iter(o.params.values())).device
         dtype = next(iter(o.params.values())).dtype
         images, residual = recover(o, working_device([o], device))

@@ -24,12 +24,14 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from privaudit.errors import PrivauditError
 from privaudit.observation import Observation
 
 GradFn = Callable[[Tensor, Tensor], Tensor]
+SMALL_CONV = 16  # see conv_backend
 
 
 def as_list(observations: Observation | Sequence[Observation]) -> list[Observation]:
@@ -150,6 +152,80 @@ def stack_observations(
         input_shape=shape,
         num_classes=int(first.num_classes),
     )
+
+
+@dataclass
+class Problem:
+    """K Observations × R restarts as one batched problem, with every observation's extra
+    gradient ``terms`` (:attr:`Observation.terms`, e.g. a tracking difference) as further
+    rows of the stack: row ``(k, s, r)`` is term s of observation k (s = 0 the observation
+    itself), restart r. Dummy batches ("free" rows) are ordered ``(k, slot, r)``: slot 0 is
+    the attacked batch, each term not sharing it has its own slot. ``target`` is (K·R, D);
+    :meth:`gradient` sums each observation's terms, so the matching losses are unchanged."""
+
+    stack: Stack  # K·S·R rows
+    k: int
+    terms: int  # S = 1 + len(obs.terms)
+    slots: int  # distinct dummy batches per observation
+    restarts: int
+    gather: Tensor | None  # stack row -> free row; None when S = 1
+    target: Tensor  # (K·R, D)
+
+    def gradient(self, dummy_grad: GradFn, x: Tensor, y: Tensor) -> Tensor:
+        """Free dummies ``x`` (K·slots·R, B, …), labels ``y`` -> (K·R, D)."""
+        if self.gather is None:
+            return dummy_grad(x, y)
+        g = dummy_grad(x[self.gather], y[self.gather])
+        return g.view(self.k, self.terms, self.restarts, -1).sum(1).flatten(0, 1)
+
+    def per_problem(self, v: Tensor) -> Tensor:
+        """A per-free-row quantity (K·slots·R,) summed over slots -> (K·R,)."""
+        return v.view(self.k, self.slots, self.restarts).sum(1).flatten()
+
+    def free_row(self, row: int) -> int:
+        """The slot-0 free row of problem row ``row`` = k·R + r."""
+        k, r = divmod(row, self.restarts)
+        return (k * self.slots) * self.restarts + r
+
+
+def problem(
+    observations: Sequence[Observation], restarts: int, device: torch.device | str | None
+) -> tuple[Problem, list[Observation]]:
+    """The batched :class:`Problem`, and one Observation per free slot ``(k, slot)`` (slot 0
+    the observation itself; a term's slot carries that term's parameters and signed scale —
+    for label inference)."""
+    obs = list(observations)
+    pattern = [same for _, _, same in obs[0].terms]
+    if any([same for _, _, same in o.terms] != pattern for o in obs):
+        raise PrivauditError("batch only observations with the same gradient terms")
+    rows, slot_obs = [], []
+    for o in obs:
+        rows.append(o)
+        slot_obs.append(o)
+        for params, coef, same in o.terms:
+            term = replace(o, params=params, scale=o.scale * coef, terms=[])
+            rows.append(term)
+            if not same:
+                slot_obs.append(term)
+    s = 1 + len(pattern)
+    slot_of = [0]
+    for same in pattern:
+        slot_of.append(0 if same else max(slot_of) + 1)
+    n_slots = max(slot_of) + 1
+    stack = stack_observations(rows, device).repeat(restarts)
+    k = len(obs)
+    gather = None
+    target = stack.target
+    if s > 1:
+        idx = [
+            (kk * n_slots + slot_of[ss]) * restarts + rr
+            for kk in range(k)
+            for ss in range(s)
+            for rr in range(restarts)
+        ]
+        gather = torch.tensor(idx, device=stack.device)
+        target = stack.target.view(k, s, restarts, -1)[:, 0].flatten(0, 1)
+    return Problem(stack, k, s, n_slots, restarts, gather, target), slot_obs
 
 
 def _key(v: object) -> object:
@@ -286,3 +362,77 @@ def progress_bar(enabled: bool, total: int, description: str) -> Iterator[Callab
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda: bar.advance(task)
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def value_and_grad(
+    objective: Callable[..., Tensor], *example: Tensor, trace: bool = True
+) -> Callable[..., tuple[tuple[Tensor, ...], Tensor]]:
+    """``step(*v) -> (∂ Σ objective(*v) / ∂v for each v, objective(*v))``: one iteration's
+    work of an optimisation attack, run without autograd bookkeeping (under ``no_grad``).
+
+    With ``trace`` (the default) ``torch.func.grad_and_value`` of the objective — whose dummy
+    gradient is itself a ``torch.func.grad``, so this is second order — is traced once on
+    ``example`` with ``make_fx`` into a flat graph of ATen operations, and every iteration
+    replays that graph: the same operations on the same values (results equal to float
+    rounding) without re-running functorch's transform layers, ``functional_call``, module
+    calls and the objective's Python on every step. On the sigmoid LeNet at B = 1 (one CPU
+    thread) this halves the time of an iteration (benchmarks/run.py). The objective must not
+    branch on tensor values, and what it closes over (targets, labels, model parameters) is
+    baked into the graph as constants. If tracing fails, the untraced function is used.
+    """
+
+    def total(*v: Tensor) -> tuple[Tensor, Tensor]:
+        losses = objective(*v)
+        return losses.sum(), losses
+
+    fn = grad_and_value(total, argnums=tuple(range(len(example))), has_aux=True)
+    example = tuple(v.detach() for v in example)
+    if trace:
+        try:
+            with torch.no_grad():
+                gm = make_fx(fn)(*example)
+            gm.graph.eliminate_dead_code()  # e.g. input gradients nothing uses
+            gm.recompile()
+            fn = gm
+        except Exception:  # noqa: BLE001 - an untraceable op: fall back to eager functorch
+            pass
+
+    def step(*v: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        with torch.no_grad():
+            grads, (_, losses) = fn(*(t.detach() for t in v))
+        return tuple(grads), losses
+
+    return step
+
+
+def worth_tracing(stack: Stack, clip_aware: bool) -> bool:
+    """Whether :func:`value_and_grad` should trace: only for the plain (not per-example)
+    dummy gradient. Its iterations are overhead-bound (B = 1 LeNet: traced 1.5 vs 2.4–4 ms),
+    while the per-example (clip-aware) graph is compute-bound (B = 8 LeNet, clipped: 31 ms
+    per iteration either way, 1 thread), takes 1–4 s to trace, and its many small
+    decomposed operations lose 2–3× when two OpenMP threads compete with other processes."""
+    return not (clip_aware and bool(stack.has_clip.any()))
+
+
+def _widest_conv(model: nn.Module) -> int:
+    return max((m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)), default=0)
+
+
+@contextmanager
+def conv_backend(stack: Stack, examples: int) -> Iterator[None]:
+    """Convolution kernels for one attack. On the CPU, ATen's own (im2col + GEMM) replace
+    oneDNN's when ``examples`` (images per convolution call) × the widest convolution's
+    output channels is at most ``SMALL_CONV`` — e.g. one image through the 12-channel LeNet —
+    where oneDNN's per-call overhead dominates. Measured (traced IG step, 1 thread, ms per
+    iteration oneDNN / ATen): LeNet 1 image 5.9 / 3.6, 16 images 31 / 33, 8 images 8.9 / 12.9;
+    DPDL CNN (64 channels) 1 image 10.3 / 20.9. Same mathematics, float rounding differs."""
+    small = stack.device.type == "cpu" and examples * _widest_conv(stack.model) <= SMALL_CONV
+    before = torch._C._get_mkldnn_enabled()  # only this flag (mkldnn.flags() resets others)
+    torch._C._set_mkldnn_enabled(before and not small)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)

@@ -32,13 +32,16 @@ from privaudit.observation import Observation, Reconstruction
 from .common import (
     as_list,
     best_restart,
+    conv_backend,
     generators,
     gradient_fn,
     init_images,
     l2_distance,
     one_hot,
+    problem,
     progress_bar,
-    stack_observations,
+    value_and_grad,
+    worth_tracing,
 )
 from .labels import labels_for
 
@@ -68,16 +71,18 @@ def lbfgs_attack(
     obs = as_list(observations)
     iterations = DEFAULT_ITERATIONS if iterations is None else int(iterations)
     r = DEFAULT_RESTARTS if restarts is None else max(1, int(restarts))
-    stack = stack_observations(obs, device).repeat(r)
+    prob, slot_obs = problem(obs, r, device)
+    stack = prob.stack
     dummy_grad = gradient_fn(stack, clip_aware)
     gens = generators(seed, len(obs))
-    x = init_images(gens, r, stack).requires_grad_(True)
+    x = init_images(gens, r * prob.slots, stack).requires_grad_(True)
     variables = [x]
     if fixed_labels:
-        labels, sources = zip(*(labels_for(o, label_method) for o in obs), strict=True)
+        labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
         y_fixed = one_hot(labels, stack, r)
+        labels, sources = labels[:: prob.slots], sources[:: prob.slots]
     else:
-        shape = (r, stack.batch_size, stack.num_classes)
+        shape = (r * prob.slots, stack.batch_size, stack.num_classes)
         y_logits = torch.cat([torch.randn(shape, generator=g) for g in gens])
         y_logits = y_logits.to(stack.device, stack.dtype).requires_grad_(True)
         variables.append(y_logits)
@@ -86,7 +91,7 @@ def lbfgs_attack(
     def soft_labels() -> Tensor:
         return y_fixed if fixed_labels else torch.softmax(y_logits, dim=-1)
 
-    best_loss = torch.full((stack.k,), float("inf"), device=stack.device, dtype=stack.dtype)
+    best_loss = torch.full((len(obs) * r,), float("inf"), device=stack.device, dtype=stack.dtype)
     best_x = x.detach().clone()
     best_y = soft_labels().detach().clone()
 
@@ -98,21 +103,32 @@ def lbfgs_attack(
         line_search_fn=line_search_fn,
     )
 
-    def closure() -> Tensor:
-        nonlocal best_loss
-        opt.zero_grad()
-        y = soft_labels()
-        losses = l2_distance(dummy_grad(x, y), stack.target)
-        total = losses.sum()
-        total.backward()
-        with torch.no_grad():
-            better = torch.nan_to_num(losses, nan=float("inf")) < best_loss
-            best_loss = torch.where(better, losses.detach(), best_loss)
-            best_x[better] = x.detach()[better]
-            best_y[better] = y.detach()[better]
-        return total
+    def objective(*v: Tensor) -> Tensor:
+        y = y_fixed if fixed_labels else torch.softmax(v[1], dim=-1)
+        return l2_distance(prob.gradient(dummy_grad, v[0], y), prob.target)
 
-    with progress_bar(progress, iterations, f"{name.upper()} ×{len(obs)}") as advance:
+    step = value_and_grad(objective, *variables, trace=worth_tracing(stack, clip_aware))
+    evaluations = 0
+
+    def closure() -> Tensor:
+        nonlocal best_loss, evaluations
+        grads, losses = step(*variables)
+        for v, g in zip(variables, grads, strict=True):
+            v.grad = g
+        evaluations += 1
+        with torch.no_grad():
+            y = soft_labels()
+            better = torch.nan_to_num(losses, nan=float("inf")) < best_loss
+            best_loss = torch.where(better, losses, best_loss)
+            free = better.view(len(obs), 1, r).expand(-1, prob.slots, -1).flatten()
+            best_x[free] = x.detach()[free]
+            best_y[free] = y[free]
+        return losses.sum()
+
+    with (
+        progress_bar(progress, iterations, f"{name.upper()} ×{len(obs)}") as advance,
+        conv_backend(stack, x.shape[0] * x.shape[1]),
+    ):
         for _ in range(iterations):
             loss = opt.step(closure)
             advance()
@@ -123,11 +139,12 @@ def lbfgs_attack(
     out = []
     for k, o in enumerate(obs):
         row = int(rows[k])
+        free = prob.free_row(row)
         dev = next(iter(o.params.values())).device
-        lab = labels[k] if fixed_labels else best_y[row].argmax(-1)
+        lab = labels[k] if fixed_labels else best_y[free].argmax(-1)
         out.append(
             Reconstruction(
-                images=best_x[row].clamp(0, 1).to(dev),
+                images=best_x[free].clamp(0, 1).to(dev),
                 labels=lab.long().to(dev),
                 loss=float(best_loss[row]),
                 meta={
@@ -137,6 +154,7 @@ def lbfgs_attack(
                     "restart": row - k * r,
                     "seed": int(seed) + k,
                     "labels": sources[k],
+                    "evaluations": evaluations,
                     "observation": dict(o.meta),
                 },
             )

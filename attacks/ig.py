@@ -24,6 +24,12 @@ Defaults and why:
   2000 → 3000 iterations raise nd-cg from 22.0 to 22.3 dB, and a batch of 8 runs in
   ~25 s on 2 CPU cores. ``restarts=1`` (breaching's default; picking the restart with the
   lowest cosine loss did not raise PSNR here).
+- ``noise_aware=True``: where every observation states its noise std and its scale is
+  known (e.g. a cross-gradient with Gaussian noise), the cosine is replaced by the Gaussian
+  negative log-likelihood (:func:`gaussian_nll`), making the attack a MAP estimate with TV as
+  the prior. Measured (dpdl-cg, B = 1, round 100, 8 victims, 2000 iterations): 5.91 → 7.32
+  dB PSNR at ε = 8 and 5.84 → 8.41 dB at ε = 64 (SSIM 0.002 → 0.06 / 0.08). No effect on
+  noise-free or scale-estimated observations.
 
 Batching: all observations and restarts are one tensor under one Adam; Adam, the sign and
 the box are elementwise and the losses are independent, so a batched run equals separate
@@ -34,28 +40,46 @@ of a near-zero gradient entry can flip, so pixels may differ by a few steps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from privaudit.observation import Observation, Reconstruction
 
 from .common import (
+    Problem,
     as_list,
     best_restart,
+    conv_backend,
     cosine_distance,
     generators,
     gradient_fn,
     init_images,
     one_hot,
+    problem,
     progress_bar,
-    stack_observations,
     total_variation,
+    value_and_grad,
+    worth_tracing,
 )
 from .labels import labels_for
 
 DEFAULT_ITERATIONS = 3000
 DEFAULT_RESTARTS = 1
+
+
+def gaussian_nll(obs: list[Observation], prob: Problem, restarts: int) -> Callable | None:
+    """The noise-aware data term: the Gaussian negative log-likelihood of the target,
+    ``‖g − t‖² / (2 σ² D)`` per observation (σ = ``noise_std``, D coordinates), used instead
+    of the cosine distance when every observation is noised with a known std and a known
+    ``scale`` (not ``meta["scale_estimated"]``): with TV as the prior this is the MAP
+    estimate, so the noisier the message the more the prior decides. None otherwise."""
+    if not all(o.noise_std > 0 and not o.meta.get("scale_estimated") for o in obs):
+        return None
+    sd = torch.tensor([o.noise_std for o in obs], dtype=prob.target.dtype)
+    var = sd.repeat_interleave(restarts).to(prob.target.device).square().unsqueeze(1)
+    d = prob.target.shape[1]
+    return lambda g: ((g - prob.target).square() / (2 * var)).sum(1) / d
 
 
 def milestones(iterations: int) -> list[int]:
@@ -78,31 +102,42 @@ def ig(
     lr_decay: bool = True,
     clip_aware: bool = True,
     label_method: str = "auto",
+    noise_aware: bool = True,
 ) -> list[Reconstruction]:
     """Inverting Gradients on every observation at once; one Reconstruction each (on the
     device of that observation's params), ``loss`` = final cosine distance."""
     obs = as_list(observations)
     iterations = DEFAULT_ITERATIONS if iterations is None else int(iterations)
     r = DEFAULT_RESTARTS if restarts is None else max(1, int(restarts))
-    base = stack_observations(obs, device)
-    stack = base.repeat(r)
-    labels, sources = zip(*(labels_for(o, label_method) for o in obs), strict=True)
+    prob, slot_obs = problem(obs, r, device)
+    stack = prob.stack
+    labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
     y = one_hot(labels, stack, r)
     dummy_grad = gradient_fn(stack, clip_aware)
 
-    x = init_images(generators(seed, len(obs)), r, stack).requires_grad_(True)
+    x = init_images(generators(seed, len(obs)), r * prob.slots, stack).requires_grad_(True)
+    nll = gaussian_nll(obs, prob, r) if noise_aware else None
     opt = torch.optim.Adam([x], lr=lr)
     sched = (
         torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones(iterations), gamma=0.1)
         if lr_decay
         else None
     )
-    with progress_bar(progress, iterations, f"IG ×{len(obs)}") as advance:
+
+    def objective(x: torch.Tensor) -> torch.Tensor:
+        g = prob.gradient(dummy_grad, x, y)
+        loss = nll(g) if nll is not None else cosine_distance(g, prob.target)
+        if tv:
+            loss = loss + tv * prob.per_problem(total_variation(x))
+        return loss
+
+    step = value_and_grad(objective, x, trace=worth_tracing(stack, clip_aware))
+    with (
+        progress_bar(progress, iterations, f"IG ×{len(obs)}") as advance,
+        conv_backend(stack, x.shape[0] * x.shape[1]),
+    ):
         for _ in range(iterations):
-            loss = cosine_distance(dummy_grad(x, y), stack.target)
-            if tv:
-                loss = loss + tv * total_variation(x)
-            (g,) = torch.autograd.grad(loss.sum(), x)
+            (g,), _ = step(x)
             x.grad = g.sign() if signed else g
             opt.step()
             if sched is not None:
@@ -114,16 +149,17 @@ def ig(
 
     with torch.no_grad():
         x = x.detach().clamp(0, 1)
-    match = cosine_distance(dummy_grad(x, y), stack.target).detach()
+    match = cosine_distance(prob.gradient(dummy_grad, x, y), prob.target).detach()
     rows = best_restart(match, r)
     out = []
     for k, o in enumerate(obs):
         row = int(rows[k])
         dev = next(iter(o.params.values())).device
+        free = prob.free_row(row)
         out.append(
             Reconstruction(
-                images=x[row].to(dev),
-                labels=labels[k].to(dev),
+                images=x[free].to(dev),
+                labels=labels[k * prob.slots].to(dev),
                 loss=float(match[row]),
                 meta={
                     "attack": "ig",
@@ -131,8 +167,10 @@ def ig(
                     "restarts": r,
                     "restart": row - k * r,
                     "seed": int(seed) + k,
-                    "labels": sources[k],
+                    "labels": sources[k * prob.slots],
+                    "slots": prob.slots,
                     "tv": tv,
+                    "loss": "gaussian" if nll is not None else "cosine",
                     "lr": lr,
                     "observation": dict(o.meta),
                 },

@@ -66,14 +66,20 @@ from torch import Tensor
 
 from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 from privaudit.topology import TOPOLOGIES, exponential
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, Privacy, State, dwork_roth_epsilon, register
 
 UNITS = ("example", "batch")
+
+
+PROP1 = (
+    "Prop. 1, the classical Gaussian mechanism σ = √(2 ln(1.25/δ))/ε per release (valid for "
+    "ε < 1); Prop. 2's run-level rule has constants c₁, c₂ never stated"
+)
 
 
 def hops(n: int) -> list[int]:
@@ -101,7 +107,7 @@ def active_rounds(n: int, src: int, dst: int) -> tuple[int, int] | None:
 
 
 def push_sum(
-    net: SimNetwork,
+    net: Network,
     x_half: Tensor,
     w: Tensor,
     peer: Tensor,
@@ -110,17 +116,23 @@ def push_sum(
 ) -> tuple[Tensor, Tensor]:
     """Send (x^{k+½}, w^k) from each agent i to ``peer[i]`` and mix with P^k (lines 7–10).
 
-    ``x_half`` (N, D), ``w`` (N, 1); ``keep`` a scalar or per-agent (N, 1) (then P^k is only
-    column stochastic); returns (x^{k+1}, w^{k+1})."""
-    n = x_half.shape[0]
+    ``peer`` (N,) covers every agent of the run; ``x_half`` (k, D) and ``w`` (k, 1) are the
+    held agents' rows; ``keep`` a scalar or per-agent (N, 1) over all N agents (then P^k is
+    only column stochastic); returns the held agents' (x^{k+1}, w^{k+1})."""
+    edges = [(i, int(peer[i])) for i in range(len(peer))]
+    links = net.links_of(edges)
+
+    def at(rows: Tensor, k: float | Tensor) -> float | Tensor:
+        return k[rows] if isinstance(k, Tensor) else k
+
     share = 1.0 - keep
-    edges = [(i, int(peer[i])) for i in range(n)]
-    out = share if prescale else 1.0
-    rx = net.send("half-model", out * x_half, edges=edges)
-    rw = net.send("weight", out * w, edges=edges)
-    inc = 1.0 if prescale else share
-    x_new = keep * x_half + net.sum_incoming(inc * rx, dst=peer)
-    w_new = keep * w + net.sum_incoming(inc * rw, dst=peer)
+    out = at(net.held, share) if prescale else 1.0
+    rx = net.send("half-model", net.from_sender(out * x_half, edges), edges=edges)
+    rw = net.send("weight", net.from_sender(out * w, edges), edges=edges)
+    inc = 1.0 if prescale else at(links.in_src, share)  # the sender's share
+    own = at(net.held, keep)
+    x_new = own * x_half + net.sum_incoming(inc * rx, edges)
+    w_new = own * w + net.sum_incoming(inc * rw, edges)
     return x_new, w_new
 
 
@@ -182,7 +194,7 @@ class _D2P(Defense):
     def init(self, ctx: Context, p: D2PParams) -> State:
         self._check_graph(ctx.adj)
         x = super().init(ctx, p)["x"]
-        return {"x": x, "w": torch.ones(ctx.n, 1, dtype=x.dtype, device=x.device)}
+        return {"x": x, "w": torch.ones(ctx.n_held, 1, dtype=x.dtype, device=x.device)}
 
     def gradient(
         self, ctx: Context, p: Any, z: Tensor, xs: Tensor, ys: Tensor
@@ -195,16 +207,15 @@ class _D2P(Defense):
         ctx: Context,
         p: D2PParams,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, w = state["x"], state["w"]
-        n = ctx.n
         g, std = self.gradient(ctx, p, x / w, *batch)  # line 4: at the de-biased z
         if p.sigma > 0:  # (3)
-            g = g + ctx.gaussian(*g.shape) * std[:, None]
+            g = g + ctx.gaussian(None, g.shape[1]) * std[:, None]
         x_half = x - p.lr * g  # (4)
-        peer = torch.tensor(peers(n, net.round), dtype=torch.long, device=x.device)
+        peer = torch.tensor(peers(ctx.n, net.round), dtype=torch.long, device=x.device)
         x_new, w_new = push_sum(net, x_half, w, peer, p.keep, p.prescale)
         return {"x": x_new, "w": w_new}
 
@@ -216,9 +227,13 @@ class _D2P(Defense):
 
     # -- attack surface -------------------------------------------------------------
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
-        """Round t and the previous message on the same link, t − L (L = ⌈log₂ N⌉ hops)."""
-        period = len(hops(n))
-        return [t - period, t] if t - period >= 1 else [t]
+        """Round t, the previous message on the same link t − L (L = ⌈log₂ N⌉ hops), and
+        round t − 1 (the pairs that formed x_src^k)."""
+        return sorted({r for r in (t - len(hops(n)), t - 1, t) if r >= 1})
+
+    def receivers(self, kind: str, t: int, src: int, adj: Tensor) -> list[int]:
+        """One peer per round on the time-varying graph."""
+        return [peers(adj.shape[0], t)[src]]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
         """Under ``link`` (src ↔ dst), from the pair (x_src^{k+½}, w_src^k) of round t:
@@ -229,7 +244,13 @@ class _D2P(Defense):
         link (round t − L), or x_0 when t ≤ L. ``weight`` w_src^k is data-independent
         (≡ 1 here): alone it leaks nothing, so its observation is that of the pair it
         travels with. Asking for a round in which src→dst is idle is an error that names
-        the rounds it is active."""
+        the rounds it is active.
+
+        A coalition or global observer that holds round t − 1's two pairs into src's state
+        — the one src sent (x_src^{k−½} to its peer) and the one it received from its
+        in-peer — rebuilds x_src^k = keep·x_src^{k−½} + (1 − keep)·x_in^{k−½} (lines 9–10)
+        exactly, so the target is the noised gradient exactly, at the de-biased
+        z = x_src^k / w_src^k."""
         if kind not in self.kinds:
             raise PrivauditError(f"{self.name} has no {kind!r} message; kinds: {list(self.kinds)}")
         pub = view.public
@@ -239,8 +260,11 @@ class _D2P(Defense):
         x_half = view.get(t, src, dst, "half-model") / div
         w = float(view.get(t, src, dst, "weight").reshape(-1)[0]) / div
         period = len(hops(n))
+        exact = self._state(view, t, src, div, p)
         if t == 1:
             x_hat, proxy = pub["x0"], "x0 (exact)"
+        elif exact is not None:
+            x_hat, proxy = exact, "x_src^k from round t-1's pairs (exact)"
         elif t - period >= 1:
             x_hat, proxy = view.get(t - period, src, dst, "half-model") / div, f"round {t - period}"
         else:
@@ -248,8 +272,31 @@ class _D2P(Defense):
         x_hat = x_hat.to(x_half.dtype)
         target = (x_hat - x_half) / p["lr"]
         leak = self.leak(pub, target)
-        meta = {"exact": t == 1, "params_from": proxy, "via": "half-model", **leak.pop("meta")}
+        meta = {
+            "exact": t == 1 or exact is not None,
+            "params_from": proxy,
+            "via": "half-model",
+            **leak.pop("meta"),
+        }
         return self.make_observation(view, x_hat / w, target, meta=meta, **leak)
+
+    @staticmethod
+    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
+        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
+        if t == 1:
+            return None
+        n = view.public["W"].shape[0]
+        before = peers(n, t - 1)
+        came_from = before.index(src)
+        if not (
+            view.has(t - 1, src, before[src], "half-model")
+            and view.has(t - 1, came_from, src, "half-model")
+        ):
+            return None
+        own = view.get(t - 1, src, before[src], "half-model") / div
+        got = view.get(t - 1, came_from, src, "half-model") / div
+        keep = p["keep"]
+        return keep * own + (1.0 - keep) * got
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         """Observation fields ``clip``, ``noise_std`` and ``meta`` of a target g + N."""
@@ -303,6 +350,39 @@ class AdaD2P(_D2P):
         self._check_graph(adj)
         return 0
 
+    def privacy(self, p: AdaD2PParams, kind: str, W: Tensor) -> Privacy:
+        """No formal DP: the noise std σ‖g‖ is a function of the private data."""
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        return Privacy(
+            mechanism="gaussian-adaptive",
+            noise_multiplier=p.sigma,
+            releases=1,
+            formal=False,
+            reason="the noise std σ‖g‖ is a function of the private data (no clip, no "
+            "data-independent sensitivity), so Prop. 2's Gaussian-mechanism argument fails",
+            paper=PROP1,
+            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
+        )
+
+    @staticmethod
+    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
+        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
+        if t == 1:
+            return None
+        n = view.public["W"].shape[0]
+        before = peers(n, t - 1)
+        came_from = before.index(src)
+        if not (
+            view.has(t - 1, src, before[src], "half-model")
+            and view.has(t - 1, came_from, src, "half-model")
+        ):
+            return None
+        own = view.get(t - 1, src, before[src], "half-model") / div
+        got = view.get(t - 1, came_from, src, "half-model") / div
+        keep = p["keep"]
+        return keep * own + (1.0 - keep) * got
+
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         """The noise std σS/B (σ‖ḡ‖ for unit "batch") is data-dependent; estimated from
         ‖target‖² = ‖ḡ‖² + D·std², taking ‖ḡ‖ = S (exact for B = 1)."""
@@ -342,6 +422,40 @@ class ConstD2P(_D2P):
         m = xs.shape[1] if p.unit == "example" else 1
         return g, torch.full((z.shape[0],), p.sigma * p.G / m, dtype=g.dtype, device=g.device)
 
+    def privacy(self, p: ConstD2PParams, kind: str, W: Tensor) -> Privacy:
+        """Gaussian with std σG, but G bounds the gradients only by assumption."""
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        return Privacy(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma,
+            releases=1,
+            formal=False,
+            reason="assumes every per-example gradient norm ≤ G (Assumption 6) but never "
+            "clips: one example can move the gradient arbitrarily far",
+            claimed_multiplier=p.sigma,
+            paper=PROP1,
+            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
+        )
+
+    @staticmethod
+    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
+        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
+        if t == 1:
+            return None
+        n = view.public["W"].shape[0]
+        before = peers(n, t - 1)
+        came_from = before.index(src)
+        if not (
+            view.has(t - 1, src, before[src], "half-model")
+            and view.has(t - 1, came_from, src, "half-model")
+        ):
+            return None
+        own = view.get(t - 1, src, before[src], "half-model") / div
+        got = view.get(t - 1, came_from, src, "half-model") / div
+        keep = p["keep"]
+        return keep * own + (1.0 - keep) * got
+
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]
         m = public["batch_size"] if p["unit"] == "example" else 1
@@ -376,6 +490,44 @@ class ClipD2P(_D2P):
         else:
             g, m = ctx.grads.clipped_mean(z, xs, ys, p.clip), xs.shape[1]
         return g, torch.full((z.shape[0],), p.sigma * p.clip / m, dtype=g.dtype, device=g.device)
+
+    def privacy(self, p: ClipD2PParams, kind: str, W: Tensor) -> Privacy:
+        """One Gaussian release per round: clip C, std σC on the sum (``unit`` "example") or
+        σC on the flat-clipped mean (``unit`` "batch": sensitivity 2C, multiplier σ/2)."""
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        batch = p.unit == "batch"
+        return Privacy(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma / 2 if batch else p.sigma,
+            releases=1,
+            clip=p.clip,
+            clip_unit="batch" if batch else "example",
+            formal=True,
+            reason="clip C + N(0, σ²C²), one release per round to one peer",
+            claimed_multiplier=p.sigma,
+            paper=PROP1,
+            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
+            caveats=("flat batch clipping has add/remove sensitivity 2C",) if batch else (),
+        )
+
+    @staticmethod
+    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
+        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
+        if t == 1:
+            return None
+        n = view.public["W"].shape[0]
+        before = peers(n, t - 1)
+        came_from = before.index(src)
+        if not (
+            view.has(t - 1, src, before[src], "half-model")
+            and view.has(t - 1, came_from, src, "half-model")
+        ):
+            return None
+        own = view.get(t - 1, src, before[src], "half-model") / div
+        got = view.get(t - 1, came_from, src, "half-model") / div
+        keep = p["keep"]
+        return keep * own + (1.0 - keep) * got
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]

@@ -8,6 +8,9 @@ stacked state, ``round`` advances it one round while talking through the Network
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +20,7 @@ from torch import Tensor, nn
 from privaudit.errors import PrivauditError
 from privaudit.grads import PairGrads
 from privaudit.models import build_model
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.params import ParamSpec
 from privaudit.threat import View
@@ -25,9 +28,22 @@ from privaudit.threat import View
 State = dict[str, Tensor]
 
 
+def agent_seed(seed: int, agent: int) -> int:
+    """The 64-bit seed of agent ``agent``'s generator in a run seeded ``seed``: the first 8
+    bytes of SHA-256("privaudit:<seed>:<agent>"), so streams are independent across agents
+    and identical in every engine (the simulator and agent's own rank)."""
+    digest = hashlib.sha256(f"privaudit:{seed}:{agent}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 @dataclass
 class Context:
-    """Everything a round computes with: model, data shards, graph, randomness."""
+    """Everything a round computes with: model, data shards, graph, randomness — for the
+    agents this process holds (``agents``: all N in the simulator, one per rank).
+
+    Randomness is per agent: ``generators[r]`` (seeded by :func:`agent_seed`) draws held
+    agent ``agents[r]``'s batches and the noise of every row it owns, in a fixed order, so
+    a rank holding one agent reproduces the simulator's draws for that agent exactly."""
 
     model: nn.Module
     spec: ParamSpec
@@ -35,37 +51,96 @@ class Context:
     x0: Tensor  # shared initial model (D,) — public
     train_x: Tensor  # (n, C, H, W), normalised
     train_y: Tensor
-    parts: list[Tensor]  # agent i's indices into train_x
-    adj: Tensor
-    W: Tensor
+    parts: list[Tensor]  # held agent r's indices into train_x
+    adj: Tensor  # the whole graph (N, N) — public
+    W: Tensor  # the whole mixing matrix (N, N) — public
     batch_size: int
-    generator: torch.Generator
+    generators: list[torch.Generator]  # one per held agent
     device: torch.device
-    holdout: list[Tensor] = field(default_factory=list)  # agent i's validation indices
+    holdout: list[Tensor] = field(default_factory=list)  # held agent r's validation indices
+    agents: list[int] | None = None  # global ids of the held agents, ascending (None: all)
+
+    def __post_init__(self) -> None:
+        if self.agents is None:
+            self.agents = list(range(self.n))
 
     @property
     def n(self) -> int:
+        """Agents in the run (N), held here or not."""
         return self.adj.shape[0]
 
+    @property
+    def n_held(self) -> int:
+        """Agents held by this process: the rows of every state tensor."""
+        return len(self.agents)
+
     def sample(self) -> Tensor:
-        """A batch of B distinct local indices per agent (uniform without replacement), (N, B)."""
+        """A batch of B distinct local indices per held agent (uniform without replacement),
+        ``(n_held, B)``, each from its agent's generator."""
         out = []
-        for part in self.parts:
-            pick = torch.randperm(len(part), generator=self.generator, device=self.device)
+        for part, gen in zip(self.parts, self.generators, strict=True):
+            pick = torch.randperm(len(part), generator=gen, device=self.device)
             out.append(part[pick[: self.batch_size]])
         return torch.stack(out)
 
-    def gaussian(self, *shape: int) -> Tensor:
-        return torch.randn(*shape, generator=self.generator, device=self.device)
+    def draw(self, owner: Tensor | None, fn: Callable[[torch.Generator, int], Tensor]) -> Tensor:
+        """Random rows, each from its owner's generator: ``owner[r]`` is the held agent
+        (local row) that owns row r (None: row r is agent r's). Agent a's ``c`` rows come from
+        one call ``fn(generator_a, c)`` and keep their order, so the draws do not depend on
+        which other agents share the process. A loop over agents, not over rows."""
+        if owner is None:
+            return torch.cat([fn(g, 1) for g in self.generators])
+        out = None
+        for a, g in enumerate(self.generators):
+            rows = (owner == a).nonzero().flatten()
+            if len(rows):
+                chunk = fn(g, len(rows))
+                if out is None:
+                    out = chunk.new_empty((len(owner), *chunk.shape[1:]))
+                out[rows] = chunk
+        if out is None:
+            raise ValueError("draw needs at least one row")
+        return out
+
+    def gaussian(self, owner: Tensor | None, *shape: int) -> Tensor:
+        """N(0, 1) rows of shape ``shape``, row r from agent ``owner[r]``'s generator."""
+        return self.draw(
+            owner, lambda g, c: torch.randn(c, *shape, generator=g, device=self.device)
+        )
 
 
-def exchange_models(net: SimNetwork, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Every agent sends its model to its neighbours (``model`` messages); returns the
-    (model, data owner) pairs of the cross-gradient defenses: N self pairs (agent i at its own
-    model), then one per edge e — src[e]'s batch at dst[e]'s model, received on e's reverse."""
+def neighbours(adj: Tensor, i: int) -> list[int]:
+    """The agents j ≠ i with a non-zero entry in row i of ``adj`` (or of W)."""
+    return [j for j in torch.nonzero(adj[i]).flatten().tolist() if j != i]
+
+
+def mix(
+    view: View, i: int, value: Callable[[int], Tensor | None], fallback: Tensor
+) -> tuple[Tensor, list[int]]:
+    """Σ_j w_ij value(j) over j ∈ N_i ∪ {i} (self first, then neighbours in order, as the
+    simulator's gossip sums); an unseen value (None) is replaced by ``fallback``. Returns the
+    sum and the agents that were unseen."""
+    W = view.public["W"]
+    unseen: list[int] = []
+    out = None
+    for j in [i, *neighbours(W, i)]:
+        v = value(j)
+        if v is None:
+            unseen.append(j)
+            v = fallback
+        term = float(W[i, j]) * v
+        out = term if out is None else out + term
+    return out, unseen
+
+
+def exchange_models(net: Network, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Every held agent sends its model to its neighbours (``model`` messages); returns the
+    (model, data owner) pairs of the cross-gradient defenses: one self pair per held agent
+    (at its own model), then one per out-edge i→j — i's batch at j's model, received on
+    j→i. ``owner`` is the local row of the agent whose batch (and noise) each pair uses."""
     received = net.broadcast("model", x)
-    models = torch.cat([x, received[net.reverse]])
-    owner = torch.cat([torch.arange(x.shape[0], device=x.device), net.src])
+    models = torch.cat([x, net.on_reverse(received)])
+    owner = torch.cat([torch.arange(x.shape[0], device=x.device), net.links.out_src])
     return models, owner
 
 
@@ -82,6 +157,43 @@ def params_of(cls: type, overrides: dict[str, Any]) -> Any:
     if check:
         check()
     return obj
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """What a correct DP analysis of one message kind counts, for one agent's data.
+
+    ``noise_multiplier`` is the noise std of one release over its L2 sensitivity for
+    adding or removing one example (opacus' convention); ``releases`` are the noised
+    releases of the same batch per round (fresh noise each). ``formal`` False: no finite ε,
+    ``reason`` says why. ``claimed_multiplier`` is what the run's own accounting
+    (``releases_per_round``, σ from ``--epsilon``) assumes. ``paper_epsilon(delta, impact)``
+    is the paper's own ε for one release (or round) where it states a σ(ε) rule; ``impact``
+    is the canary's L2 change of the released vector, for rules stated in Δf.
+    """
+
+    mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
+    noise_multiplier: float = 0.0
+    releases: int = 0
+    clip: float | None = None
+    clip_unit: str | None = None  # "example" (per-example clip), "batch" (flat), None
+    formal: bool = False
+    reason: str = "no noise is added"
+    claimed_multiplier: float = 0.0
+    paper: str = "no privacy claim"
+    paper_epsilon: Callable[[float, float], float] | None = None
+    caveats: tuple[str, ...] = ()
+
+
+def max_degree(W: Tensor) -> int:
+    """Largest number of neighbours (off-diagonal non-zeros of a row of W)."""
+    return int(((W != 0).sum(1) - (torch.diagonal(W) != 0).long()).max())
+
+
+def dwork_roth_epsilon(sigma: float, delta: float) -> float:
+    """ε of the classical Gaussian-mechanism rule σ = √(2 ln(1.25/δ))/ε (Dwork & Roth 2014,
+    Thm. A.1, valid only for ε < 1), solved for ε; ∞ without noise."""
+    return math.sqrt(2 * math.log(1.25 / delta)) / sigma if sigma > 0 else math.inf
 
 
 DEFENSES: dict[str, Defense] = {}
@@ -104,10 +216,11 @@ class Defense:
 
     # -- training -----------------------------------------------------------------
     def init(self, ctx: Context, p: Any) -> State:
-        return {"x": ctx.x0.expand(ctx.n, -1).clone()}
+        """State tensors hold one row per held agent (dim 0), or are 0-dim and shared."""
+        return {"x": ctx.x0.expand(ctx.n_held, -1).clone()}
 
     def round(
-        self, ctx: Context, p: Any, state: State, net: SimNetwork, batch: tuple[Tensor, Tensor]
+        self, ctx: Context, p: Any, state: State, net: Network, batch: tuple[Tensor, Tensor]
     ) -> State:
         raise NotImplementedError
 
@@ -120,21 +233,80 @@ class Defense:
         """How many noised releases of one agent's batch happen per round (worst agent)."""
         return 0
 
+    def privacy(self, p: Any, kind: str, W: Tensor) -> Privacy:
+        """The facts a correct accounting of ``kind`` messages needs (``W``: mixing matrix)."""
+        return Privacy(reason=f"{self.name} adds no noise to its messages")
+
     # -- attack surface -------------------------------------------------------------
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         """Rounds whose messages ``observe`` needs for the ``kind`` message of round ``t``
         in a run of ``n`` agents."""
         return [t]
 
+    def receivers(self, kind: str, t: int, src: int, adj: Tensor) -> list[int]:
+        """The agents ``src``'s ``kind`` message of round ``t`` goes to (default: every
+        neighbour; time-varying graphs override)."""
+        return neighbours(adj, src)
+
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """The Observation of ``src``'s ``kind`` message to ``dst`` in round ``t``, removing
+        everything the View makes known (richer threat models see more links)."""
         raise NotImplementedError
 
     # -- shared helpers ---------------------------------------------------------------
-    def observe_cg(self, view: View, t: int, src: int, dst: int, **kw: Any) -> Observation:
+    def observe_cg(
+        self, view: View, t: int, src: int, dst: int, noise_std: float = 0.0, **kw: Any
+    ) -> Observation:
         """A cross-gradient src→dst: src's batch at dst's model, which crosses the reverse
-        link in the clear in the same round (``model`` message dst→src)."""
-        params = view.get(t, dst, src, "model")
-        return self.make_observation(view, params, view.get(t, src, dst, "cg"), **kw)
+        link in the clear in the same round (``model`` message dst→src).
+
+        Repeated releases: src sends a copy of the same batch, with fresh noise, to every
+        neighbour j (at j's model). When the View holds k > 1 copies (a coalition, a global
+        observer) they are averaged — noise std / √k — at the mean of the receivers' models:
+        exact when those models are equal (round 1, or consensus), else an approximation."""
+        meta = kw.pop("meta", {})
+        copies = [
+            (view.get(t, j, src, "model"), view.get(t, src, j, "cg"))
+            for j in neighbours(view.public["W"], src)
+            if view.has(t, src, j, "cg") and view.has(t, j, src, "model")
+        ]
+        if len(copies) <= 1:
+            params, target = view.get(t, dst, src, "model"), view.get(t, src, dst, "cg")
+            return self.make_observation(
+                view, params, target, noise_std=noise_std, meta=meta, **kw
+            )
+        models = torch.stack([m for m, _ in copies])
+        same = bool((models == models[0]).all())
+        meta = {**meta, "copies": len(copies), "exact": meta.get("exact", True) and same}
+        if not same:
+            meta["approx"] = "copies averaged at the mean of the receivers' models"
+        return self.make_observation(
+            view,
+            models.mean(0),
+            torch.stack([g for _, g in copies]).mean(0),
+            noise_std=noise_std / math.sqrt(len(copies)),
+            meta=meta,
+            **kw,
+        )
+
+    def observe_half_step(
+        self, view: View, t: int, src: int, dst: int, kind: str = "half-model", **kw: Any
+    ) -> Observation:
+        """(x^i_{t-1} − x̃^i_t)/η at x^i_{t-1} for a gossiped half-step x̃ (D-PSGD-style):
+        x^i_{t-1} = Σ_j w_ij x̃^j_{t-1} (the previous round's gossip), exact when the View
+        holds every neighbour's x̃^j_{t-1} (x_0 at t = 1), else unseen ones are replaced by
+        x̃^i_{t-1}, src's own (the link's approximation)."""
+        lr = view.public["params"]["lr"]
+        half = view.get(t, src, dst, kind)
+        if t == 1:
+            prev, unseen = view.public["x0"].to(half.dtype), []
+        else:
+            own = view.get(t - 1, src, dst, kind)
+            prev, unseen = mix(view, src, lambda j: view.sent(t - 1, j, kind), own)
+        meta = {"exact": not unseen, **kw.pop("meta", {})}
+        if unseen:
+            meta["approx"] = f"x_(t-1) mixes unseen half-models of agents {unseen}"
+        return self.make_observation(view, prev, (prev - half) / lr, meta=meta, **kw)
 
     def observe_model_step(self, view: View, t: int, src: int, dst: int) -> Observation:
         """(x^i_{t-1} − x^i_t)/η at x^i_{t-1}, from two consecutive ``model`` messages; mixing
@@ -144,25 +316,45 @@ class Defense:
         return self.make_observation(view, x_prev, target, meta={"exact": False})
 
     @staticmethod
-    def momentum_step(view: View, kind: str, t: int, src: int, dst: int, beta: float) -> Tensor:
-        """ṽ_t − β ṽ_{t-1}, the momentum's new gradient term (exact at t = 1, else with
-        v_{t-1} ≈ ṽ_{t-1}); ṽ is the ``mm`` message, or (x_{s-1} − x̃_s)/η from the ``model``
-        and ``half-model`` messages."""
+    def momentum_step(
+        view: View, kind: str, t: int, src: int, dst: int, beta: float, mixed: bool = True
+    ) -> tuple[Tensor, list[int]]:
+        """ṽ^i_t − β v^i_{t-1}: the momentum's new term g̃^i_t, and the agents whose ṽ the
+        View lacked. ṽ is the ``mm`` message, or (x_{s-1} − x̃_s)/η from the ``model`` and
+        ``half-model`` messages. ``mixed``: v^i_{t-1} = Σ_j w_ij ṽ^j_{t-1} (the momentum is
+        gossiped, DPDL (21), PDSL) — exact when every neighbour's ṽ^j_{t-1} is seen, unseen
+        ones replaced by ṽ^i_{t-1} (the paper's consecutive-round approximation); else
+        v^i_{t-1} = ṽ^i_{t-1} (a local momentum, exact)."""
         lr = view.public["params"]["lr"]
 
-        def v(s: int) -> Tensor:
+        def v(s: int, j: int) -> Tensor | None:
+            if kind == "mm":
+                return view.sent(s, j, "mm")
+            x, h = view.sent(s, j, "model"), view.sent(s, j, "half-model")
+            return None if x is None or h is None else (x - h) / lr
+
+        def own(s: int) -> Tensor:
             if kind == "mm":
                 return view.get(s, src, dst, "mm")
             return (view.get(s, src, dst, "model") - view.get(s, src, dst, "half-model")) / lr
 
-        return v(t) - beta * v(t - 1) if t > 1 else v(t)
+        cur = own(t)
+        if t == 1:
+            return cur, []
+        if not mixed:
+            return cur - beta * own(t - 1), []
+        prev, unseen = mix(view, src, lambda j: v(t - 1, j), own(t - 1))
+        return cur - beta * prev, unseen
 
     @staticmethod
     def make_observation(view: View, params: Tensor, target: Tensor, **kw: Any) -> Observation:
+        """An Observation of the public model at flat ``params`` with flat ``target``;
+        ``terms`` (if given) hold flat parameter vectors, see :class:`Observation`."""
         pub = view.public
         model = build_model(pub["model"], pub["input_shape"], pub["num_classes"])
         spec = ParamSpec.of(model)
         meta = {"threat": view.threat, **kw.pop("meta", {})}
+        terms = [(spec.unflatten(x.float()), c, same) for x, c, same in kw.pop("terms", [])]
         return Observation(
             model=model,
             params=spec.unflatten(params.float()),
@@ -173,5 +365,6 @@ class Defense:
             mean=tuple(pub["mean"]),
             std=tuple(pub["std"]),
             meta=meta,
+            terms=terms,
             **kw,
         )

@@ -49,11 +49,11 @@ from torch import Tensor
 
 from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, exchange_models, register
+from .base import Context, Defense, Privacy, State, exchange_models, max_degree, register
 
 QPS = ("cga", "cone")
 BLOCKS = ("layer", "flat")
@@ -221,29 +221,30 @@ class DPCGA(Defense):
         ctx: Context,
         p: DPCGAParams,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, v = state["x"], state["v"]
         xs, ys = batch
-        n = ctx.n
+        n = x.shape[0]  # held agents
         models, owner = exchange_models(net, x)
         # step 2: batch-mean gradient, clipped as a whole, then N(0, σ²C²) per pair
         noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
         if p.sigma > 0:
-            noisy = noisy + ctx.gaussian(*noisy.shape) * (p.sigma * p.clip)
-        cg = net.send("cg", noisy[n:])  # row e: ĝ^{dst src}, arriving at dst[e]
+            noisy = noisy + ctx.gaussian(owner, noisy.shape[1]) * (p.sigma * p.clip)
+        cg = net.send("cg", noisy[n:])  # out-edge i→j: ĝ^{ji}; received per in-edge
         # step 3: the QP at each receiver over its own and its incoming gradients
-        slot, d = incoming_slots(net.dst, n)
+        into = net.links.in_dst
+        slot, d = incoming_slots(into, n)
         incoming = x.new_zeros(n, d, x.shape[1])
-        incoming[net.dst, slot] = cg
+        incoming[into, slot] = cg
         valid = torch.zeros(n, d, dtype=torch.bool, device=x.device)
-        valid[net.dst, slot] = True
-        W = ctx.W.to(torch.float64)
+        valid[into, slot] = True
         pi_in = torch.zeros(n, d, dtype=torch.float64, device=x.device)
-        pi_in[net.dst, slot] = W[net.dst, net.src]
+        pi_in[into, slot] = net.w_in.to(torch.float64)
         sizes = ctx.spec.sizes if p.qp_blocks == "layer" else [x.shape[1]]
-        g_tilde = aggregate(noisy[:n], incoming, valid, torch.diagonal(W), pi_in, sizes, p)
+        w_self = net.w_self.to(torch.float64)
+        g_tilde = aggregate(noisy[:n], incoming, valid, w_self, pi_in, sizes, p)
         # steps 4–5
         v_half = p.momentum * v + g_tilde
         x_half = x - p.lr * v_half
@@ -253,6 +254,28 @@ class DPCGA(Defense):
         """One noised cross-gradient per neighbour (the noised self-gradient is not counted)."""
         return int(adj.sum(1).max())
 
+
+    def privacy(self, p: DPCGAParams, kind: str, W: Tensor) -> Privacy:
+        """Flat batch clip (sensitivity 2C, multiplier σ/2); every message is built from
+        noised values only, so each kind is post-processing of deg + 1 releases per round."""
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        return Privacy(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma / 2,
+            releases=max_degree(W) + 1,
+            clip=p.clip,
+            clip_unit="batch",
+            formal=True,
+            reason="batch-mean clip C + N(0, σ²C²) per cross-gradient and for ĝ^{ii}",
+            claimed_multiplier=p.sigma,
+            paper="CGA has no DP analysis; no σ(ε) rule for DP-CGA in our sources",
+            caveats=(
+                "flat batch clipping has add/remove sensitivity 2C; the run's accounting "
+                "assumes C",
+                "the noised self-gradient (through x̃) is a release the run's count leaves out",
+            ),
+        )
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]
@@ -284,7 +307,9 @@ class DPCGA(Defense):
         if kind == "model":
             return self.observe_model_step(view, t, src, dst)
         x_prev = view.get(t, src, dst, "model")
-        target = self.momentum_step(view, "half-model", t, src, dst, p["momentum"])
+        target, _ = self.momentum_step(
+            view, "half-model", t, src, dst, p["momentum"], mixed=False
+        )
         w_self = float(view.public["W"][src, src])
         return self.make_observation(
             view,

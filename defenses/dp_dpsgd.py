@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from privaudit.errors import PrivauditError
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, Privacy, State, register
 
 
 @dataclass
@@ -62,36 +62,49 @@ class DPDPSGD(Defense):
         ctx: Context,
         p: DPDPSGDParams,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x = state["x"]
         xs, ys = batch
         g = ctx.grads.clipped_mean(x, xs, ys, p.clip)
         if p.sigma > 0:
-            g = g + ctx.gaussian(*g.shape) * (p.sigma * p.clip / xs.shape[1])
+            g = g + ctx.gaussian(None, g.shape[1]) * (p.sigma * p.clip / xs.shape[1])
         return {"x": net.gossip("half-model", x - p.lr * g)}
 
     def releases_per_round(self, adj: Tensor) -> int:
         """One noised gradient per round, broadcast as the same x̃ to every neighbour."""
         return 1
 
+
+    def privacy(self, p: DPDPSGDParams, kind: str, W: Tensor) -> Privacy:
+        """One Gaussian release per round: per-example clip C, std σC on the clipped sum."""
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        return Privacy(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma,
+            releases=1,
+            clip=p.clip,
+            clip_unit="example",
+            formal=True,
+            reason="per-example clip C + N(0, σ²C²) on the sum, one broadcast release per round",
+            claimed_multiplier=p.sigma,
+            paper="A(DP)²SGD's own σ(ε) rule is not in our sources (the DPDL and PDSL papers "
+            "describe the baseline in one sentence)",
+        )
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        """(x^i_{t-1} − x̃^i_t)/η = ĝ^i_t: the clipped mean plus N(0, (σC/B)²), at x^i_{t-1}.
-
-        Exact at t = 1 (x_0 is public); later x^i_{t-1} is approximated by the previous
-        half-step x̃^i_{t-1} seen on the same link (mixing ignored), as for ``dsgd``."""
+        """(x^i_{t-1} − x̃^i_t)/η = ĝ^i_t: the clipped mean plus N(0, (σC/B)²), at x^i_{t-1};
+        x^i_{t-1} as for ``dsgd`` (exact at t = 1 or when every neighbour's x̃ is seen)."""
         p = view.public["params"]
-        half = view.get(t, src, dst, "half-model")
-        prev = view.public["x0"] if t == 1 else view.get(t - 1, src, dst, "half-model")
-        return self.make_observation(
+        return self.observe_half_step(
             view,
-            prev,
-            (prev - half) / p["lr"],
+            t,
+            src,
+            dst,
             clip=p["clip"],
             noise_std=p["sigma"] * p["clip"] / view.public["batch_size"],
-            meta={"exact": t == 1},
         )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from privaudit.errors import PrivauditError
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
@@ -39,7 +39,7 @@ class DSGD(Defense):
         ctx: Context,
         p: DSGDParams,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x = state["x"]
@@ -50,9 +50,8 @@ class DSGD(Defense):
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        """(x^i_{t-1} − x̃^i_t)/η = ∇F_i(x^i_{t-1}): exact at t = 1 (x_0 is public); later
-        x^i_{t-1} is approximated by the previous half-step x̃^i_{t-1} (mixing ignored)."""
-        lr = view.public["params"]["lr"]
-        half = view.get(t, src, dst, "half-model")
-        prev = view.public["x0"] if t == 1 else view.get(t - 1, src, dst, "half-model")
-        return self.make_observation(view, prev, (prev - half) / lr, meta={"exact": t == 1})
+        """(x^i_{t-1} − x̃^i_t)/η = ∇F_i(x^i_{t-1}) at x^i_{t-1} = Σ_j w_ij x̃^j_{t-1}: exact at
+        t = 1 (x_0 is public) and whenever the View holds every neighbour's previous half-step
+        (a neighbour on a complete graph, a covering coalition, global); under ``link`` the
+        unseen ones are replaced by x̃^i_{t-1} (:meth:`Defense.observe_half_step`)."""
+        return self.observe_half_step(view, t, src, dst)

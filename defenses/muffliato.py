@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from privaudit.errors import PrivauditError
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 from privaudit.topology import spectral_gap
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, Privacy, State, mix, register
 
 
 @dataclass
@@ -110,7 +110,7 @@ def num_steps(gossip_steps: int | None, chebyshev: bool, W: Tensor) -> int:
     return max(1, math.ceil(math.log(W.shape[0]) / rate))
 
 
-def gossip(net: SimNetwork, y0: Tensor, steps: int, omega: float | None) -> Tensor:
+def gossip(net: Network, y0: Tensor, steps: int, omega: float | None) -> Tensor:
     """``steps`` gossip steps from y^0 (Chebyshev with ``omega``, plain if None); step k
     sends the value it mixes under :func:`step_kind` (k)."""
     prev, cur = y0, net.gossip(step_kind(1), y0)
@@ -135,13 +135,13 @@ class Muffliato(Defense):
         ctx: Context,
         p: MuffliatoParams,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x = state["x"]
         y0 = x - p.lr * ctx.grads.mean(x, *batch)
         if p.noise_std > 0:
-            y0 = y0 + ctx.gaussian(*y0.shape) * p.noise_std
+            y0 = y0 + ctx.gaussian(None, y0.shape[1]) * p.noise_std
         K = num_steps(p.gossip_steps, p.chebyshev, ctx.W)
         omega = chebyshev_omega(gap_of(ctx.W)) if p.chebyshev and K > 1 else None
         return {"x": gossip(net, y0, K, omega)}
@@ -150,23 +150,47 @@ class Muffliato(Defense):
         """y^0 is the one noised release per round; later gossip steps post-process it."""
         return 1
 
+
+    def privacy(self, p: MuffliatoParams, kind: str, W: Tensor) -> Privacy:
+        """Gaussian with std σs, s = ηG resting on an assumed, unenforced bound G."""
+        if p.noise_std <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        return Privacy(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma,
+            releases=1,
+            formal=False,
+            reason="no clipping: the sensitivity ηG rests on an assumed, unenforced bound "
+            "‖∇F‖ ≤ G",
+            claimed_multiplier=p.sigma,
+            paper="pairwise network DP with amplification by gossip (Cyffers et al. 2022); "
+            "its constants are not in our sources",
+        )
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
         """(x^i_{t-1} − y^0_i)/η = ∇F_i(x^i_{t-1}) + N(0, (σs/η)²) at x^i_{t-1}, no clip.
 
-        Exact at t = 1 (x_0 is public). Later x^i_{t-1} = y^K_i is approximated by the last
-        value i sent on this link in round t−1, y^{K-1}_i (neighbours' mixing ignored)."""
+        x^i_{t-1} = y^K_i of round t−1 = ω Σ_j w_ij y^{K-1}_j + (1 − ω) y^{K-2}_i (Chebyshev;
+        plain gossip: ω = 1): exact at t = 1 (x_0 is public) and when the View holds every
+        neighbour's last gossip message (a neighbour on a complete graph, global); unseen
+        ones are replaced by y^{K-1}_i, the last value i sent on this link."""
         pub = view.public
         p = pub["params"]
         y0 = view.get(t, src, dst, "model")
+        unseen: list[int] = []
         if t == 1:
-            prev = pub["x0"]
+            prev = pub["x0"].to(y0.dtype)
         else:
             K = num_steps(p["gossip_steps"], p["chebyshev"], pub["W"])
-            prev = view.get(t - 1, src, dst, step_kind(K))
+            own = view.get(t - 1, src, dst, step_kind(K))
+            prev, unseen = mix(view, src, lambda j: view.sent(t - 1, j, step_kind(K)), own)
+            if p["chebyshev"] and K > 1:
+                omega = chebyshev_omega(gap_of(pub["W"]))
+                prev = omega * prev + (1 - omega) * view.get(t - 1, src, dst, step_kind(K - 1))
         std = MuffliatoParams(**p).noise_std / p["lr"]
-        return self.make_observation(
-            view, prev, (prev - y0) / p["lr"], noise_std=std, meta={"exact": t == 1}
-        )
+        meta = {"exact": not unseen}
+        if unseen:
+            meta["approx"] = f"x_(t-1) mixes unseen gossip values of agents {unseen}"
+        return self.make_observation(view, prev, (prev - y0) / p["lr"], noise_std=std, meta=meta)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,11 +57,11 @@ from torch.func import functional_call, vmap
 
 from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, exchange_models, register
+from .base import Context, Defense, Privacy, State, exchange_models, max_degree, register
 
 SHAPLEY = ("mc", "exact")
 EMPTY = ("zero", "current", "chance")
@@ -174,27 +175,48 @@ def shapley(
     method: str,
     permutations: int = 20,
     generator: torch.Generator | None = None,
+    perms: Tensor | None = None,
+    device: torch.device | None = None,
 ) -> Tensor:
     """Shapley values of ``batch`` m-player games, ``(batch, m)``.
 
     ``value(masks (batch, K, m) bool) → (batch, K)`` evaluates coalitions given by
     membership. ``method`` "exact" evaluates all 2^m coalitions (eq. 18); "mc" evaluates
-    the prefixes of ``permutations`` random permutations from ``generator`` (Alg. 2)."""
+    the prefixes of ``permutations`` random permutations from ``generator`` (Alg. 2), or
+    of the given ``perms (batch, R, m)``."""
     if method == "exact":
         if m > EXACT_MAX:
             raise PrivauditError(
                 f"exact Shapley over {m} players needs 2^{m} evaluations per agent; "
                 f"use shapley=mc (exact allows at most {EXACT_MAX} players)"
             )
-        device = None if generator is None else generator.device
+        device = device if generator is None else generator.device
         masks = code_bits(torch.arange(1 << m, device=device), m).bool()
         return exact_shapley(value(masks.expand(batch, -1, -1)))
-    if generator is None:
-        raise PrivauditError("Monte-Carlo Shapley needs a generator")
-    perms = random_permutations(batch, m, permutations, generator)
+    if perms is None:
+        if generator is None:
+            raise PrivauditError("Monte-Carlo Shapley needs a generator")
+        perms = random_permutations(batch, m, permutations, generator)
     masks = prefix_masks(perms)  # (batch, R, m + 1, m)
     values = value(masks.reshape(batch, -1, m)).reshape(masks.shape[:-1])
     return mc_shapley(perms, values)
+
+
+def theorem1_epsilon(sigma: float, W: Tensor, delta: float) -> float:
+    """Theorem 1 solved for ε at noise multiplier σ (std σC), with φ̂_min = 1/|𝓜_i|:
+    max_i 2(1/ω_min + Σ_j 1/ω_ij)√(2 ln(1.25/δ)) / (φ̂_min σ √(Σ_j ω_ij⁻²)), j ∈ 𝓜_i."""
+    if sigma <= 0:
+        return math.inf
+    Wd = W.double().cpu()
+    omega_min = float(Wd[Wd > 0].min())
+    root = math.sqrt(2 * math.log(1.25 / delta))
+    worst = 0.0
+    for row in Wd:
+        w = row[row > 0]
+        phi_min = 1.0 / len(w)
+        val = 2 * (1 / omega_min + float((1 / w).sum())) * root
+        worst = max(worst, val / (phi_min * float(w.pow(-2).sum().sqrt())))
+    return worst / sigma
 
 
 # -- the defense ------------------------------------------------------------------------------
@@ -222,33 +244,34 @@ class PDSL(Defense):
         ctx: Context,
         p: PDSLParams,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, u, val = state["x"], state["u"], state["val"]
         xs, ys = batch
-        n, dev = ctx.n, x.device
+        n, dev = x.shape[0], x.device  # held agents
         # L5–L11: models cross the links
         models, owner = exchange_models(net, x)
         # (9)–(14): flat clip of each batch-mean gradient, fresh noise per (data, model) pair
         noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
         if p.sigma > 0:
-            noisy = noisy + ctx.gaussian(*noisy.shape) * (p.sigma * p.clip)
-        cg = net.send("cg", noisy[n:])  # row e: ĝ_{src,dst}, arriving at dst[e]
+            noisy = noisy + ctx.gaussian(owner, noisy.shape[1]) * (p.sigma * p.clip)
+        cg = net.send("cg", noisy[n:])  # out-edge i→j: ĝ_{i,j}; received per in-edge
         # players of agent i: slot 0 = i itself, slots 1.. = incoming links in edge order
-        edge = torch.arange(len(net.dst), device=net.dst.device)
-        slot = F.one_hot(net.dst, n).cumsum(0)[edge, net.dst]
+        into = net.links.in_dst
+        edge = torch.arange(len(into), device=into.device)
+        slot = F.one_hot(into, n).cumsum(0)[edge, into]
         m = int(slot.max()) + 1 if len(slot) else 1
-        W = ctx.W.double()
         G = x.new_zeros(n, m, x.shape[1])
-        G[:, 0], G[net.dst, slot] = noisy[:n], cg
+        G[:, 0], G[into, slot] = noisy[:n], cg
         omega = torch.ones(n, m, dtype=torch.float64, device=dev)
-        omega[:, 0], omega[net.dst, slot] = torch.diagonal(W), W[net.dst, net.src]
+        omega[:, 0], omega[into, slot] = net.w_self.double(), net.w_in.double()
         real = torch.zeros(n, m, dtype=torch.bool, device=dev)
-        real[:, 0], real[net.dst, slot] = True, True
+        real[:, 0], real[into, slot] = True, True
         # (15)–(18)/(26), (19)(20)
         value = self._utility(ctx, p, x, G, real, val)
-        phi = shapley(value, n, m, p.shapley, p.permutations, ctx.generator)
+        perms = self._permutations(ctx, p, real) if p.shapley == "mc" else None
+        phi = shapley(value, n, m, p.shapley, p.permutations, perms=perms, device=dev)
         _, pi = shapley_weights(phi, omega, real, p.tie_tol)
         pi = pi.to(x.dtype)
         # (21)–(25)
@@ -257,6 +280,18 @@ class PDSL(Defense):
         x_half = x - p.lr * u_half
         x_new = net.gossip("half-model", x_half)
         return {"x": x_new, "u": net.gossip("mm", u_half), "val": val}
+
+    @staticmethod
+    def _permutations(ctx: Context, p: PDSLParams, real: Tensor) -> Tensor:
+        """Alg. 2's R random permutations per held agent, ``(n, R, m)``: agent a's come from
+        its own generator over its own m_a players (sort keys U[0, 1)); padding slots get
+        key +∞, so they follow every real player and, being null players, change nothing.
+        An agent's permutations thus do not depend on the other agents' degrees."""
+        n, m = real.shape
+        keys = torch.full((n, p.permutations, m), math.inf, device=real.device)
+        for a, (g, c) in enumerate(zip(ctx.generators, real.sum(1).tolist(), strict=True)):
+            keys[a, :, :c] = torch.rand(p.permutations, c, generator=g, device=real.device)
+        return keys.argsort(-1)
 
     @staticmethod
     def _utility(
@@ -305,6 +340,42 @@ class PDSL(Defense):
         neighbour plus ĝ_{i,i} (sent inside û_i), all of the same batch."""
         return int(adj.sum(1).max()) + 1
 
+
+    def privacy(self, p: PDSLParams, kind: str, W: Tensor) -> Privacy:
+        """Flat batch clip: adding one example moves the clipped mean by up to 2C, so the
+        std σC is a multiplier σ/2 (the run's accounting assumes σ). ``mm``/``half-model``/
+        ``model`` also carry π, an un-noised function of the private validation split."""
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        common: dict[str, Any] = dict(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma / 2,
+            releases=max_degree(W) + 1,
+            clip=p.clip,
+            clip_unit="batch",
+            claimed_multiplier=p.sigma,
+            paper="Theorem 1, (ε, δ)-DP per round if σ ≥ max_i 2C(1/ω_min + Σ_j 1/ω_ij)"
+            "√(2 ln(1.25/δ))/(φ̂_min ε √(Σ_j ω_ij⁻²)); as defined φ̂_min = 0 (eq. 19) and the "
+            "bound is vacuous; evaluated at φ̂_min = 1/|𝓜_i| (equal Shapley weights, its "
+            "largest value)",
+            paper_epsilon=lambda delta, impact: theorem1_epsilon(p.sigma, W, delta),
+            caveats=(
+                "flat batch clipping has add/remove sensitivity 2C; the run's accounting "
+                "assumes C",
+            ),
+        )
+        if kind == "cg":
+            return Privacy(
+                **common,
+                formal=True,
+                reason="batch-mean clip C + N(0, σ²C²), one release per neighbour plus ĝ_ii",
+            )
+        return Privacy(
+            **common,
+            formal=False,
+            reason="π is an un-noised function of agent i's private validation split "
+            "(eqs. 16–20)",
+        )
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]
@@ -316,12 +387,15 @@ class PDSL(Defense):
         """Under ``link`` (src ↔ dst):
 
         - ``cg``: x_dst^{t-1} crosses the reverse link in the clear, so the message is
-          exactly the flat-clipped batch-mean gradient of src's batch there plus N(0, σ²C²).
+          exactly the flat-clipped batch-mean gradient of src's batch there plus N(0, σ²C²);
+          a coalition holding k copies (same batch, fresh noise) averages them.
           The clip factor min(1, C/‖g‖) is one unknown scalar (``scale`` = 1 is given;
           ``meta["batch_clip"]`` = C); per-example ``clip`` is None.
-        - ``mm``: ḡ_i ≈ û_i^t − α û_i^{t-1} (u_i^{t-1} ≈ û_i^{t-1}; exact at t = 1): a
+        - ``mm``: ḡ_i = û_i^t − α u_i^{t-1}, u_i^{t-1} = Σ_j w_ij û_j^{t-1}: exact when every
+          neighbour's û_j^{t-1} is seen (else the consecutive-round approximation): a
           π-weighted sum of gradients at x_i^{t-1} of src's and its neighbours' batches.
-          π is data-dependent and unseen; ``scale`` is the equal-Shapley weight
+          π is data-dependent and unseen, so even a global observer cannot subtract the
+          neighbours' cross-gradients it intercepts; ``scale`` is the equal-Shapley weight
           π_ii = 1/(ω_ii |𝓜_i|), ``noise_std`` the matching σC·√(Σ_j π_ij²).
         - ``half-model``: û_i^t = (x_i^{t-1} − x̂_i^t)/γ exactly, then as ``mm``.
         - ``model``: (x_i^{t-1} − x_i^t)/γ at x_i^{t-1}; mixing and momentum ignored.
@@ -339,7 +413,7 @@ class PDSL(Defense):
         if kind == "model":
             return self.observe_model_step(view, t, src, dst)
         x_prev = view.get(t, src, dst, "model")
-        target = self.momentum_step(view, kind, t, src, dst, p["momentum"])
+        target, unseen = self.momentum_step(view, kind, t, src, dst, p["momentum"])
         W = view.public["W"]
         w = W[src][W[src] > 0].double()  # ω_{i,j}, j ∈ 𝓜_i (self included)
         pi = 1.0 / (w * len(w))
@@ -349,5 +423,10 @@ class PDSL(Defense):
             target,
             scale=1.0 / (float(W[src, src]) * len(w)),
             noise_std=p["sigma"] * p["clip"] * float(pi.square().sum().sqrt()),
-            meta={"exact": False, "scale_estimated": True, "batch_clip": p["clip"]},
+            meta={
+                "exact": False,
+                "scale_estimated": True,
+                "batch_clip": p["clip"],
+                "momentum_exact": not unseen,
+            },
         )

@@ -62,19 +62,26 @@ import torch
 from torch import Tensor
 
 from privaudit.errors import PrivauditError
-from privaudit.network import SimNetwork
+from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, State, register
+from .base import Context, Defense, Privacy, State, mix, neighbours, register
 
 OLD_GRAD = ("cached", "recompute")
 INJECT = ("every", "init")
 
 
-def laplace(ctx: Context, beta: float, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """i.i.d. Laplace(0, β) by the inverse CDF of u ~ U[−½, ½) from ``ctx.generator``."""
-    u = torch.rand(*shape, generator=ctx.generator, device=ctx.device, dtype=dtype) - 0.5
+def laplace(
+    ctx: Context, beta: float, owner: Tensor | None, dim: int, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """i.i.d. Laplace(0, β) rows of length ``dim`` by the inverse CDF of u ~ U[−½, ½), row r
+    from the generator of held agent ``owner[r]`` (None: row r is agent r's)."""
+
+    def uniform(g: torch.Generator, c: int) -> Tensor:
+        return torch.rand(c, dim, generator=g, device=ctx.device, dtype=dtype)
+
+    u = ctx.draw(owner, uniform) - 0.5
     tail = (1 - 2 * u.abs()).clamp_min(torch.finfo(dtype).tiny)
     return -beta * torch.sign(u) * torch.log(tail)
 
@@ -167,7 +174,7 @@ class DSGT(Defense):
         return state
 
     # -- what a subclass adds to γ before it is sent (round t) --------------------------
-    def inject(self, ctx: Context, p: Any, net: SimNetwork, t: int, like: Tensor) -> Tensor | None:
+    def inject(self, ctx: Context, p: Any, net: Network, t: int, like: Tensor) -> Tensor | None:
         """What is added to γ_i^{t-1} (shaped like ``like``) right before it is sent."""
         return None
 
@@ -176,12 +183,12 @@ class DSGT(Defense):
         ctx: Context,
         p: Any,
         state: State,
-        net: SimNetwork,
+        net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, mixed, g_prev = state["x"], state["gt"], state["g"]
         xs, ys = batch
-        n, t = ctx.n, int(state["t"]) + 1  # this round's number
+        n, t = x.shape[0], int(state["t"]) + 1  # held agents; this round's number
         if p.old_grad == "recompute" and t > 1:
             # Algorithm 1 line 12: both gradients of (3) on this round's batch
             pts = torch.cat([x, state["x_prev"]])
@@ -202,68 +209,104 @@ class DSGT(Defense):
 
     # -- attack surface -----------------------------------------------------------------
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
-        if kind == "model":
-            return [t, t + 1]
-        return [t] if t == 1 else [t - 1, t]
+        rounds = [t - 1, t] if t > 1 else [t]
+        return rounds + [t + 1] if kind == "model" else rounds
 
-    def injected_std(self, p: dict[str, Any], W: Tensor, src: int, t: int, known: bool) -> float:
-        """Per-coordinate std of the noise injected into γ_src in round ``t`` (``known``:
-        after removing what the link itself carries)."""
-        return 0.0
+    def injection(self, view: View, t: int, src: int) -> tuple[Tensor | None, float, int]:
+        """What was added to γ_src right before round ``t``'s transmission: the part the View
+        knows (subtracted), the per-coordinate std of the rest, and how many Laplace terms
+        that rest holds."""
+        return None, 0.0, 0
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        """Under ``link`` (src ↔ dst; W, λ, β and x_0 public):
+        """W, λ, β and x_0 public; src = i, the victim.
 
-        - ``gt``, t = 1: γ_src^0 = ∇L(x_0; ξ_1) (+ the injected noise), at the model θ^0 = x_0
-          sent in the same round. Exact for dsgt (the raw gradient); for dp-dsgt exact up to
-          Laplace(β) noise; for lppa offset by d_src = Σ sent − Σ received (exact False).
-        - ``gt``, t > 1: the tracking difference γ_src^{t−1} − Σ_j w_sj γ_j^{t−2}
-          = ∇L(θ^{t−1}; ξ_t) − ∇L(θ^{t−2}; ξ_{t−1}) (+ noise injected in round t), at θ^{t−1}.
-          LPPA's init-time offset cancels exactly here. Approximate: the link sees only
-          γ_src and γ_dst, so every unseen neighbour's γ is replaced by γ_dst, and the
-          previous gradient stays in the target.
-        - ``model``: (Σ_j w_sj θ_j^{t−1} − θ_src^t)/λ = γ_src^{t−1} (Eq. 2), mix approximated
-          as above; exact at t = 1 where every θ^0 = x_0, so it then equals the t = 1 ``gt``.
-        - ``noise`` (lppa): as ``gt``, minus the link's own shares of round t (it sees δ in
-          both directions: + the one src sent, − the one src received); what remains are
-          the 2k − 2 shares of src's other links (exact when src has one neighbour). In
-          rounds without an exchange (t > 1, no ``reinject``) it equals ``gt``.
+        - ``gt``, t = 1: γ_i^0 = ∇L(x_0; ξ_1) + injection, at θ^0 = x_0 (sent the same round).
+          Exact for dsgt; dp-dsgt adds fresh Laplace(β); lppa adds the fixed offset
+          d_i = Σ sent − Σ received shares, of which every share the View holds (the link's
+          two, a neighbour's two, all for a coalition holding i's neighbours or global) is
+          subtracted — exact once all are known.
+        - ``gt``, t > 1: the tracking difference (3)
+          γ_i^{t−1} − Σ_j w_ij γ_j^{t−2} = ∇L(θ_i^{t−1}; ξ_t) − ∇L(θ_i^{t−2}; ξ_{t−1}),
+          a two-batch Observation (``terms``: the second gradient at θ_i^{t−2}, coefficient
+          −1, its own unknown batch; the same batch ξ_t with ``old_grad="recompute"``).
+          LPPA's offset cancels exactly; exact when every neighbour's γ_j^{t−2} is seen (a
+          neighbour on a complete graph, global), unseen ones replaced by γ_i^{t−2}.
+        - ``model``: γ_i^{t−1} = (Σ_j w_ij θ_j^{t−1} − θ_i^t)/λ (2) (unseen θ_j replaced by θ_i),
+          then as ``gt``; at t = 1 it is the t = 1 ``gt``.
+        - ``noise`` (lppa): the shares reveal the offset; observed as ``gt``.
+        - lppa, t = 1, offset not fully known: when the View holds every γ_j^0 and γ_i^1, the
+          round-2 difference with the roles swapped (:meth:`_through_next_round`) — exact.
 
-        ``noise_std`` is the std of the injected (Laplace, not Gaussian) noise of that round.
+        ``noise_std`` is the std of the injected (Laplace, not Gaussian) noise left in it.
         """
-        p, W = view.public["params"], view.public["W"]
+        p = view.public["params"]
         theta = view.get(t, src, dst, "model")
-        w_self = float(W[src, src])
-
-        def mix(s: int, k: str) -> Tensor:
-            return w_self * view.get(s, src, dst, k) + (1 - w_self) * view.get(s, dst, src, k)
-
         meta: dict[str, Any] = {}
+        unseen: list[int] = []
         if kind == "model":
-            target = (mix(t, "model") - view.get(t + 1, src, dst, "model")) / p["lr"]
-            std = self.injected_std(p, W, src, t, known=False)
-            exact = t == 1 and self._clean_at_one(std, known=False)
-            meta["approx"] = "γ_src^{t-1} recovered from the model step; mix approximated"
+            nxt = view.get(t + 1, src, dst, "model")
+            mixed, unseen = mix(view, src, lambda j: view.sent(t, j, "model"), theta)
+            gamma = (mixed - nxt) / p["lr"]
         else:
-            target = view.get(t, src, dst, "gt")
-            if t > 1:
-                target = target - mix(t - 1, "gt")
-                meta["approx"] = "tracking difference; unseen neighbours' γ replaced by dst's"
-            known = kind == "noise" and view.has(t, src, dst, "noise")
-            if known:
-                target = target - (view.get(t, src, dst, "noise") - view.get(t, dst, src, "noise"))
-                meta["removed"] = "the link's own noise shares"
-            elif kind == "noise":
-                meta["removed"] = f"nothing: no noise shares cross the link in round {t}"
-            std = self.injected_std(p, W, src, t, known=known)
-            exact = t == 1 and self._clean_at_one(std, known)
+            gamma = view.get(t, src, dst, "gt")
+        known, std, left = self.injection(view, t, src)
+        if known is not None:
+            gamma = gamma - known
+            meta["removed"] = "the noise shares the View holds"
+        terms: list[tuple[Tensor, float, bool]] = []
+        prev_own = view.sent(t - 1, src, "gt") if t > 1 else None
+        if t > 1 and prev_own is not None:
+            prev, missing = mix(view, src, lambda j: view.sent(t - 1, j, "gt"), prev_own)
+            unseen += missing
+            gamma = gamma - prev
+            terms = [(view.get(t - 1, src, dst, "model"), -1.0, p["old_grad"] == "recompute")]
+            meta["difference"] = "∇L(θ^{t-1}; ξ_t) − ∇L(θ^{t-2}; ξ_{t-1})"
+        elif t > 1:
+            meta["approx"] = "γ^{t-1} taken as one gradient (no γ^{t-2} seen)"
+        if unseen:
+            meta["approx"] = f"mixes unseen values of agents {sorted(set(unseen))}"
+        offset = self.fixed_offset(t) and left > 0
+        if offset:
+            nxt = self._through_next_round(view, kind, t, src, dst)
+            if nxt is not None:
+                return nxt
+            meta["offset"] = f"{left} unseen noise shares: a fixed offset, fading as W^t d"
+        meta["exact"] = not unseen and not offset and not meta.get("approx")
+        return self.make_observation(view, theta, gamma, noise_std=std, meta=meta, terms=terms)
+
+    def _through_next_round(
+        self, view: View, kind: str, t: int, src: int, dst: int
+    ) -> Observation | None:
+        """A fixed offset hides γ_i^{t−1} alone, not the next tracking difference: with every
+        γ_j^{t−1} and γ_i^t seen (and no fresh injection in round t+1),
+        Σ_j w_ij γ_j^{t−1} − γ_i^t = ∇L(θ_i^{t−1}; ξ_t) − ∇L(θ_i^t; ξ_{t+1}) (3) — the offset
+        cancels, and batch ξ_t is slot 0 of an exact two-batch Observation. Needs the
+        "cached" old gradient (with "recompute" round t+1 never touches ξ_t)."""
+        p = view.public["params"]
+        if kind == "model" or p["old_grad"] != "cached" or not view.has(t + 1, src, dst, "gt"):
+            return None
+        if self.injection(view, t + 1, src)[2]:
+            return None
+        own = view.get(t, src, dst, "gt")
+        mixed, unseen = mix(view, src, lambda j: view.sent(t, j, "gt"), own)
+        if unseen:
+            return None
+        meta = {
+            "exact": True,
+            "difference": "∇L(θ^{t-1}; ξ_t) − ∇L(θ^t; ξ_{t+1}), via round t+1 (offset cancels)",
+        }
         return self.make_observation(
-            view, theta, target, noise_std=std, meta={"exact": exact, **meta}
+            view,
+            view.get(t, src, dst, "model"),
+            mixed - view.get(t + 1, src, dst, "gt"),
+            meta=meta,
+            terms=[(view.get(t + 1, src, dst, "model"), -1.0, False)],
         )
 
-    def _clean_at_one(self, std: float, known: bool) -> bool:
-        """Whether a round-1 observation is exact up to (zero-mean) noise of std ``std``."""
-        return True
+    def fixed_offset(self, t: int) -> bool:
+        """Whether round ``t``'s injection is a fixed offset rather than fresh noise."""
+        return False
 
 
 @register
@@ -280,34 +323,52 @@ class LPPA(DSGT):
     Params = LPPAParams
 
     def inject(
-        self, ctx: Context, p: LPPAParams, net: SimNetwork, t: int, like: Tensor
+        self, ctx: Context, p: LPPAParams, net: Network, t: int, like: Tensor
     ) -> Tensor | None:
         """Round 1 (every round with ``reinject``): send a share on every directed link,
         return d_i = Σ sent − Σ received."""
         if t > 1 and not p.reinject:
             return None
-        noise = laplace(ctx, p.beta, len(net.src), like.shape[1], dtype=like.dtype)
+        out_src = net.links.out_src  # one share per out-edge, drawn by its sender
+        noise = laplace(ctx, p.beta, out_src, like.shape[1], dtype=like.dtype)
         shares = net.send("noise", noise)
-        sent = torch.zeros_like(like).index_add(0, net.src, shares)
-        return sent - net.sum_incoming(shares)
+        return net.sum_outgoing(noise) - net.sum_incoming(shares)
 
+
+    def privacy(self, p: LPPAParams, kind: str, W: Tensor) -> Privacy:
+        """No formal DP: shares cancel, gradients are unclipped, rounds never compose."""
+        return Privacy(
+            mechanism="laplace",
+            formal=False,
+            reason="the Laplace shares cancel over the graph (Σ_i d_i = 0) and fade as W^t d; "
+            "gradients are never clipped (Δf unbounded); no composition over rounds",
+            paper="Theorem 2: ε = Δf/(√2 (W^t β)_i) per round (a gauge, not a DP guarantee), "
+            "evaluated at Δf = the canary's change of γ",
+            paper_epsilon=lambda delta, impact: impact / (math.sqrt(2) * p.beta),
+        )
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
-        return super().rounds_needed("gt" if kind == "noise" else kind, t, n)
+        """As DSGT; round 1's γ^0 also takes round 2 (the difference that cancels the offset)."""
+        kind = "gt" if kind == "noise" else kind
+        return super().rounds_needed(kind, t, n) + ([2] if t == 1 and kind == "gt" else [])
 
-    def injected_std(self, p: dict[str, Any], W: Tensor, src: int, t: int, known: bool) -> float:
+    def injection(self, view: View, t: int, src: int) -> tuple[Tensor | None, float, int]:
+        """d_i of round t's exchange (round 1; every round with ``reinject``): the shares the
+        View holds are known (+ sent, − received); the other ones are Laplace(β) each."""
+        p, W = view.public["params"], view.public["W"]
         if t > 1 and not p["reinject"]:
-            return 0.0
-        terms = 2 * _degree(W, src) - (2 if known else 0)
-        return laplace_sum_std(p["beta"], terms)
+            return None, 0.0, 0
+        known, left = None, 0
+        for j in neighbours(W, src):
+            for a, b, sign in ((src, j, 1.0), (j, src, -1.0)):
+                if view.has(t, a, b, "noise"):
+                    share = sign * view.get(t, a, b, "noise")
+                    known = share if known is None else known + share
+                else:
+                    left += 1
+        return known, laplace_sum_std(p["beta"], left), left
 
-    def _clean_at_one(self, std: float, known: bool) -> bool:
-        return std == 0.0  # the offset is fixed, not fresh noise: exact only if all removed
-
-    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        obs = super().observe(view, kind, t, src, dst)
-        if t == 1 and obs.noise_std > 0:
-            obs.meta["offset"] = "d_src = Σ sent − Σ received noise shares (fixed, fades as W^t d)"
-        return obs
+    def fixed_offset(self, t: int) -> bool:
+        return True
 
 
 @register
@@ -322,13 +383,27 @@ class DPDSGT(DSGT):
     Params = DPDSGTParams
 
     def inject(
-        self, ctx: Context, p: DPDSGTParams, net: SimNetwork, t: int, like: Tensor
+        self, ctx: Context, p: DPDSGTParams, net: Network, t: int, like: Tensor
     ) -> Tensor | None:
         if t > 1 and p.inject == "init":
             return None
-        return laplace(ctx, p.beta, *like.shape, dtype=like.dtype)
+        return laplace(ctx, p.beta, None, like.shape[1], dtype=like.dtype)
 
-    def injected_std(self, p: dict[str, Any], W: Tensor, src: int, t: int, known: bool) -> float:
+
+    def privacy(self, p: DPDSGTParams, kind: str, W: Tensor) -> Privacy:
+        """No formal DP: Laplace(β) on an unclipped gradient, no composition."""
+        return Privacy(
+            mechanism="laplace",
+            formal=False,
+            reason="gradients are never clipped (Δf unbounded), so Laplace(β) bounds nothing; "
+            "no composition over rounds",
+            paper="Theorem 3: ε = Δf/((W^t β)_i) per round, evaluated at Δf = the canary's "
+            "change of γ",
+            paper_epsilon=lambda delta, impact: impact / p.beta,
+        )
+    def injection(self, view: View, t: int, src: int) -> tuple[Tensor | None, float, int]:
+        """Fresh Laplace(β) on γ_i before each transmission (round 1 only with "init")."""
+        p = view.public["params"]
         if t > 1 and p["inject"] == "init":
-            return 0.0
-        return laplace_sum_std(p["beta"], 1)
+            return None, 0.0, 0
+        return None, laplace_sum_std(p["beta"], 1), 1

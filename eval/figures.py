@@ -67,13 +67,14 @@ def _caption(metrics: Mapping[str, Any] | None, i: int) -> str:
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 150) -> Path:
-    """Write ``fig`` as PNG to ``path`` atomically (temp file in the same dir, then rename)."""
+    """Write ``fig`` to ``path`` atomically (temp file in the same dir, then rename), as PNG
+    or in the format ``path``'s suffix names (``.pdf``, ``.svg``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=dpi)
+            fig.savefig(f, format=path.suffix.lstrip(".").lower() or "png", dpi=dpi)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode

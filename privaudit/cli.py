@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
-from .errors import PrivauditError
+from .errors import PrivauditError, unknown
 
 DEFAULTS = RunConfig()
 
@@ -87,6 +87,13 @@ def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) ->
     )
     g.add_argument("--seed", type=int, default=DEFAULTS.seed)
     g.add_argument("--device", default=DEFAULTS.device, help="cpu | cuda")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: the default models' small kernels gain "
+        "little from more, and OpenMP threads stall badly when cores are shared)",
+    )
     g.add_argument("--checkpoint-every", type=int, default=DEFAULTS.checkpoint_every)
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -134,13 +141,54 @@ def cmd_targets(a: argparse.Namespace) -> int:
     return 0
 
 
+def _capture(text: str | None, rounds: int) -> Any:
+    """``--capture``: "all", or rounds and ranges like "1,5,10-20" → a CaptureSpec."""
+    from .messages import CaptureSpec
+
+    if text is None:
+        return None
+    if text.strip() == "all":
+        return CaptureSpec.of(rounds=range(1, rounds + 1))
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise PrivauditError(
+            f"--capture takes 'all' or rounds like 1,5,10-20, got {text!r}"
+        ) from None
+    bad = sorted(t for t in out if not 1 <= t <= rounds)
+    if bad or not out:
+        raise PrivauditError(f"--capture rounds must lie in 1..{rounds}, got {text!r}")
+    return CaptureSpec.of(rounds=out)
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from .defenses import get_defense
     from .simulator import Run
 
     get_defense(a.defense)
-    run = Run.create(_config(a, a.defense, a.rounds), a.out)
-    state = run.train(progress=not a.no_progress)
+    cfg = _config(a, a.defense, a.rounds)
+    capture = _capture(a.capture, cfg.rounds)
+    if a.backend == "torch.distributed":
+        from . import distributed
+
+        if distributed.under_launcher():  # started by torchrun: this process is one rank
+            distributed.train_rank(cfg, a.out, capture, a.dist_timeout, not a.no_progress)
+            if distributed.rank() != 0:
+                return 0
+        else:
+            distributed.launch(
+                cfg, a.out, a.nproc, capture, a.dist_timeout, not a.no_progress
+            )
+        run = Run.open(a.out, device=cfg.device)
+        state = run.train(progress=False)  # the merged last checkpoint
+    elif a.backend == "sim":
+        run = Run.create(cfg, a.out)
+        state = run.train(capture=capture, progress=not a.no_progress)
+    else:
+        raise PrivauditError(f"--backend must be sim or torch.distributed, got {a.backend!r}")
     acc = run.test_accuracy(state)
     eps = run.resolved["epsilon"]
     print(
@@ -155,7 +203,10 @@ def cmd_attack(a: argparse.Namespace) -> int:
     from .pipeline import attack
     from .simulator import Run
     from .targets import parse_target
-    from .threat import parse_link
+    from .threat import ORDER, parse_agents, parse_link
+
+    if a.threat is not None and a.threat not in ORDER:
+        raise unknown("threat model", a.threat, ORDER)  # before any training
 
     defense, kind = parse_target(a.target)
     if a.attack is not None:
@@ -171,13 +222,18 @@ def cmd_attack(a: argparse.Namespace) -> int:
         rounds = a.rounds or max(defense.rounds_needed(kind, a.round, a.agents))  # *-model: R+1
         run = Run.create(_config(a, defense.name, rounds), out / "run")
     links = [parse_link(s, run.edges()) for s in a.link] if a.link else None
+    n = run.cfg.agents
+    attackers = parse_agents(a.attacker, n) if a.attacker else None
+    victims = parse_agents(a.victim, n) if a.victim else None
     result = attack(
         run,
         a.target,
         a.round,
         attack=a.attack,
         links=links,
-        threat=a.threat,
+        threat=a.threat or ("link" if links else None),
+        attackers=attackers,
+        victims=victims,
         out=out,
         iterations=a.iterations,
         restarts=a.restarts,
@@ -191,12 +247,18 @@ def cmd_attack(a: argparse.Namespace) -> int:
 
         print(json.dumps(to_jsonable(result), indent=2))
         return 0
+    if result["threat_chosen"]:
+        print(
+            f"threat: {result['adversaries'][0]} — the weakest adversary that observes "
+            f"{a.target} (choose one with --threat link|neighbor|coalition|global)"
+        )
     m = result["metrics"]
     eps = result["epsilon"]
     lp = f"{m['lpips']:.3f}" if m["lpips"] is not None else "n/a"
     print(
-        f"{a.target} round {a.round}, {result['attack']} under {result['threat']} "
-        f"(links {result['links']}), ε = {eps if eps is not None else math.inf:.3g}: "
+        f"{a.target} round {a.round}, {result['attack']} under "
+        f"{'; '.join(sorted(set(result['adversaries'])))} (links {result['links']}), "
+        f"ε = {eps if eps is not None else math.inf:.3g}: "
         f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
         f"label acc {m['label_acc']:.2f}, {result['wall_s']:.1f} s"
     )
@@ -218,13 +280,54 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--defense", required=True, help="dsgd | nd | dpdl (privaudit targets)")
     tr.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     _training_options(tr, DEFAULTS.rounds)
+    sc = tr.add_argument_group("engine (README, Scale-out)")
+    sc.add_argument(
+        "--capture",
+        default=None,
+        metavar="ROUNDS",
+        help="also record every message of these rounds, e.g. 1,5,10-20 or all (default: "
+        "none; attacks re-simulate the rounds they need from a checkpoint)",
+    )
+    sc.add_argument(
+        "--backend",
+        default="sim",
+        help="sim (default: all agents in this process) | torch.distributed (one process "
+        "per agent, gloo on CPU, nccl on GPU)",
+    )
+    sc.add_argument(
+        "--nproc", type=int, default=None, help="ranks to start (= --agents, the default)"
+    )
+    sc.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long a rank waits for a peer before the run stops (default 300)",
+    )
     tr.set_defaults(func=cmd_train)
 
     at = sub.add_parser("attack", help="reconstruct a private batch from a target's messages")
     at.add_argument("--target", required=True, help="e.g. dpdl-cg (privaudit targets)")
     at.add_argument("--round", type=int, required=True, help="round whose message is attacked")
     at.add_argument("--attack", default=None, help="ig (default) | dlg | idlg | analytic")
-    at.add_argument("--threat", default="link", help="threat model (link)")
+    at.add_argument(
+        "--threat",
+        default=None,
+        help="link | neighbor | coalition | global (default: the weakest that observes it)",
+    )
+    at.add_argument(
+        "--attacker",
+        default=None,
+        metavar="A[,B,...]",
+        help="the curious agent (neighbor; default: the victim's first receiver) or the "
+        "coalition's members (default: everyone the victim sends to)",
+    )
+    at.add_argument(
+        "--victim",
+        default=None,
+        metavar="V[,W,...]",
+        help="agent(s) whose message is attacked (default: the first non-attacker)",
+    )
     at.add_argument(
         "--link",
         action="append",
@@ -250,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--json", action="store_true", help="print result.json on stdout")
     _training_options(at, None)
     at.set_defaults(func=cmd_attack)
+    from .audit_cli import add_parser as add_audit
+
+    add_audit(sub, _training_options)
+    from .compare_cli import add_parser as add_compare
+
+    add_compare(sub, _training_options)
     return p
 
 
@@ -257,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "threads", None) is not None:
+            if args.threads < 1:
+                raise PrivauditError(f"--threads must be at least 1, got {args.threads}")
+            import torch
+
+            torch.set_num_threads(args.threads)
         return args.func(args)
     except PrivauditError as e:
         print(f"privaudit: error: {e}", file=sys.stderr)

@@ -31,6 +31,11 @@ class Observation:
     labels:       the true labels when the threat model reveals them, else None.
     mean, std:    per-channel normalisation the model expects; attacks work in [0, 1]
                   pixel space and normalise inside, so reconstructions are images.
+    terms:        further gradient terms inside ``target``, each ``(params_s, coef_s,
+                  same_batch_s)``: ``target ≈ scale · (∇L(params; x) + Σ_s coef_s ·
+                  ∇L(params_s; x_s)) + noise`` where ``x_s`` is ``x`` itself when
+                  ``same_batch_s``, else another unknown batch of ``batch_size`` (e.g. a
+                  gradient-tracking difference ∇L(θ^t; ξ_{t+1}) − ∇L(θ^{t−1}; ξ_t)).
     meta:         provenance (target name, round, src, dst, threat) — never secrets.
     """
 
@@ -47,6 +52,7 @@ class Observation:
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
     meta: dict[str, Any] = field(default_factory=dict)
+    terms: list[tuple[dict[str, Tensor], float, bool]] = field(default_factory=list)
 
     def to(self, device: torch.device | str) -> Observation:
         """A copy with every tensor on ``device``."""
@@ -65,6 +71,7 @@ class Observation:
             mean=self.mean,
             std=self.std,
             meta=dict(self.meta),
+            terms=[(move(p), c, same) for p, c, same in self.terms],
         )
 
 

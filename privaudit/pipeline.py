@@ -19,12 +19,7 @@ from .observation import Observation, Reconstruction
 from .rundir import write_json
 from .simulator import Run
 from .targets import parse_target
-from .threat import build_threat
-
-
-def default_link(run: Run) -> tuple[int, int]:
-    """Agent 0 → its first neighbour."""
-    return run.edges()[0]
+from .threat import Threat, build_threat
 
 
 def observe(
@@ -32,11 +27,22 @@ def observe(
     target: str,
     round: int,
     links: list[tuple[int, int]] | None = None,
-    threat: str = "link",
+    threat: str | None = None,
     progress: bool = True,
+    *,
+    attackers: list[int] | None = None,
+    victims: list[int] | None = None,
 ) -> list[Observation]:
-    """One Observation per link for ``target``'s message ``src → dst`` of ``round``,
-    capturing (or re-simulating from the nearest checkpoint) only what the threat needs."""
+    """One Observation per victim of ``target``'s message of ``round``, as the ``threat``
+    adversary sees it, capturing (or re-simulating from the nearest checkpoint) only the
+    links and rounds it needs.
+
+    ``links`` name the messages ``src → dst`` directly (``link`` threat by default);
+    otherwise each of ``victims`` (default: the first agent that is not an attacker) is
+    observed on its copy to the threat's receiver (:meth:`Threat.receiver`); the default
+    ``neighbor`` is the victim's first receiver, the default ``coalition`` all of them. With
+    ``threat=None`` the weakest adversary that can observe the target is used (``link``,
+    then ``neighbor`` — the receiver — then ``global``); ``obs.meta["threat"]`` names it."""
     defense, kind = parse_target(target)
     if defense.name != run.defense.name:
         raise PrivauditError(
@@ -50,18 +56,65 @@ def observe(
             f"--round {round} is outside what this run can show for {target} "
             f"(1..{last} of {run.cfg.rounds} rounds); pick a round in range or train longer"
         )
+    if threat is None:
+        errors = []
+        for name in ("link", "neighbor", "global"):
+            try:
+                return observe(
+                    run, target, round, links, name, progress, attackers=None, victims=victims
+                )
+            except PrivauditError as e:
+                errors.append(f"{name}: {e}")
+        raise PrivauditError(f"no adversary observes {target} at round {round} ({errors[-1]})")
+    plan = _plan(run, defense, kind, round, links, threat, attackers or [], victims)
     rounds = [t for t in rounds if t >= 1]
-    links = links or [default_link(run)]
-    threats = [build_threat(threat, link) for link in links]
-    capture = CaptureSpec.of(rounds=rounds, links=set().union(*(t.links for t in threats)))
+    edges = run.edges()
+    capture = CaptureSpec.of(
+        rounds=rounds, links=set().union(*(th.links(edges) for th, *_ in plan))
+    )
     messages = run.messages(capture, progress=progress)
     public = run.public()
     out = []
-    for th, (src, dst) in zip(threats, links, strict=True):
+    for th, src, dst in plan:
         obs = defense.observe(th.view(messages, public), kind, round, src, dst)
-        obs.meta.update(target=target, round=round, src=src, dst=dst)
+        obs.meta.update(target=target, round=round, src=src, dst=dst, threat=th.describe())
         out.append(obs)
     return out
+
+
+def _plan(
+    run: Run,
+    defense: Any,
+    kind: str,
+    t: int,
+    links: list[tuple[int, int]] | None,
+    threat: str,
+    attackers: list[int],
+    victims: list[int] | None,
+) -> list[tuple[Threat, int, int]]:
+    """(adversary, src, dst) per observed message."""
+    adj = run.ctx.adj.cpu()
+    what = f"{kind!r} message in round {t}"
+    if links:
+        if threat == "link":
+            return [(build_threat("link", link=link), *link) for link in links]
+        th = build_threat(threat, attackers=attackers or [links[0][1]])
+        return [(th, s, d) for s, d in links]
+    if victims is None:
+        victims = [next(i for i in range(run.cfg.agents) if i not in attackers)]
+    plan = []
+    for v in victims:
+        receivers = defense.receivers(kind, t, v, adj)
+        if threat == "link":
+            th = build_threat("link", link=(v, receivers[0]) if receivers else (v, v))
+        elif threat == "neighbor" and not attackers:
+            th = build_threat("neighbor", attackers=receivers[:1])
+        elif threat == "coalition" and not attackers:
+            th = build_threat("coalition", attackers=receivers)  # all who receive it
+        else:
+            th = build_threat(threat, attackers=attackers)
+        plan.append((th, v, th.receiver(v, receivers, what)))
+    return plan
 
 
 def attack(
@@ -71,7 +124,9 @@ def attack(
     *,
     attack: str | None = None,
     links: list[tuple[int, int]] | None = None,
-    threat: str = "link",
+    threat: str | None = None,
+    attackers: list[int] | None = None,
+    victims: list[int] | None = None,
     out: str | Path | None = None,
     iterations: int | None = None,
     restarts: int | None = None,
@@ -88,7 +143,7 @@ def attack(
 
     attack = attack or DEFAULT_ATTACK
     t0 = time.perf_counter()
-    obs = observe(run, target, round, links, threat, progress)
+    obs = observe(run, target, round, links, threat, progress, attackers=attackers, victims=victims)
     kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
     kw.update(options or {})
     device = run.ctx.device
@@ -106,7 +161,9 @@ def attack(
         "round": round,
         "attack": attack,
         "attack_options": {**kw, "seed": seed},
-        "threat": threat,
+        "threat": obs[0].meta["threat"].split()[0],
+        "adversaries": [o.meta["threat"] for o in obs],
+        "threat_chosen": threat is None,
         "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
         "epsilon": eps if math.isfinite(eps) else None,
         "delta": run.cfg.delta,
@@ -118,6 +175,7 @@ def attack(
             {k: s[k] for k in ("mse", "psnr", "ssim", "lpips", "label_acc")} for s in scores
         ],
         "exact_observation": all(o.meta.get("exact", False) for o in obs),
+        "noise_std": [o.noise_std for o in obs],
         "wall_s": float(f"{wall:.3f}"),
         "run": str(run.dir.path),
     }
@@ -150,6 +208,6 @@ def _figure(
     title = (
         f"{result['target']} · round {result['round']} · "
         f"{f'ε = {eps:.3g}' if eps is not None else 'ε = ∞ (no formal DP bound)'} · "
-        f"{result['attack']} under {result['threat']}"
+        f"{result['attack']} under {result['adversaries'][0]}"
     )
     return reconstruction_grid(true, rec, per, title, path)

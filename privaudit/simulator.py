@@ -1,16 +1,20 @@
 """The in-process simulator: a defense over N stacked agents, with checkpoints and capture.
 
 All agents live in one ``(N, D)`` tensor per state variable; a round's gradients are one
-``torch.func`` ``vmap`` over (model, batch) pairs (see :mod:`privaudit.grads`). One seeded
-``torch.Generator`` draws every batch and every noise sample, and its state is saved with
-each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture an
-earlier round send bit-identical messages.
+``torch.func`` ``vmap`` over (model, batch) pairs (see :mod:`privaudit.grads`). Each agent
+has its own seeded ``torch.Generator`` (:func:`privaudit.defenses.base.agent_seed`) that
+draws its batches and the noise of the rows it owns; every agent's generator state is saved
+with each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture
+an earlier round send bit-identical messages, and a torch.distributed rank holding one agent
+(:mod:`privaudit.distributed`) draws exactly what the simulator draws for that agent.
+The round loop (:meth:`Run._simulate`) is shared by both engines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ import torch
 from torch import Tensor
 
 from privaudit.defenses import Context, Defense, get_defense
-from privaudit.defenses.base import State, params_of
+from privaudit.defenses.base import State, agent_seed, params_of
 
 from .config import RunConfig
 from .data import ImageData, dirichlet_partition, load_dataset
@@ -27,7 +31,7 @@ from .errors import PrivauditError
 from .grads import PairGrads
 from .messages import CaptureSpec, Tap
 from .models import build_model, normalizes_inputs
-from .network import SimNetwork
+from .network import Network, SimNetwork
 from .params import ParamSpec, flat_params
 from .rundir import Key, RunDir
 from .topology import build_topology, metropolis_hastings, validate_mixing
@@ -75,11 +79,12 @@ class Run:
 
     # -- construction ---------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, **override: Any) -> Run:
-        """An existing run; ``override`` may change only non-identity fields (device, …)."""
+    def open(cls, path: str | Path, agents: list[int] | None = None, **override: Any) -> Run:
+        """An existing run; ``override`` may change only non-identity fields (device, …).
+        ``agents``: the agents this process holds (default all; one per distributed rank)."""
         cfg, _ = RunDir(path).read_config()
         cfg = dataclasses.replace(cfg, **override).validate()
-        return cls._build(cfg, RunDir(path), existing=True)
+        return cls._build(cfg, RunDir(path), existing=True, agents=agents)
 
     @classmethod
     def create(cls, cfg: RunConfig, path: str | Path) -> Run:
@@ -100,7 +105,9 @@ class Run:
         return cls._build(cfg, rd, existing=False)
 
     @classmethod
-    def _build(cls, cfg: RunConfig, rd: RunDir, existing: bool) -> Run:
+    def _build(
+        cls, cfg: RunConfig, rd: RunDir, existing: bool, agents: list[int] | None = None
+    ) -> Run:
         defense = get_defense(cfg.defense)
         device = resolve_device(cfg.device)
         adj = build_topology(cfg.topology, cfg.agents)
@@ -126,8 +133,8 @@ class Run:
             )
         mean = torch.tensor(data.mean, dtype=torch.float32).view(-1, 1, 1)
         std = torch.tensor(data.std, dtype=torch.float32).view(-1, 1, 1)
-        gen = torch.Generator(device=device)
-        gen.manual_seed(cfg.seed)
+        held = list(range(cfg.agents)) if agents is None else sorted(agents)
+        gens = [torch.Generator(device=device).manual_seed(agent_seed(cfg.seed, a)) for a in held]
         ctx = Context(
             model=model,
             spec=spec,
@@ -135,13 +142,14 @@ class Run:
             x0=flat_params(model),
             train_x=((data.train_x - mean) / std).to(device),
             train_y=data.train_y.to(device),
-            parts=[q.to(device) for q in parts],
+            parts=[parts[a].to(device) for a in held],
             adj=adj.to(device),
             W=W.to(device),
             batch_size=cfg.batch_size,
-            generator=gen,
+            generators=gens,
             device=device,
-            holdout=[h.to(device) for h in holdout],
+            holdout=[holdout[a].to(device) for a in held] if holdout else [],
+            agents=held,
         )
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
         if not existing:
@@ -176,16 +184,8 @@ class Run:
     ) -> State:
         """Advance to round ``until`` (default: the configured rounds), resuming from the
         latest usable checkpoint and recording the messages ``capture`` selects."""
-        until = self.cfg.rounds if until is None else until
-        if not 1 <= until <= self.cfg.rounds:
-            raise PrivauditError(
-                f"round {until} is outside this run (1..{self.cfg.rounds}); "
-                f"train a longer run with --rounds {until}"
-            )
-        start_limit = until
-        if capture is not None and capture.rounds:
-            start_limit = min(min(capture.rounds) - 1, until)
-        start = max([c for c in self.dir.checkpoint_rounds() if c <= start_limit], default=0)
+        until = self.check_until(until)
+        start = self.start_round(until, capture)
         state = self._restore(start)
         if start == until:
             return state
@@ -193,25 +193,76 @@ class Run:
         net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
         return self._simulate(state, start, until, net, progress)
 
-    def _restore(self, t: int) -> State:
-        if t == 0:
-            self.ctx.generator.manual_seed(self.cfg.seed)
-            return self.defense.init(self.ctx, self.params)
-        blob = self.dir.load_checkpoint(t)
-        self.ctx.generator.set_state(blob.pop("rng"))
-        return {k.removeprefix("state."): v.to(self.ctx.device) for k, v in blob.items()}
+    def check_until(self, until: int | None) -> int:
+        until = self.cfg.rounds if until is None else until
+        if not 1 <= until <= self.cfg.rounds:
+            raise PrivauditError(
+                f"round {until} is outside this run (1..{self.cfg.rounds}); "
+                f"train a longer run with --rounds {until}"
+            )
+        return until
 
-    def _checkpoint(self, t: int, state: State, rng: Tensor) -> None:
+    def start_round(self, until: int, capture: CaptureSpec | None) -> int:
+        """The latest checkpoint to resume from: at most ``until``, and before the first
+        captured round."""
+        start_limit = until
+        if capture is not None and capture.rounds:
+            start_limit = min(min(capture.rounds) - 1, until)
+        return max([c for c in self.dir.checkpoint_rounds() if c <= start_limit], default=0)
+
+    def _restore(self, t: int) -> State:
+        """The held agents' state after round ``t`` and their generators as they were then."""
+        ctx = self.ctx
+        if t == 0:
+            for a, g in zip(ctx.agents, ctx.generators, strict=True):
+                g.manual_seed(agent_seed(self.cfg.seed, a))
+            return self.defense.init(ctx, self.params)
+        blob = self.dir.load_checkpoint(t)
+        path = self.dir.path / "checkpoints"
+        for a, g in zip(ctx.agents, ctx.generators, strict=True):
+            if f"rng.{a}" not in blob:
+                raise PrivauditError(
+                    f"checkpoint round {t} in {path} has no RNG state for agent {a} (an older "
+                    "privaudit wrote it); delete that folder and train again"
+                )
+            g.set_state(blob[f"rng.{a}"])
+        rows = torch.tensor(ctx.agents)
+        whole = ctx.n_held == ctx.n
+        return {
+            k.removeprefix("state."): (v if whole or v.dim() == 0 else v[rows]).to(ctx.device)
+            for k, v in blob.items()
+            if k.startswith("state.")
+        }
+
+    @staticmethod
+    def _checkpoint(store: RunDir, t: int, state: State, rngs: dict[str, Tensor]) -> None:
         blob = {f"state.{k}": v for k, v in state.items()}
-        self.dir.save_checkpoint(t, {**blob, "rng": rng})
+        store.save_checkpoint(t, {**blob, **rngs})
+
+    def _rng_states(self) -> dict[str, Tensor]:
+        held = zip(self.ctx.agents, self.ctx.generators, strict=True)
+        return {f"rng.{a}": g.get_state() for a, g in held}
 
     def _simulate(
-        self, state: State, start: int, until: int, net: SimNetwork, progress: bool
+        self,
+        state: State,
+        start: int,
+        until: int,
+        net: Network,
+        progress: bool,
+        store: RunDir | None = None,
+        on_checkpoint: Callable[[int], None] | None = None,
     ) -> State:
+        """Rounds ``start+1 .. until`` over the agents ``net`` holds: the one round loop of
+        both engines. Secrets, captured messages and checkpoints of the held agents go to
+        ``store`` (default the run directory; a rank's shard under torch.distributed), and
+        ``on_checkpoint(t)`` runs after each checkpoint is written."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         ctx, tap = self.ctx, net.tap
+        store = store or self.dir
         have = set(self.dir.checkpoint_rounds())
+        links = [e for e in (tap.spec.links or self.edges()) if net.tapped(e)]
         columns = (
             "[progress.description]{task.description}",
             BarColumn(),
@@ -223,24 +274,25 @@ class Run:
             t = start
             try:
                 for t in range(start + 1, until + 1):
-                    rng = ctx.generator.get_state()
+                    rng = self._rng_states()
                     net.round = t
                     idx = ctx.sample()
                     batch = (ctx.train_x[idx], ctx.train_y[idx])
                     state = self.defense.round(ctx, self.params, state, net, batch)
                     if tap.spec.wants_round(t):
-                        self.dir.save_secrets(t, {"batch": idx, "labels": batch[1]})
-                        links = tap.spec.links or self.edges()
+                        store.save_secrets(t, {"batch": idx, "labels": batch[1]})
                         payloads = {k: m.payload for k, m in tap.messages.items()}
-                        self.dir.save_messages(t, payloads, links)
+                        store.save_messages(t, payloads, links)
                         tap.clear()
                     if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
-                        self._checkpoint(t, state, ctx.generator.get_state())
+                        self._checkpoint(store, t, state, self._rng_states())
+                        if on_checkpoint is not None:
+                            on_checkpoint(t)
                     bar.advance(task)
             except KeyboardInterrupt:
                 # ``state`` is still the state after round t-1; ``rng`` the RNG state before t.
-                if t - 1 > start and t - 1 not in have:
-                    self._checkpoint(t - 1, state, rng)
+                if t - 1 > start and t - 1 not in have and store is self.dir:
+                    self._checkpoint(store, t - 1, state, rng)
                 raise PrivauditError(
                     f"interrupted in round {t}; run the same command again to resume "
                     f"from round {max(t - 1, start)}"

@@ -18,7 +18,7 @@ from privaudit.messages import CaptureSpec, Tap
 from privaudit.network import SimNetwork
 from privaudit.pipeline import observe
 from privaudit.simulator import Run
-from privaudit.threat import Link
+from privaudit.threat import build_threat
 from privaudit.topology import build_topology, exponential, metropolis_hastings
 
 
@@ -147,12 +147,12 @@ def test_noise_std_and_exact_first_round_observation(tmp_path, case):
 def test_link_observation_schedule_and_errors(tmp_path):
     run = Run.create(tiny("constd2p", rounds=3, sigma=0.0), tmp_path / "r")
     d = run.defense
-    assert d.rounds_needed("half-model", 3, 4) == [1, 3]  # hops 1, 2: link active every 2
+    assert d.rounds_needed("half-model", 3, 4) == [1, 2, 3]  # hops 1, 2: active every 2
     # round 2 uses hop 2 on 4 agents: 0→1 is idle, and 1→0 is never used
     with pytest.raises(PrivauditError, match=r"0->1 carries no message in round 2.*rounds 1, 3, 5"):
         observe(run, "constd2p-half-model", 2, links=[(0, 1)], progress=False)
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2, 3]), progress=False)
-    view = Link(1, 0).view(msgs, run.public())
+    view = build_threat("link", link=(1, 0)).view(msgs, run.public())
     with pytest.raises(PrivauditError, match="1->0 never carries"):
         d.observe(view, "weight", 1, 1, 0)
     # round 3 (hop 1 again): x̂ is 0's round-1 half-step model on the same link

@@ -64,14 +64,17 @@ def test_lppa_noise_shares_cancel_and_are_injected(tmp_path):
     assert float((gamma0 - g0).abs().mean()) > beta  # the offset is really there
     torch.testing.assert_close(gamma0.sum(0), g0.sum(0), rtol=0, atol=1e-5)
     # observations on a ring (degree k = 2): d_0 sums 2k shares; the link knows 2 of them
-    (gt,) = observe(run, "lppa-gt", 1, links=[(0, 1)], progress=False)
-    (nz,) = observe(run, "lppa-noise", 1, links=[(0, 1)], progress=False)
+    # and subtracts them; a global observer knows all 4 and recovers ∇L(x_0; ξ_1) exactly
+    (gt,) = observe(run, "lppa-gt", 1, links=[(0, 1)], threat="link", progress=False)
+    (nz,) = observe(run, "lppa-noise", 1, links=[(0, 1)], threat="link", progress=False)
+    (gl,) = observe(run, "lppa-gt", 1, threat="global", victims=[0], progress=False)
     assert gt.meta["exact"] is False and "offset" in gt.meta
-    assert gt.noise_std == pytest.approx(beta * math.sqrt(2 * 4))
-    assert nz.noise_std == pytest.approx(beta * math.sqrt(2 * 2))
-    torch.testing.assert_close(flat(run, gt.target), gamma0[0].float())
+    assert gt.noise_std == nz.noise_std == pytest.approx(beta * math.sqrt(2 * 2))
     other = share[(0, 3)] - share[(3, 0)]  # what stays hidden: agent 0's other link
-    torch.testing.assert_close(flat(run, nz.target).double() - g0[0], other, rtol=0, atol=1e-5)
+    for o in (gt, nz):
+        torch.testing.assert_close(flat(run, o.target).double() - g0[0], other, rtol=0, atol=1e-5)
+    assert gl.meta["exact"] is True and gl.noise_std == 0
+    torch.testing.assert_close(flat(run, gl.target).double(), g0[0], rtol=0, atol=1e-5)
 
 
 def drive(
@@ -210,13 +213,19 @@ def test_lppa_link_observations_on_a_single_edge(tmp_path):
     g1 = grad_at(run, run.ctx.x0, 0, 1)
     assert nz.meta["exact"] is True and nz.noise_std == 0
     torch.testing.assert_close(flat(run, nz.target), g1, rtol=1e-4, atol=1e-5)
+    msgs = run.messages(CaptureSpec.of(rounds=[1]), progress=False)
+    assert float((msgs[(1, 0, 1, "gt")] - g1).abs().mean()) > 0.5  # the wire carries d_0
     (gt,) = observe(run, "lppa-gt", 1, links=[(0, 1)], progress=False)
-    assert float((flat(run, gt.target) - g1).abs().mean()) > 0.5  # offset by d_0
+    torch.testing.assert_close(flat(run, gt.target), g1, rtol=1e-4, atol=1e-5)
     (model,) = observe(run, "lppa-model", 1, links=[(0, 1)], progress=False)
     torch.testing.assert_close(flat(run, model.target), flat(run, gt.target), rtol=0, atol=1e-4)
     (diff,) = observe(run, "lppa-gt", 2, links=[(0, 1)], progress=False)
     g2 = grad_at(run, flat(run, diff.params), 0, 2)
     torch.testing.assert_close(flat(run, diff.target), g2 - g1, rtol=0, atol=1e-5)
+    assert diff.meta["exact"] is True and len(diff.terms) == 1
+    (theta0, coef, same), x0 = diff.terms[0], run.ctx.x0
+    assert coef == -1.0 and same is False
+    torch.testing.assert_close(torch.cat([v.flatten() for v in theta0.values()]), x0)
 
 
 def test_bad_params_are_refused(tmp_path):

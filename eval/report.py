@@ -1,0 +1,574 @@
+"""Tables and paper-quality figures of a comparison sweep (rows from :mod:`.sweeps`).
+
+- :func:`summarize`: one row per (target, round, ε) — mean over seeds of each seed's mean
+  over victims, and the *spread*: the standard deviation over seeds when there are ≥ 2,
+  else over the victims of the one seed (``spread_over`` says which).
+- :func:`write_tables`: ``cells.csv`` (every attack), ``summary.csv`` / ``summary.md``
+  (every point of the sweep and privacy–utility plots), ``images.csv`` (every number
+  printed under a grid image).
+- :func:`grid_figure`, :func:`sweep_figure`, :func:`privacy_utility_figure`: matplotlib
+  (Agg, no pyplot), written as 300 dpi PNG and as PDF. Colours are Okabe & Ito's
+  colour-blind-safe palette; markers repeat the colour's information for print.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from privaudit.rundir import atomic_write
+
+from .figures import save_figure
+
+__all__ = [
+    "summarize",
+    "write_tables",
+    "grid_figure",
+    "sweep_figure",
+    "privacy_utility_figure",
+    "write_report",
+]
+
+DPI = 300
+OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+METRICS = ("psnr", "ssim", "mse")
+
+
+def _eps(v: float | None) -> str:
+    return "∞" if v is None or (isinstance(v, float) and math.isinf(v)) else f"{v:.3g}"
+
+
+def _inf(v: float | None) -> float:
+    """ε for a table: None (no accountable noise) is ∞."""
+    return math.inf if v is None else v
+
+
+def _num(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and spread over seeds per (target, round, requested ε), in input order."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["target"], r["round"], r["epsilon_requested"]), []).append(r)
+    out = []
+    for (target, rnd, eps), rs in groups.items():
+        s: dict[str, Any] = {
+            "target": target,
+            "round": rnd,
+            "epsilon_requested": eps,
+            "epsilon": _mean([r["epsilon"] for r in rs]),
+            "sigma": _mean([r["sigma"] for r in rs]),
+            "threat": rs[0]["threat"],
+            "seeds": len(rs),
+            "victims": len(rs[0]["per_observation"]),
+            "spread_over": "seeds" if len(rs) > 1 else "victims",
+        }
+        for m in METRICS:
+            means = [r["metrics"][m] for r in rs]
+            s[m] = _mean(means)
+            s[f"{m}_spread"] = _std(means) if len(rs) > 1 else rs[0]["spread"][m]
+        for m in ("lpips", "label_acc"):
+            s[m] = _mean([r["metrics"][m] for r in rs])
+        accs = [r["test_acc"] for r in rs]
+        s["test_acc"], s["test_acc_spread"] = _mean(accs), _std(accs)
+        audits = [r["audit_epsilon_lo"] for r in rs if r.get("audit_epsilon_lo") is not None]
+        s["audit_epsilon_lo"] = _mean(audits) if audits else None
+        s["audit_epsilon_upper"] = _mean([r.get("audit_epsilon_upper") for r in rs])
+        out.append(s)
+    return out
+
+
+def _mean(v: Sequence[float | None]) -> float | None:
+    v = [x for x in v if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def _std(v: Sequence[float | None]) -> float | None:
+    v = [x for x in v if x is not None]
+    return float(np.std(v)) if v else None
+
+
+# --------------------------------------------------------------------------- tables
+
+CELL_COLUMNS = [
+    "target",
+    "round",
+    "epsilon_requested",
+    "epsilon",
+    "sigma",
+    "seed",
+    "threat",
+    "victims",
+    "psnr",
+    "psnr_std_victims",
+    "ssim",
+    "ssim_std_victims",
+    "mse",
+    "lpips",
+    "label_acc",
+    "test_acc",
+    "audit_epsilon_lo",
+    "attack",
+    "iterations",
+    "dir",
+]
+SUMMARY_COLUMNS = [
+    "target",
+    "round",
+    "epsilon_requested",
+    "epsilon",
+    "sigma",
+    "threat",
+    "seeds",
+    "victims",
+    "psnr",
+    "psnr_spread",
+    "ssim",
+    "ssim_spread",
+    "mse",
+    "mse_spread",
+    "lpips",
+    "label_acc",
+    "test_acc",
+    "test_acc_spread",
+    "audit_epsilon_lo",
+    "spread_over",
+]
+
+
+def _cell_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "target": r["target"],
+        "round": r["round"],
+        "epsilon_requested": _inf(r["epsilon_requested"]),
+        "epsilon": _inf(r["epsilon"]),
+        "sigma": r["sigma"],
+        "seed": r["seed"],
+        "threat": r["threat"],
+        "victims": len(r["per_observation"]),
+        "psnr": r["metrics"]["psnr"],
+        "psnr_std_victims": r["spread"]["psnr"],
+        "ssim": r["metrics"]["ssim"],
+        "ssim_std_victims": r["spread"]["ssim"],
+        "mse": r["metrics"]["mse"],
+        "lpips": r["metrics"]["lpips"],
+        "label_acc": r["metrics"]["label_acc"],
+        "test_acc": r["test_acc"],
+        "audit_epsilon_lo": r.get("audit_epsilon_lo"),
+        "audit_epsilon_upper": r.get("audit_epsilon_upper"),
+        "attack": r["attack"],
+        "iterations": r["attack_options"].get("iterations", "default"),
+        "dir": r["dir"],
+    }
+
+
+def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, columns, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _num(r.get(c), 6) for c in columns})
+    return buf.getvalue()
+
+
+def _write_text(path: Path, text: str) -> Path:
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text)
+
+    atomic_write(path, write)
+    return path
+
+
+def _pm(s: dict[str, Any], m: str, digits: int) -> str:
+    spread = s[f"{m}_spread"]
+    return f"{s[m]:.{digits}f}" + ("" if spread is None else f" ± {spread:.{digits}f}")
+
+
+def markdown(summary: Sequence[dict[str, Any]]) -> str:
+    """The summary as a Markdown table (mean ± spread)."""
+    audit = any(s["audit_epsilon_lo"] is not None for s in summary)
+    head = ["target", "round", "ε (accounted)", "σ", "threat", "PSNR dB", "SSIM", "MSE"]
+    head += ["label acc", "test acc"] + (
+        ["one release: audited ε ≥ / accountant ε ≤"] if audit else []
+    )
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summary:
+        cells = [
+            f"`{s['target']}`",
+            str(s["round"]),
+            _eps(s["epsilon"]),
+            f"{s['sigma']:.3g}",
+            s["threat"],
+            _pm(s, "psnr", 2),
+            _pm(s, "ssim", 3),
+            _pm(s, "mse", 4),
+            "" if s["label_acc"] is None else f"{s['label_acc']:.2f}",
+            f"{s['test_acc']:.3f}",
+        ]
+        if audit:
+            lo, up = s["audit_epsilon_lo"], s["audit_epsilon_upper"]
+            cells.append("" if lo is None else f"{lo:.3g} / {_eps(up)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    n = summary[0]
+    note = (
+        f"\nMean ± spread over {'seeds' if n['spread_over'] == 'seeds' else 'victims'} "
+        f"({n['seeds']} seed(s), {n['victims']} victims per cell). ε = ∞: the defense "
+        "adds no accountable noise.\n"
+    )
+    return "\n".join(lines) + "\n" + note
+
+
+def write_tables(
+    rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], out: Path
+) -> list[Path]:
+    """``cells.csv``, ``summary.csv``, ``summary.md`` and ``images.csv`` in ``out``."""
+    images = []
+    for r in rows:
+        for i, (p, s) in enumerate(
+            zip(r["per_image"]["psnr"], r["per_image"]["ssim"], strict=True)
+        ):
+            images.append(
+                {
+                    "target": r["target"],
+                    "round": r["round"],
+                    "epsilon_requested": _inf(r["epsilon_requested"]),
+                    "seed": r["seed"],
+                    "image": i,
+                    "psnr": p,
+                    "ssim": s,
+                }
+            )
+    img_cols = ["target", "round", "epsilon_requested", "seed", "image", "psnr", "ssim"]
+    srows = [
+        {**s, "epsilon_requested": _inf(s["epsilon_requested"]), "epsilon": _inf(s["epsilon"])}
+        for s in summary
+    ]
+    return [
+        _write_text(out / "cells.csv", _csv([_cell_row(r) for r in rows], CELL_COLUMNS)),
+        _write_text(out / "summary.csv", _csv(srows, SUMMARY_COLUMNS)),
+        _write_text(out / "summary.md", markdown(summary)),
+        _write_text(out / "images.csv", _csv(images, img_cols)),
+    ]
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _style(ax: Any) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(labelsize=7, width=0.6, length=3)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_linewidth(0.6)
+
+
+def _save(fig: Any, path: Path) -> list[Path]:
+    """``path`` as 300 dpi PNG and the same figure as PDF beside it."""
+    return [
+        save_figure(fig, path.with_suffix(".png"), dpi=DPI),
+        save_figure(fig, path.with_suffix(".pdf"), dpi=DPI),
+    ]
+
+
+def _show(ax: Any, img: np.ndarray) -> None:
+    img = np.clip(img, 0.0, 1.0)
+    if img.shape[0] == 1:
+        ax.imshow(img[0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+    else:
+        ax.imshow(np.transpose(img, (1, 2, 0)), interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def grid_figure(
+    blocks: Sequence[tuple[str, torch.Tensor, torch.Tensor, list[float], list[float]]],
+    title: str,
+    path: Path,
+) -> list[Path]:
+    """One row of reconstructions per target, PSNR/SSIM under each image.
+
+    ``blocks``: ``(label, truth, recon, psnr, ssim)`` per target, images ``(k, C, H, W)``
+    in [0, 1], reconstructions already matched to the truth. The ground truth is drawn on
+    top; when a target's true images differ from the row above's (another defense draws
+    other batches), its own ground-truth row is drawn above it."""
+    from matplotlib.figure import Figure
+
+    k = max(len(b[1]) for b in blocks)
+    rows: list[tuple[str, np.ndarray, list[str] | None]] = []
+    shown = None
+    for label, truth, recon, ps, ss in blocks:
+        t = truth.float().numpy()
+        if shown is None or shown.shape != t.shape or not np.array_equal(shown, t):
+            rows.append(("ground truth", t, None))
+            shown = t
+        caps = [f"{p:.1f} dB\n{s:.2f}" for p, s in zip(ps, ss, strict=True)]
+        rows.append((label, recon.float().numpy(), caps))
+    cell = 0.62
+    heights = [1.0 if caps is None else 1.3 for _, _, caps in rows]
+    fig = Figure(figsize=(1.25 + k * cell, 0.35 + cell * sum(heights)), layout="constrained")
+    axes = fig.subplots(len(rows), k, squeeze=False, gridspec_kw={"height_ratios": heights})
+    for r, (label, imgs, caps) in enumerate(rows):
+        for i in range(k):
+            ax = axes[r, i]
+            if i < len(imgs):
+                _show(ax, imgs[i])
+                if caps:
+                    ax.set_xlabel(caps[i], fontsize=5.5, linespacing=1.0, labelpad=1.5)
+            else:
+                ax.set_axis_off()
+        axes[r, 0].set_ylabel(label, fontsize=6.5, rotation=0, ha="right", va="center", labelpad=4)
+    fig.suptitle(f"{title}\nPSNR (dB) / SSIM under each image", fontsize=6.5)
+    return _save(fig, path)
+
+
+def _target_style(targets: Sequence[str]) -> dict[str, tuple[str, str]]:
+    return {
+        t: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, t in enumerate(targets)
+    }
+
+
+def sweep_figure(
+    summary: Sequence[dict[str, Any]], x: str, fixed: dict[str, Any], title: str, path: Path
+) -> list[Path]:
+    """PSNR and SSIM (mean ± spread) against ``x`` ("round" or "epsilon_requested"), one
+    line per target, the other axis held at ``fixed``. Against ε, a target without ε is a
+    dashed horizontal line (its value does not depend on ε)."""
+    from matplotlib.figure import Figure
+
+    targets = list(dict.fromkeys(s["target"] for s in summary))
+    style = _target_style(targets)
+    fig = Figure(figsize=(6.6, 2.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    xs_all = sorted({s[x] for s in summary if s[x] is not None})
+    for ax, m, label in zip(axes, ("psnr", "ssim"), ("PSNR (dB)", "SSIM"), strict=True):
+        for t in targets:
+            pts = [
+                s for s in summary if s["target"] == t and all(s[k] == v for k, v in fixed.items())
+            ]
+            if not pts:
+                continue
+            color, marker = style[t]
+            if x == "epsilon_requested" and pts[0]["epsilon_requested"] is None:
+                s = pts[0]
+                ax.axhline(s[m], color=color, ls="--", lw=1.0, label=f"{t} (ε = ∞)")
+                lo, hi = s[m] - s[f"{m}_spread"], s[m] + s[f"{m}_spread"]
+                ax.axhspan(lo, hi, color=color, alpha=0.12, lw=0)
+                continue
+            pts = sorted(pts, key=lambda s: s[x])
+            xv = [_dodge(s[x], targets.index(t), len(targets), xs_all, x) for s in pts]
+            ax.errorbar(
+                xv,
+                [s[m] for s in pts],
+                yerr=[s[f"{m}_spread"] for s in pts],
+                color=color,
+                marker=marker,
+                ms=3.5,
+                lw=1.0,
+                capsize=2,
+                elinewidth=0.7,
+                label=t,
+            )
+        if x == "epsilon_requested":
+            ax.set_xscale("log")
+            ax.set_xlabel("ε (target, per agent over the run)", fontsize=7.5)
+        else:
+            ax.set_xlabel("attacked round", fontsize=7.5)
+        if xs_all:
+            ax.set_xticks(xs_all, [f"{v:g}" for v in xs_all])
+            ax.minorticks_off()
+        ax.set_ylabel(label, fontsize=7.5)
+        _style(ax)
+    spread = summary[0]["spread_over"] if summary else "seeds"
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=6.5, frameon=False)
+    fig.suptitle(f"{title}   (mean ± s.d. over {spread})", fontsize=7.5)
+    return _save(fig, path)
+
+
+def _dodge(v: float, i: int, n: int, xs: list[float], x: str) -> float:
+    """Shift target ``i`` of ``n`` sideways so that error bars at one x do not overlap."""
+    step = (i - (n - 1) / 2) * 0.012
+    if x == "epsilon_requested":
+        span = math.log10(max(xs) / min(xs)) if len(xs) > 1 else 1.0
+        return v * 10 ** (step * span)
+    span = (max(xs) - min(xs)) if len(xs) > 1 else 1.0
+    return v + step * span
+
+
+def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: Path) -> list[Path]:
+    """Test accuracy against reconstruction PSNR at ``round``, colour = accounted ε (grey:
+    no ε), one marker per target; with audit results, a second panel sets the white-box
+    audit's ε lower bound against the accountant's ε for the same single release (points
+    above the diagonal refute the accounting)."""
+    from matplotlib import cm, colors
+    from matplotlib.figure import Figure
+
+    pts = [s for s in summary if s["round"] == round]
+    audited = [
+        s
+        for s in pts
+        if s["audit_epsilon_lo"] is not None
+        and s["audit_epsilon_upper"] is not None
+        and math.isfinite(s["audit_epsilon_upper"])
+    ]
+    targets = list(dict.fromkeys(s["target"] for s in pts))
+    style = _target_style(targets)
+    eps = [s["epsilon"] for s in pts if s["epsilon"] is not None]
+    norm = colors.LogNorm(min(eps) / 1.5, max(eps) * 1.5) if eps else None
+    cmap = cm.viridis
+    fig = Figure(figsize=(6.6 if audited else 4.4, 2.8), layout="constrained")
+    axes = fig.subplots(1, 2 if audited else 1, squeeze=False)[0]
+    ax = axes[0]
+    for s in pts:
+        _, marker = style[s["target"]]
+        c = "0.55" if s["epsilon"] is None else cmap(norm(s["epsilon"]))
+        ax.errorbar(
+            s["test_acc"],
+            s["psnr"],
+            xerr=s["test_acc_spread"] or None,
+            yerr=s["psnr_spread"],
+            fmt=marker,
+            color=c,
+            mec="black",
+            mew=0.4,
+            ms=5,
+            elinewidth=0.6,
+            capsize=1.5,
+        )
+    for t in targets:
+        _, marker = style[t]
+        ax.plot([], [], marker, color="white", mec="black", mew=0.6, label=t)
+    ax.set_xlabel("test accuracy (average model, last round)", fontsize=7.5)
+    ax.set_ylabel(f"reconstruction PSNR (dB), round {round}", fontsize=7.5)
+    ax.legend(fontsize=6, frameon=False, loc="best")
+    _style(ax)
+    if norm is not None:
+        sm = cm.ScalarMappable(norm=norm, cmap=cmap)
+        cb = fig.colorbar(sm, ax=ax, pad=0.01, fraction=0.05)
+        ticks = sorted(set(eps))
+        cb.ax.minorticks_off()
+        cb.set_ticks(ticks, labels=[f"{e:.3g}" for e in ticks])
+        cb.set_label("accounted ε (grey: none)", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+    if audited:
+        ax2 = axes[1]
+        for s in audited:
+            color, marker = style[s["target"]]
+            ax2.plot(
+                s["audit_epsilon_upper"],
+                s["audit_epsilon_lo"],
+                marker,
+                color=color,
+                mec="black",
+                mew=0.4,
+                ms=5,
+                label=s["target"],
+            )
+        vals = [v for s in audited for v in (s["audit_epsilon_upper"], s["audit_epsilon_lo"])]
+        lim = [0.0, max(vals) * 1.15]
+        ax2.plot(lim, lim, color="0.6", lw=0.8, ls=":")
+        ax2.set_xlim(lim)
+        ax2.set_ylim(lim)
+        ax2.set_aspect("equal")
+        ax2.legend(fontsize=6, frameon=False, loc="upper left")
+        ax2.set_xlabel("accountant's ε, one release", fontsize=7.5)
+        ax2.set_ylabel("audited ε lower bound, one release", fontsize=7.5)
+        _style(ax2)
+    return _save(fig, path)
+
+
+def _slug(v: float | None) -> str:
+    return "inf" if v is None else f"{v:g}"
+
+
+def write_report(
+    rows: Sequence[dict[str, Any]], out: str | Path, load: Any
+) -> dict[str, list[Path]]:
+    """Every table and figure of a sweep into ``out``; ``load(dir)`` returns a cell's
+    tensors (:func:`privaudit.eval.sweeps.load_tensors`). Grids are drawn for the first
+    seed, one per (round, ε)."""
+    out = Path(out)
+    summary = summarize(rows)
+    written: dict[str, list[Path]] = {"tables": write_tables(rows, summary, out)}
+    rounds = sorted({r["round"] for r in rows})
+    eps_list = sorted({r["epsilon_requested"] for r in rows if r["epsilon_requested"]})
+    seed0 = rows[0]["seed"] if rows else 0
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    grids = []
+    for rnd in rounds:
+        for e in eps_list or [None]:
+            blocks = []
+            for t in targets:
+                r = next(
+                    (
+                        r
+                        for r in rows
+                        if r["target"] == t
+                        and r["round"] == rnd
+                        and r["seed"] == seed0
+                        and r["epsilon_requested"] in (e, None)
+                    ),
+                    None,
+                )
+                if r is None:
+                    continue
+                tens = load(Path(r["dir"]))
+                label = f"{t}\nε = {_eps(r['epsilon'])}"
+                blocks.append(
+                    (
+                        label,
+                        tens["truth"],
+                        tens["recon"],
+                        r["per_image"]["psnr"],
+                        r["per_image"]["ssim"],
+                    )
+                )
+            if blocks:
+                title = f"round {rnd} · target ε = {_slug(e)} · seed {seed0}"
+                grids += grid_figure(blocks, title, out / f"grid-r{rnd}-eps{_slug(e)}")
+    written["grids"] = grids
+    sweeps = []
+    if len(rounds) > 1:
+        for e in eps_list or [None]:
+            sub = [s for s in summary if s["epsilon_requested"] in (e, None)]
+            sweeps += sweep_figure(
+                sub,
+                "round",
+                {},
+                f"PSNR/SSIM vs round, target ε = {_slug(e)}",
+                out / f"sweep-round-eps{_slug(e)}",
+            )
+    if len(eps_list) > 1:
+        for rnd in rounds:
+            sweeps += sweep_figure(
+                summary,
+                "epsilon_requested",
+                {"round": rnd},
+                f"PSNR/SSIM vs ε, round {rnd}",
+                out / f"sweep-eps-r{rnd}",
+            )
+    written["sweeps"] = sweeps
+    written["privacy_utility"] = privacy_utility_figure(
+        summary, rounds[-1], out / f"privacy-utility-r{rounds[-1]}"
+    )
+    return written

@@ -1,0 +1,380 @@
+"""Plan, run and cache a comparison sweep: targets × attacked rounds × ε × seeds.
+
+One training run per (defense, ε, seed), trained once to the largest round any of its
+targets needs and kept under ``OUT/runs/``; one attack per (target, round, ε, seed), cached
+under ``OUT/results/`` as ``result.json`` (scores) beside ``recon.safetensors`` (the true
+and the matched reconstructed images, for the figures). Both paths end in a hash of
+everything that determines their content, so re-running the same sweep reuses every
+finished run and result (and reproduces the same numbers), an interrupted sweep resumes
+where it stopped, and sweeps with other settings can share one ``OUT``.
+
+A defense that adds no accountable noise (``releases_per_round == 0``: dsgd, nd, lppa,
+adad2p, …) has no ε: it is run once per seed and reported with ε = ∞ at every ε.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privaudit.config import RunConfig
+from privaudit.errors import PrivauditError
+from privaudit.messages import CaptureSpec
+from privaudit.rundir import atomic_write, write_json
+from privaudit.targets import parse_target
+from privaudit.topology import build_topology
+
+from .metrics import from_jsonable, to_jsonable
+
+__all__ = ["Sweep", "Cell", "plan", "execute", "run_dir", "result_dir"]
+
+RESULT_VERSION = 1  # bump when the content of a cached result changes
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One attack: ``target``'s message of ``round`` in the run of (ε, seed)."""
+
+    target: str
+    round: int
+    epsilon: float | None  # None: the defense adds no accountable noise (ε = ∞)
+    seed: int
+
+
+@dataclass
+class Sweep:
+    """Everything a comparison varies and fixes.
+
+    ``base``: the training configuration shared by every run (its ``defense``, ``rounds``,
+    ``epsilon`` and ``seed`` are set per run; its ``topology`` is replaced by a defense's
+    own graph when the defense needs one, e.g. the push-sum defenses' exponential graph).
+    ``victims``: agents ``0 .. victims−1`` are attacked in every cell (one Observation each,
+    as ``privaudit attack --victim``); ``threat=None`` lets each target use the weakest
+    adversary that observes it (:func:`privaudit.pipeline.observe`).
+    ``audit``: also run the white-box canary audit (:mod:`privaudit.eval.audit`) of each
+    noised target at its largest round, for an empirical ε lower bound.
+    """
+
+    targets: list[str]
+    rounds: list[int]
+    epsilons: list[float]
+    seeds: list[int]
+    base: RunConfig = field(default_factory=RunConfig)
+    threat: str | None = None
+    victims: int = 4
+    attack: str | None = None
+    iterations: int | None = None
+    attack_options: dict[str, Any] = field(default_factory=dict)
+    lpips: bool = False
+    audit: bool = False
+    audit_trials: int | None = None
+
+    def validate(self) -> Sweep:
+        if not self.targets:
+            raise PrivauditError("--targets is empty; name at least one (privaudit targets)")
+        for t in self.targets:
+            parse_target(t)
+        if len(set(self.targets)) != len(self.targets):
+            raise PrivauditError("--targets names a target twice; list each once")
+        if not self.rounds or min(self.rounds) < 1:
+            raise PrivauditError(f"--rounds must be ≥ 1, got {self.rounds}")
+        if not self.epsilons or min(self.epsilons) <= 0:
+            raise PrivauditError(f"--epsilons must be > 0, got {self.epsilons}")
+        if not self.seeds:
+            raise PrivauditError("--seeds is empty; give at least one seed")
+        if not 1 <= self.victims <= self.base.agents:
+            raise PrivauditError(
+                f"--victims must be 1..{self.base.agents} (at most --agents), got {self.victims}"
+            )
+        if self.base.sigma is not None:
+            raise PrivauditError("a sweep sets σ from --epsilons; --sigma is not supported here")
+        return self
+
+
+def _digest(obj: Any) -> str:
+    text = json.dumps(to_jsonable(obj), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def noised(defense_name: str, topology: str, agents: int) -> bool:
+    """Whether the defense's ε is accounted (it makes noised releases of a batch)."""
+    from privaudit.defenses import get_defense
+
+    d = get_defense(defense_name)
+    return d.releases_per_round(build_topology(topology, agents)) > 0
+
+
+def _topology(sweep: Sweep, defense: str) -> str:
+    from privaudit.defenses import get_defense
+
+    own = get_defense(defense).topology
+    return own if own and sweep.base.topology == RunConfig.topology else sweep.base.topology
+
+
+def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], list[Cell]]:
+    """The runs ``{(defense, ε or None, seed): RunConfig}`` and the cells to attack."""
+    sweep.validate()
+    by_defense: dict[str, list[str]] = {}
+    for t in sweep.targets:
+        by_defense.setdefault(parse_target(t)[0].name, []).append(t)
+    runs: dict[tuple[str, float | None, int], RunConfig] = {}
+    cells: list[Cell] = []
+    n = sweep.base.agents
+    for name, targets in by_defense.items():
+        topo = _topology(sweep, name)
+        need = max(
+            max(parse_target(t)[0].rounds_needed(parse_target(t)[1], r, n))
+            for t in targets
+            for r in sweep.rounds
+        )
+        eps_list: Sequence[float | None] = sweep.epsilons if noised(name, topo, n) else [None]
+        for eps in eps_list:
+            for seed in sweep.seeds:
+                runs[(name, eps, seed)] = dataclasses.replace(
+                    sweep.base,
+                    defense=name,
+                    rounds=need,
+                    topology=topo,
+                    epsilon=eps,
+                    sigma=None if eps is not None else sweep.base.sigma,
+                    seed=seed,
+                ).validate()
+                cells += [Cell(t, r, eps, seed) for t in targets for r in sweep.rounds]
+    return runs, cells
+
+
+def _eps_tag(eps: float | None) -> str:
+    return "inf" if eps is None else f"{eps:g}"
+
+
+def run_dir(out: Path, cfg: RunConfig) -> Path:
+    """``OUT/runs/<defense>-eps<ε>-seed<s>-<hash of the run's identity>``."""
+    tag = _eps_tag(cfg.epsilon) if cfg.sigma is None else f"sigma{cfg.sigma:g}"
+    return out / "runs" / f"{cfg.defense}-eps{tag}-seed{cfg.seed}-{_digest(cfg.identity())}"
+
+
+def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
+    return {
+        "version": RESULT_VERSION,
+        "run": cfg.identity(),
+        "target": cell.target,
+        "round": cell.round,
+        "threat": sweep.threat,
+        "victims": sweep.victims,
+        "attack": sweep.attack,
+        "iterations": sweep.iterations,
+        "options": sweep.attack_options,
+        "lpips": sweep.lpips,
+    }
+
+
+def result_dir(out: Path, sweep: Sweep, cell: Cell, cfg: RunConfig) -> Path:
+    """``OUT/results/<target>/r<round>-eps<ε>-seed<s>-<hash of run + attack settings>``."""
+    key = _digest(_attack_key(sweep, cell, cfg))
+    name = f"r{cell.round}-eps{_eps_tag(cell.epsilon)}-seed{cell.seed}-{key}"
+    return out / "results" / cell.target / name
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        return from_jsonable(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError) as e:
+        raise PrivauditError(f"{path} is unreadable ({e}); delete it to recompute") from None
+
+
+def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dict, dict]:
+    """Attack one cell: observe each victim's message, invert all as one batch, score.
+
+    Returns the result (the fields of :func:`privaudit.pipeline.attack`'s, plus per-image
+    scores) and the tensors for the figures (truth and matched reconstructions)."""
+    from privaudit.attacks import DEFAULT_ATTACK, run_attack
+    from privaudit.pipeline import observe
+
+    from .metrics import aggregate, score
+
+    name = sweep.attack or DEFAULT_ATTACK
+    victims = list(range(sweep.victims))
+    obs = observe(
+        run, cell.target, cell.round, threat=sweep.threat, victims=victims, progress=progress
+    )
+    kw = {"iterations": sweep.iterations} if sweep.iterations is not None else {}
+    kw.update(sweep.attack_options)
+    dev = run.ctx.device
+    recons = run_attack(name, [o.to(dev) for o in obs], seed=cell.seed, progress=progress, **kw)
+    truths = [run.secret_batch(cell.round, o.meta["src"]) for o in obs]
+    scores = [
+        score(ti, tl, r.images.detach().cpu(), r.labels.cpu(), lpips=sweep.lpips)
+        for (ti, tl), r in zip(truths, recons, strict=True)
+    ]
+    summary = aggregate(scores)
+    eps = run.resolved["epsilon"]
+    metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
+    result = {
+        "target": cell.target,
+        "round": cell.round,
+        "seed": cell.seed,
+        "epsilon_requested": cell.epsilon,
+        "epsilon": eps if math.isfinite(eps) else None,
+        "delta": run.cfg.delta,
+        "sigma": run.resolved["sigma"],
+        "attack": name,
+        "attack_options": {**kw, "seed": cell.seed},
+        "threat": obs[0].meta["threat"].split()[0],
+        "adversaries": [o.meta["threat"] for o in obs],
+        "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
+        "batch_size": run.cfg.batch_size,
+        "metrics": {m: summary[m]["mean"] for m in metrics},
+        "spread": {m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
+        "lpips_note": summary["lpips_note"],
+        "per_observation": [{m: s[m] for m in metrics} for s in scores],
+        "per_image": {
+            m: sum((list(s["per_image"][m] or []) for s in scores), []) for m in ("psnr", "ssim")
+        },
+        "run": str(run.dir.path),
+    }
+    tensors = {
+        "truth": torch.cat([t for t, _ in truths]).contiguous(),
+        "truth_labels": torch.cat([lab for _, lab in truths]).contiguous(),
+        "recon": torch.cat(
+            [r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores, strict=True)]
+        ).contiguous(),
+    }
+    return result, tensors
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path / "recon.safetensors"))
+    except Exception as e:  # a truncated or foreign file
+        raise PrivauditError(f"{path / 'recon.safetensors'} is unreadable ({e}); delete it") from e
+
+
+def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    atomic_write(path / "recon.safetensors", lambda tmp: save_file(tensors, tmp))
+
+
+def execute(
+    sweep: Sweep,
+    out: str | Path,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Train what is missing, attack every cell not cached, and return one row per cell:
+    the cached result plus ``dir`` (its folder), ``test_acc`` (the run's average model at
+    its last round) and, with ``sweep.audit``, ``audit_epsilon_lo``.
+
+    Interrupting loses at most the cell in progress; the same call resumes."""
+    from rich.console import Console
+
+    from privaudit.data import load_dataset
+    from privaudit.simulator import Run
+
+    out = Path(out)
+    runs, cells = plan(sweep)
+    b = sweep.base
+    load_dataset(b.dataset, root=b.data_root, download=b.download)  # fail before any work
+    console = Console(stderr=True, highlight=False)
+    say = log or (console.print if progress else (lambda s: None))
+    rows: list[dict[str, Any]] = []
+    for (defense, eps, seed), cfg in runs.items():
+        mine = [
+            c
+            for c in cells
+            if (parse_target(c.target)[0].name, c.epsilon, c.seed) == (defense, eps, seed)
+        ]
+        rdir = run_dir(out, cfg)
+        todo = [c for c in mine if not (result_dir(out, sweep, c, cfg) / "result.json").exists()]
+        acc_path = rdir.with_name(rdir.name + ".accuracy.json")
+        run = None
+        if todo or not acc_path.exists():
+            say(
+                f"[{len(rows)}/{len(cells)}] {defense} ε={_eps_tag(eps)} seed {seed}: "
+                f"train to round {cfg.rounds} in {rdir}"
+            )
+            run = Run.create(cfg, rdir)
+            rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
+            finished = cfg.rounds in run.dir.checkpoint_rounds()  # else capture while training
+            capture = None if finished else CaptureSpec.of(rounds=rounds)
+            state = run.train(capture=capture, progress=progress)
+            if not acc_path.exists():
+                acc = run.test_accuracy(state)
+                write_json(acc_path, {"test_acc": acc, "round": cfg.rounds})
+        test_acc = _load_json(acc_path)["test_acc"]
+        done: list[dict[str, Any]] = []
+        for c in mine:
+            rd = result_dir(out, sweep, c, cfg)
+            if not (rd / "result.json").exists():
+                assert run is not None
+                result, tensors = attack_cell(run, sweep, c, progress)
+                result["key"] = _attack_key(sweep, c, cfg)
+                _save_tensors(rd, tensors)
+                write_json(rd / "result.json", to_jsonable(result))  # last: marks it done
+                say(
+                    f"[{len(rows) + len(done) + 1}/{len(cells)}] {c.target} round {c.round} "
+                    f"ε={_eps_tag(eps)} seed {seed}: PSNR {result['metrics']['psnr']:.2f} dB, "
+                    f"SSIM {result['metrics']['ssim']:.3f} ({result['threat']})"
+                )
+            row = _load_json(rd / "result.json")
+            row.update(dir=str(rd), test_acc=test_acc)
+            done.append(row)
+        if sweep.audit and eps is not None:
+            _audit(sweep, cfg, rdir, done, progress)
+        rows += done
+    return rows
+
+
+def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
+    d, kind = parse_target(cell.target)
+    return [t for t in d.rounds_needed(kind, cell.round, cfg.agents) if t >= 1]
+
+
+def _audit(
+    sweep: Sweep,
+    cfg: RunConfig,
+    rdir: Path,
+    rows: list[dict[str, Any]],
+    progress: bool,
+) -> None:
+    """White-box canary audit of each target of this run at its largest attacked round
+    (cached beside the run). Its ε lower bound and the accountant's ε for the same single
+    release (the comparable upper bound: one round, sample rate 1) go into every row of this
+    run and target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
+    from privaudit.simulator import Run
+
+    from .audit import audit
+
+    for target in sorted({r["target"] for r in rows}):
+        r = max(row["round"] for row in rows if row["target"] == target)
+        key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 2}
+        path = rdir.with_name(f"{rdir.name}.audit-{target}-{_digest(key)}.json")
+        if not path.exists():
+            kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
+            res = audit(Run.create(cfg, rdir), target, "white-box", r, progress=progress, **kw)
+            write_json(
+                path,
+                to_jsonable(
+                    {
+                        "key": key,
+                        "epsilon_lo": res["epsilon_lo"],
+                        "epsilon_upper": res["upper"]["accountant"],
+                        "verdict": res["verdict"],
+                    }
+                ),
+            )
+        found = _load_json(path)
+        for row in rows:
+            if row["target"] == target:
+                row["audit_epsilon_lo"] = found["epsilon_lo"]
+                row["audit_epsilon_upper"] = found["epsilon_upper"]

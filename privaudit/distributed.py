@@ -1,0 +1,363 @@
+"""The torch.distributed engine: one process (rank) per agent, the tap on the wire.
+
+Rank r holds agent r and runs the *same* defense code as the simulator (DESIGN.md, "One
+defense, two engines"): :meth:`privaudit.simulator.Run._simulate` drives the rounds, the
+defense computes over one agent's rows, and :class:`DistNetwork` moves each per-out-edge row
+to its receiver with point-to-point ``isend``/``irecv`` (gloo on CPU, nccl on GPU). Its tap
+records every message where it arrives, on the receiving rank, so each message is recorded
+once, as it came off the wire.
+
+Same seed → same messages: agent r's generator is seeded as in the simulator
+(:func:`privaudit.defenses.base.agent_seed`) and draws the same batches and noise in the same
+order, and a receiver sums its incoming rows in the same (global link) order. Float results
+agree with the simulator to rounding, not bit for bit: the simulator evaluates the gradients
+of all N agents in one ``vmap`` and a rank those of one agent, and oneDNN picks its
+convolution kernels by batch shape, so the last bits of a gradient can differ (≈1e-7
+relative); batches, noise draws and anything not computed from a gradient are identical.
+
+Run directory. Every rank writes its secrets, captured messages and checkpoint rows, in the
+simulator's file format, into its own shard ``RUN/shards/rank-NNNNN/``; at every checkpoint
+round all ranks meet at a barrier and rank 0 merges the shards into the ordinary files
+(``RUN/messages``, ``RUN/secrets``, ``RUN/checkpoints``), then removes them. A distributed run
+directory is therefore a simulator run directory: ``privaudit attack --run`` and
+:meth:`Run.messages` (which re-simulates rounds that were not captured) work unchanged, and a
+run started on one engine resumes on the other. Multi-node runs need ``--out`` on a
+filesystem every node shares.
+
+Failure. The process group has a timeout (``--dist-timeout``), so a rank waiting for a peer
+that died raises instead of hanging; the launcher stops every rank as soon as one fails and
+reports which rank failed (:func:`describe_failure`). Nothing after the last merged
+checkpoint is lost that cannot be recomputed: the same command resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .config import RunConfig
+from .errors import PrivauditError
+from .messages import CaptureSpec, Tap
+from .network import Links, Network
+from .rundir import RunDir
+
+DEFAULT_TIMEOUT_S = 300.0  # seconds a rank waits for a peer before it calls the peer lost
+# imported once by the fork server that starts the ranks: privaudit, the embedded dataset's
+# readers, and torch._dynamo, which torch.func's first vmap(grad) imports (seconds per rank)
+PRELOAD = [
+    "privaudit.distributed",
+    "privaudit.simulator",
+    "skimage.io",
+    "skimage.transform",
+    "torch._dynamo",
+]
+LOST = "lost rank"  # marks a failure caused by another rank's failure
+
+
+class PeerLost(PrivauditError):
+    """A rank's point-to-point operation with a peer failed or timed out."""
+
+
+class DistNetwork(Network):
+    """One agent per rank; ``send`` is a batch of ``isend``/``irecv`` with the neighbours.
+
+    Every rank calls ``send`` in the same sequence (the defense code is the same), so the
+    call count is a tag shared by both ends of a link. ``stage_cpu`` moves CUDA rows through
+    CPU buffers when the backend cannot (gloo with several ranks on one GPU)."""
+
+    def __init__(
+        self,
+        adj: Tensor,
+        W: Tensor,
+        rank: int,
+        tap: Tap | None = None,
+        device: torch.device | str = "cpu",
+        stage_cpu: bool = False,
+    ):
+        super().__init__(adj, W, [rank], tap, device)
+        self.rank = rank
+        self.calls = 0
+        self.stage_cpu = stage_cpu
+
+    def _transfer(self, kind: str, per_out_edge: Tensor, links: Links) -> Tensor:
+        self.calls += 1
+        wire = torch.device("cpu") if self.stage_cpu else per_out_edge.device
+        out = per_out_edge.detach().to(wire).contiguous()
+        received = torch.empty((len(links.in_edges), *out.shape[1:]), dtype=out.dtype, device=wire)
+        ops = [
+            dist.P2POp(dist.isend, out[e], peer, tag=self.calls)
+            for e, peer in enumerate(links.out_dst.tolist())
+        ]
+        ops += [
+            dist.P2POp(dist.irecv, received[e], peer, tag=self.calls)
+            for e, peer in enumerate(links.in_src.tolist())
+        ]
+        if ops:
+            works = dist.batch_isend_irecv(ops)
+            for op, work in zip(ops, works, strict=True):
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    first = str(exc).strip().splitlines()[0][:200]
+                    raise PeerLost(
+                        f"rank {self.rank} {LOST} {op.peer}: the {kind} message of round "
+                        f"{self.round} did not get through ({first})"
+                    ) from None
+        received = received.to(per_out_edge.device)
+        self.tap.record(self.round, kind, list(links.in_edges), received)
+        return received
+
+
+# -- the run directory: per-rank shards, merged by rank 0 ------------------------------------
+def shard(rd: RunDir, rank: int) -> RunDir:
+    """Rank ``rank``'s shard of the run directory (the same layout, its agent's rows only)."""
+    return RunDir(rd.path / "shards" / f"rank-{rank:05d}")
+
+
+def merge_shards(rd: RunDir, ranks: int, upto: int) -> None:
+    """Merge the shards' files of rounds ≤ ``upto`` into ``rd`` and delete them.
+
+    Messages are unioned (with the links each rank tapped); secrets and checkpoint rows are
+    stacked in agent order (0-dim state is shared: rank 0's is kept); RNG states are per
+    agent already. A round is merged only once every rank has written its file, so a shard
+    left by a killed rank waits for the rerun that overwrites it."""
+    shards = [shard(rd, r) for r in range(ranks)]
+
+    def complete(what: str) -> list[int]:
+        sets = [set(s._rounds(what)) for s in shards]
+        return sorted(t for t in set.intersection(*sets) if t <= upto)
+
+    for t in complete("messages"):
+        msgs, links = {}, set()
+        for s in shards:
+            msgs.update(s.load_messages(t))
+            links.update(s.captured_links(t))
+        rd.save_messages(t, msgs, links)
+    for t in complete("secrets"):
+        parts = [s.load_secrets(t) for s in shards]
+        rd.save_secrets(t, {k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+    for t in complete("checkpoints"):
+        parts = [s.load_checkpoint(t) for s in shards]
+        blob: dict[str, Tensor] = {}
+        for k, v in parts[0].items():
+            if k.startswith("rng."):
+                continue
+            blob[k] = v if v.dim() == 0 else torch.cat([p[k] for p in parts])
+        for p in parts:
+            blob.update({k: v for k, v in p.items() if k.startswith("rng.")})
+        rd.save_checkpoint(t, blob)
+    for what in ("messages", "secrets", "checkpoints"):
+        for t in complete(what):
+            for s in shards:
+                s._file(what, t).unlink(missing_ok=True)
+
+
+# -- one rank -------------------------------------------------------------------------------
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        raise PrivauditError(
+            f"{name} is not set: run this under torchrun or privaudit train "
+            "--backend torch.distributed"
+        ) from None
+
+
+def rank() -> int:
+    """This process's rank (0 outside a launcher)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def under_launcher() -> bool:
+    """Whether this process is a rank started by torchrun / torch.distributed's launcher."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def _device_and_backend(device: str, local_rank: int, local_world: int) -> tuple[str, str, bool]:
+    """(device, backend, stage through CPU): gloo on CPU; nccl with one GPU per rank; gloo
+    through CPU buffers when a node has fewer GPUs than ranks (nccl cannot share a GPU)."""
+    if not device.startswith("cuda"):
+        return "cpu", "gloo", False
+    if not torch.cuda.is_available():
+        raise PrivauditError(
+            "--device cuda was asked for but CUDA is not available; use --device cpu"
+        )
+    gpus = torch.cuda.device_count()
+    if gpus >= local_world:
+        return f"cuda:{local_rank}", "nccl", False
+    return f"cuda:{local_rank % gpus}", "gloo", True
+
+
+def train_rank(
+    cfg: RunConfig,
+    out: str | Path,
+    capture: CaptureSpec | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: bool = True,
+) -> None:
+    """Run this process's rank of ``cfg`` to its last round (resuming from the last merged
+    checkpoint); rank 0 creates the run directory and merges the shards."""
+    from .simulator import Run
+
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world != cfg.agents:
+        raise PrivauditError(
+            f"{world} ranks for {cfg.agents} agents: the distributed backend runs one process "
+            f"per agent; start {cfg.agents} ranks (--nproc {cfg.agents})"
+        )
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    device, backend, stage = _device_and_backend(cfg.device, local_rank, local_world)
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    try:
+        if rank == 0:
+            Run.create(cfg, out)
+        dist.barrier()
+        run = Run.open(out, agents=[rank], device=device)
+        store = shard(run.dir, rank)
+        store.path.mkdir(parents=True, exist_ok=True)
+        (store.path / "pid").write_text(f"{os.getpid()}\n")  # which process is this rank
+        until = run.check_until(None)
+        start = [run.start_round(until, capture)]
+        dist.broadcast_object_list(start, src=0)  # every rank resumes from the same round
+        state = run._restore(start[0])
+        if start[0] < until:
+            tap = Tap(capture or CaptureSpec(rounds=frozenset()))
+            net = DistNetwork(run.ctx.adj, run.ctx.W, rank, tap, device, stage)
+
+            def merge(t: int) -> None:
+                dist.barrier()
+                if rank == 0:
+                    merge_shards(run.dir, world, t)
+
+            run._simulate(state, start[0], until, net, progress and rank == 0, store, merge)
+        dist.barrier()
+        if rank == 0:
+            merge_shards(run.dir, world, until)
+            shutil.rmtree(run.dir.path / "shards", ignore_errors=True)  # all merged
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(cfg_json: str, out: str, rounds: list[int] | None, timeout_s: float, progress: bool):
+    """The launcher's entry point (one call per rank); errors go to the launcher's report."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    capture = None if rounds is None else CaptureSpec.of(rounds=rounds)
+    cfg = RunConfig.from_dict(json.loads(cfg_json))
+    record(train_rank)(cfg, out, capture, timeout_s, progress)
+
+
+# -- the launcher -----------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    cfg: RunConfig,
+    out: str | Path,
+    nproc: int | None = None,
+    capture: CaptureSpec | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: bool = True,
+) -> None:
+    """Start one rank per agent on this machine (torch.distributed's launcher API) and train
+    ``cfg`` to its last round; a failed rank stops all and raises one clear error."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .simulator import Run
+
+    nproc = cfg.agents if nproc is None else nproc
+    if nproc != cfg.agents:
+        raise PrivauditError(
+            f"--nproc {nproc} with --agents {cfg.agents}: the distributed backend runs one "
+            f"process per agent; use --nproc {cfg.agents}"
+        )
+    if not timeout_s > 0:
+        raise PrivauditError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    Run.create(cfg, out)  # config errors surface here, before any process starts
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"privaudit-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        max_restarts=0,
+        monitor_interval=0.1,
+        # a fork server started clean, with privaudit imported once, forks the ranks: they
+        # start in a fraction of spawn's time, and never inherit the locks of this
+        # (threaded) process as plain fork would
+        start_method="forkserver",
+    )
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    rounds = None if capture is None or capture.rounds is None else sorted(capture.rounds)
+    quiet = logging.getLogger("torch.distributed.elastic")  # its report becomes one line
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        elastic_launch(lc, _worker)(cfg.to_json(), str(out), rounds, timeout_s, progress)
+    except ChildFailedError as e:
+        raise PrivauditError(describe_failure(e.failures, RunDir(out))) from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _message(failure: Any) -> str:
+    m = failure.message
+    if isinstance(m, dict):
+        m = m.get("message", "")
+    m = str(m or "").strip()
+    return "" if m.startswith("To enable traceback") else m  # no error file: nothing said
+
+
+def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
+    """One line for the launcher's failure report: the rank that caused it (killed by a
+    signal other than the launcher's SIGTERM, else failed on its own, else named lost by its
+    neighbours), what happened to it, and where the run resumes."""
+
+    def signal(f: Any) -> str:
+        return f.signal_name() if f.exitcode < 0 else ""
+
+    killed = [r for r, f in failures.items() if signal(f) not in ("", "SIGTERM")]
+    own = [r for r, f in failures.items() if _message(f) and LOST not in _message(f)]
+    named = sorted(
+        {int(_message(f).split(LOST, 1)[1].split()[0].rstrip(":")) for f in failures.values()}
+        if any(LOST in _message(f) for f in failures.values())
+        else set()
+    )
+    culprit = (killed or own or named or sorted(failures))[0]
+    f = failures.get(culprit)
+    if f is None:
+        how = "stopped responding"
+    elif signal(f):
+        how = f"was killed by {signal(f)}"
+    elif _message(f):
+        how = f"failed: {_message(f).splitlines()[-1]}"
+    else:
+        how = f"exited with code {f.exitcode}"
+    last = max(rd.checkpoint_rounds(), default=0)
+    resume = f"round {last}" if last else "the start"
+    return (
+        f"rank {culprit} (agent {culprit}) {how}; the other ranks were stopped. "
+        f"Run the same command again to resume from {resume} (the last checkpoint)"
+    )

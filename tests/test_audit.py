@@ -1,0 +1,176 @@
+"""Accounting per defense, the ε lower-bound estimators, and the canary audit end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from privaudit.cli import main
+from privaudit.config import RunConfig
+from privaudit.defenses import DEFENSES, get_defense
+from privaudit.defenses.base import params_of
+from privaudit.defenses.dp_dpsgd import DPDPSGD
+from privaudit.eval import bounds
+from privaudit.eval.accounting import account, release_epsilon
+from privaudit.eval.audit import audit, verdict
+from privaudit.simulator import Run
+from privaudit.topology import build_topology, metropolis_hastings
+
+W_RING = metropolis_hastings(build_topology("ring", 6)).double()
+
+
+# -- accounting facts per defense ---------------------------------------------------------------
+def _privacy(name: str, kind: str, **params):
+    d = get_defense(name)
+    return d.privacy(params_of(d.Params, params), kind, W_RING)
+
+
+def test_gaussian_channels_count_every_release() -> None:
+    cg = _privacy("dpdl", "cg", sigma=1.5)
+    assert cg.formal and cg.noise_multiplier == 1.5 and cg.releases == 2  # ring: 2 neighbours
+    assert not _privacy("dpdl", "mm", sigma=1.5).formal  # un-noised self-gradient
+    pdsl = _privacy("pdsl", "cg", sigma=1.5)
+    assert pdsl.noise_multiplier == 0.75 and pdsl.claimed_multiplier == 1.5  # flat clip: 2C
+    assert pdsl.releases == 3 and pdsl.clip_unit == "batch"
+    assert _privacy("dp-dpsgd", "half-model", sigma=1.0).releases == 1
+
+
+def test_no_formal_dp_says_why() -> None:
+    ada = _privacy("adad2p", "half-model")
+    assert not ada.formal and "data" in ada.reason
+    lppa = _privacy("lppa", "gt")
+    assert not lppa.formal and lppa.mechanism == "laplace"
+    assert lppa.paper_epsilon(1e-5, 0.1) == pytest.approx(0.1 / (math.sqrt(2) * 0.025))
+    assert not _privacy("constd2p", "half-model", sigma=1.0).formal  # G assumed, not clipped
+    assert _privacy("dsgd", "half-model").mechanism == "none"
+    acc = account(_privacy("dsgd", "half-model"), 1e-5, 0.1, 10)
+    assert math.isinf(acc["release"]) and math.isinf(acc["run"])
+
+
+def test_pdsl_paper_rule_and_release_epsilon() -> None:
+    p = _privacy("pdsl", "cg", sigma=2.0)
+    # ring, MH weights 1/3: 2·(3 + 9)·√(2 ln 1.25e5) / ((1/3)·2·√27)
+    want = 2 * 12 * math.sqrt(2 * math.log(1.25e5)) / ((1 / 3) * 2.0 * math.sqrt(27))
+    assert p.paper_epsilon(1e-5, 0.0) == pytest.approx(want)
+    # one Gaussian release at σ = 2 is μ = 1/2 GDP; PRV agrees with the exact conversion
+    assert release_epsilon(2.0, 1e-5) == pytest.approx(bounds.gdp_epsilon(0.5, 1e-5), rel=0.01)
+
+
+# -- estimators ---------------------------------------------------------------------------------
+def test_clopper_pearson_and_gdp_on_known_gaussians() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1.0, 1.0, 3000), rng.normal(0.0, 1.0, 3000)
+    g = bounds.gdp_estimate(a, b, 1e-5, 0.95)
+    assert g["mu_lo"] < 1.0 < g["mu_hi"] and g["epsilon_lo"] < bounds.gdp_epsilon(1.0, 1e-5)
+    thr = bounds.best_threshold(a[:1500], b[:1500], 1e-5, 0.95)
+    cp = bounds.clopper_pearson_epsilon(a[1500:], b[1500:], thr, 1e-5, 0.95)
+    assert 0 < cp < bounds.gdp_epsilon(1.0, 1e-5)
+    same = bounds.gdp_estimate(rng.normal(size=2000), rng.normal(size=2000), 1e-5, 0.95)
+    assert same["epsilon_lo"] == 0.0
+
+
+def test_one_run_bound_is_the_binomial_tail_without_delta() -> None:
+    # δ = 0: p = P[Binomial(r, e^ε/(1+e^ε)) ≥ v]
+    p = bounds.one_run_p_value(100, 20, 18, 1.0, 0.0)
+    q = 1 / (1 + math.exp(-1.0))
+    assert p == pytest.approx(stats.binom.sf(17, 20, q))
+    assert bounds.one_run_p_value(100, 20, 18, 1.0, 1e-5) > p  # δ only adds
+    eps = bounds.one_run_epsilon(100, 20, 18, 0.0, 0.05)
+    assert bounds.one_run_p_value(100, 20, 18, eps, 0.0) == pytest.approx(0.05, abs=1e-3)
+    assert bounds.one_run_epsilon(100, 20, 10, 0.0, 0.05) == 0.0  # chance level: no bound
+
+
+def test_verdicts() -> None:
+    assert verdict(2.1, 2.0) == "violated"
+    assert verdict(1.8, 2.0) == "consistent"
+    assert verdict(0.5, 2.0) == "loose"
+    assert verdict(5.0, math.inf) == "no guarantee"
+
+
+# -- the white-box audit on the defenses' own round code ----------------------------------------
+class HalfNoiseDPSGD(DPDPSGD):
+    """Deliberately broken: the noise std is half of what its σ (and accounting) says."""
+
+    name = "dp-dpsgd-broken"
+
+    def round(self, ctx, p, state, net, batch):
+        return super().round(ctx, dataclasses.replace(p, sigma=p.sigma / 2), state, net, batch)
+
+
+@pytest.fixture
+def broken():
+    DEFENSES[HalfNoiseDPSGD.name] = HalfNoiseDPSGD()
+    yield HalfNoiseDPSGD.name
+    DEFENSES.pop(HalfNoiseDPSGD.name)
+
+
+def _run(tmp_path, defense: str, **kw) -> Run:
+    cfg = dict(defense=defense, rounds=1, agents=4, epsilon=None, sigma=2.0)
+    return Run.create(RunConfig(**{**cfg, **kw}), tmp_path / defense)
+
+
+def test_halved_noise_is_reported_violated(tmp_path, broken) -> None:
+    torch.manual_seed(0)
+    res = audit(_run(tmp_path, broken), f"{broken}-half-model", trials=1500, progress=False)
+    assert res["upper"]["accountant"] == pytest.approx(release_epsilon(2.0, 1e-5))
+    assert res["verdict"] == "violated", res["gdp"]
+    assert res["gdp"]["mu_lo"] > 0.5  # the accountant's μ = 1/σ; the broken one has 2/σ
+
+
+def test_correct_mechanism_is_tight_and_not_violated(tmp_path) -> None:
+    res = audit(_run(tmp_path, "dp-dpsgd"), "dp-dpsgd-half-model", trials=1500, progress=False)
+    up = res["upper"]["accountant"]
+    assert res["verdict"] != "violated"
+    assert 0.6 * up < res["epsilon_lo"] <= up
+    assert res["gdp"]["mu_lo"] < 0.5 < res["gdp"]["mu_hi"]  # the true μ = 1/σ is covered
+
+
+def test_flat_clip_audit_exceeds_the_runs_own_accounting(tmp_path) -> None:
+    """PDSL's batch clip has sensitivity 2C; the run accounts C: the audit shows it."""
+    res = audit(_run(tmp_path, "pdsl", sigma=4.0), "pdsl-cg", trials=1200, progress=False)
+    assert res["canary"]["kind"] == "opposite"
+    assert res["verdicts"]["run's accounting"] == "violated"
+    assert res["verdicts"]["accountant"] != "violated"
+
+
+def test_one_run_audit_on_a_short_run(tmp_path) -> None:
+    run = _run(tmp_path, "dp-dpsgd", rounds=12, sigma=0.2, batch_size=32)
+    res = audit(run, "dp-dpsgd-half-model", mode="one-run", trials=200, progress=False)
+    assert res["observed_rounds"] == 12 and res["trials"] == 200
+    assert 0 < res["epsilon_lo"] <= res["upper"]["accountant"]
+    assert res["verdict"] != "violated"
+
+
+# -- the command line ---------------------------------------------------------------------------
+TINY = ["--agents", "4", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--delta", "2"], "--delta must be in (0, 1)"),
+        (["--confidence", "1.5"], "--confidence must be in (0, 1)"),
+        (["--trials", "5"], "needs at least 32 trials"),
+        (["--mode", "one-run", "--trials", "3"], "needs at least 8 canaries"),
+        (["--mode", "blind"], "--mode must be white-box or one-run"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, args, needle) -> None:
+    code = main(["audit", "--target", "dpdl-cg", "--out", str(tmp_path), *TINY, *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and needle in err and len(err.splitlines()) == 1
+
+
+def test_no_noise_target_reports_infinite_upper(tmp_path, capsys) -> None:
+    out = tmp_path / "a"
+    code = main(
+        ["audit", "--target", "dsgd-half-model", "--trials", "64", "--out", str(out), *TINY]
+    )
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "ε upper = ∞" in text and "no guarantee" in text and (out / "audit.json").exists()

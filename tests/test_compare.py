@@ -1,0 +1,171 @@
+"""``privaudit compare`` and ``privaudit reproduce dpdl-table3`` on tiny configurations: the
+plan, the cache (reuse, resume, identical numbers), the outputs, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from privaudit.cli import main
+from privaudit.config import RunConfig
+from privaudit.eval.report import write_report
+from privaudit.eval.reproduce import PAPER_TABLE3, SCALE, format_table3, table3_rows
+from privaudit.eval.sweeps import Sweep, execute, load_tensors, plan
+
+TINY = ["--agents", "3", "--victims", "2", "--iterations", "3", "--no-progress"]
+ARGS = ["compare", "--targets", "nd-cg,dpdl-cg", "--rounds", "1,2", "--epsilons", "1", *TINY]
+
+
+def _mtimes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_plan_one_run_per_defense_eps_seed_and_none_for_noise_free():
+    targets = ["nd-cg", "dpdl-cg", "dpdl-mm"]
+    sweep = Sweep(targets, [1, 5], [1.0, 2.0], [0, 1], RunConfig(agents=3), victims=2)
+    runs, cells = plan(sweep)
+    # nd adds no noise: one run per seed, ε = None (∞); dpdl: one per (ε, seed)
+    assert sorted((d, e, s) for d, e, s in runs if d == "nd") == [("nd", None, 0), ("nd", None, 1)]
+    assert len([k for k in runs if k[0] == "dpdl"]) == 4
+    assert all(cfg.rounds == 5 for cfg in runs.values())  # trained once, to the largest round
+    assert len(cells) == 2 * 2 + 2 * 2 * 2 * 2  # nd: seeds × rounds; dpdl: 2 targets × ε × …
+    assert runs[("dpdl", 2.0, 1)].epsilon == 2.0 and runs[("nd", None, 0)].epsilon is None
+
+
+def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "| `dpdl-cg` | 2 |" in stdout and "| `nd-cg` | 1 | ∞ |" in stdout
+    for name in ("grid-r1-eps1", "grid-r2-eps1", "sweep-round-eps1", "privacy-utility-r2"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / f"{name}.pdf").read_bytes()[:5] == b"%PDF-"
+    cells = list(csv.DictReader((out / "cells.csv").open()))
+    assert [(c["target"], c["round"]) for c in cells] == [
+        ("nd-cg", "1"),
+        ("nd-cg", "2"),
+        ("dpdl-cg", "1"),
+        ("dpdl-cg", "2"),
+    ]
+    assert {c["epsilon_requested"] for c in cells} == {"inf", "1"}
+    dp = [c for c in cells if c["target"] == "dpdl-cg"]
+    assert all(abs(float(c["epsilon"]) - 1) < 0.05 and float(c["sigma"]) > 0 for c in dp)
+    assert all(c["victims"] == "2" and float(c["psnr"]) > 0 for c in cells)
+    assert (out / "summary.md").read_text().count("| `dpdl-cg` |") == 2
+    images = list(csv.DictReader((out / "images.csv").open()))
+    assert len(images) == 4 * 2  # one row per image shown under a grid (B = 1, 2 victims)
+    runs = sorted(p.name for p in (out / "runs").iterdir() if p.is_dir())
+    assert len(runs) == 2 and runs[0].startswith("dpdl-eps1-seed0-")
+
+    # the same arguments again: nothing is trained or attacked, the numbers are identical
+    runs_before = _mtimes(out / "runs")
+    before = runs_before | _mtimes(out / "results")
+    tables = {n: (out / n).read_bytes() for n in ("cells.csv", "summary.csv", "images.csv")}
+    assert main([*ARGS, "--out", str(out), "--figures", str(tmp_path / "figs")]) == 0
+    assert _mtimes(out / "runs") | _mtimes(out / "results") == before
+    assert {n: (out / n).read_bytes() for n in tables} == tables
+    figs = {p.name for p in (tmp_path / "figs").iterdir()}
+    assert {"grid-r2-eps1.png", "sweep-round-eps1.png", "summary.md"} <= figs
+    assert not any(name.endswith(".pdf") for name in figs)
+
+    # resume: a lost result is recomputed from the kept run, to the same numbers
+    lost = next((out / "results" / "dpdl-cg").glob("r2-*"))
+    old = json.loads((lost / "result.json").read_text())
+    shutil.rmtree(lost)
+    sweep = Sweep(
+        ["nd-cg", "dpdl-cg"],
+        [1, 2],
+        [1.0],
+        [0],
+        RunConfig(agents=3, batch_size=1),
+        victims=2,
+        iterations=3,
+    )  # the CLI's sweep, through the Python API
+    rows = execute(sweep, out, progress=False)
+    assert _mtimes(out / "runs") == runs_before  # nothing retrained
+    new = json.loads((lost / "result.json").read_text())
+    assert new["metrics"] == old["metrics"] and new["per_image"] == old["per_image"]
+    assert len(rows) == 4
+    capsys.readouterr()
+
+    # the ε sweep plot draws the noised targets against ε and the others as ε = ∞ lines
+    more = [
+        {**r, "epsilon_requested": e, "metrics": {**r["metrics"], "psnr": r["metrics"]["psnr"] + e}}
+        for r in rows
+        if r["target"] == "dpdl-cg"
+        for e in (2.0, 8.0)
+    ]
+    written = write_report(rows + more, out / "eps", load_tensors)
+    assert {p.name for p in written["sweeps"]} >= {"sweep-eps-r2.png", "sweep-eps-r2.pdf"}
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--targets", "nd-xx"], "unknown target 'nd-xx'"),
+        (["--victims", "4"], "--victims must be 1..3"),
+        (["--rounds", "0,2"], "--rounds must be ≥ 1"),
+        (["--rounds", "a"], "--rounds must be a comma-separated list"),
+        (["--sigma", "1"], "--sigma is not supported"),
+        (["--threat", "bogus"], "--threat must be one of"),
+    ],
+)
+def test_compare_bad_input_one_line(extra, message, tmp_path, capsys):
+    assert main([*ARGS, "--out", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("privaudit: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_reproduce_table3_plumbing_on_photos(tmp_path, capsys):
+    out = tmp_path / "t3"
+    argv = (
+        "reproduce dpdl-table3 --dataset photos --agents 4 --topologies ring --scenarios "
+        "nd-cg,dpdl-cg --rounds 2 --victims 1 --iterations 2 --batch-size 1 --no-progress"
+    ).split() + ["--out", str(out)]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "MSE paper" in stdout and "where they differ" in stdout
+    for sc in ("ND-CG", "DPDL-CG"):
+        assert f"ring   4  {sc}" in stdout
+    assert "ND-MM" not in stdout and "MSE↑" in stdout
+    assert "no paper column" in stdout  # the paper has no N = 4 column
+    assert (out / "table3.md").exists() and (out / "table3.json").exists()
+
+
+def test_reproduce_without_mnist_names_the_fix(tmp_path, capsys):
+    argv = "reproduce dpdl-table3 --agents 4 --no-progress".split()
+    argv += ["--data-root", str(tmp_path), "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--data-root" in err and "--download" in err and err.count("\n") == 1
+
+
+def _row(topo: str, n: int, target: str, values: dict[str, float]) -> dict:
+    return {
+        "topology": topo,
+        "agents": n,
+        "target": target,
+        "epsilon": 1.0,
+        "metrics": {m: v / SCALE[m] for m, v in values.items()},
+    }
+
+
+def test_table3_against_the_paper_numbers():
+    """Our numbers equal to the paper's: every row within tolerance, directions as the
+    paper's; swapping ND and DPDL flips every direction."""
+    scen = {"ND-CG": "nd-cg", "ND-MM": "nd-mm", "DPDL-CG": "dpdl-cg", "DPDL-MM": "dpdl-mm"}
+    rows = [_row("ring", 10, t, PAPER_TABLE3[("ring", 10, sc)]) for sc, t in scen.items()]
+    table = table3_rows(rows)
+    assert [r["scenario"] for r in table] == list(scen)
+    assert all(r["differs"] == "within tolerance" for r in table)
+    assert table[2]["direction"] == {"mse": True, "psnr": True, "ssim": True}
+    assert "ours 6/6 comparisons agree; the paper's own numbers 6/6" in format_table3(table)
+    swapped = {"nd-cg": "dpdl-cg", "dpdl-cg": "nd-cg", "nd-mm": "dpdl-mm", "dpdl-mm": "nd-mm"}
+    flipped = table3_rows([{**r, "target": swapped[r["target"]]} for r in rows])
+    assert all(v is False for r in flipped if r.get("direction") for v in r["direction"].values())
+    assert "PSNR" in flipped[0]["differs"]  # ND now carries DPDL's numbers: far from the paper
