@@ -6,7 +6,7 @@ accountant ε = E (opacus PRV, tight for a single Gaussian). The white-box audit
 round ``--trials`` times on the defense's own code and reports its lower bounds; the ratio
 lower / E is printed (the issue's bar: ≥ 0.8, and never above 1 beyond the CI).
 
-    python benchmarks/audit.py [--trials 12000 --agents 4]
+    python benchmarks/audit.py [--trials 40000 --agents 4]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ CHANNELS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=12000)
+    ap.add_argument("--trials", type=int, default=40000)
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--epsilons", default="1,2,4")
     ap.add_argument("--delta", type=float, default=1e-5)

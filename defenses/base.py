@@ -272,9 +272,7 @@ class Defense:
         ]
         if len(copies) <= 1:
             params, target = view.get(t, dst, src, "model"), view.get(t, src, dst, "cg")
-            return self.make_observation(
-                view, params, target, noise_std=noise_std, meta=meta, **kw
-            )
+            return self.make_observation(view, params, target, noise_std=noise_std, meta=meta, **kw)
         models = torch.stack([m for m, _ in copies])
         same = bool((models == models[0]).all())
         meta = {**meta, "copies": len(copies), "exact": meta.get("exact", True) and same}

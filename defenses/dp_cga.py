@@ -254,7 +254,6 @@ class DPCGA(Defense):
         """One noised cross-gradient per neighbour (the noised self-gradient is not counted)."""
         return int(adj.sum(1).max())
 
-
     def privacy(self, p: DPCGAParams, kind: str, W: Tensor) -> Privacy:
         """Flat batch clip (sensitivity 2C, multiplier σ/2); every message is built from
         noised values only, so each kind is post-processing of deg + 1 releases per round."""
@@ -271,11 +270,11 @@ class DPCGA(Defense):
             claimed_multiplier=p.sigma,
             paper="CGA has no DP analysis; no σ(ε) rule for DP-CGA in our sources",
             caveats=(
-                "flat batch clipping has add/remove sensitivity 2C; the run's accounting "
-                "assumes C",
+                "flat batch clipping has add/remove sensitivity 2C; the run's accounting assumes C",
                 "the noised self-gradient (through x̃) is a release the run's count leaves out",
             ),
         )
+
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]
@@ -307,9 +306,7 @@ class DPCGA(Defense):
         if kind == "model":
             return self.observe_model_step(view, t, src, dst)
         x_prev = view.get(t, src, dst, "model")
-        target, _ = self.momentum_step(
-            view, "half-model", t, src, dst, p["momentum"], mixed=False
-        )
+        target, _ = self.momentum_step(view, "half-model", t, src, dst, p["momentum"], mixed=False)
         w_self = float(view.public["W"][src, src])
         return self.make_observation(
             view,

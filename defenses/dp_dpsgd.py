@@ -76,7 +76,6 @@ class DPDPSGD(Defense):
         """One noised gradient per round, broadcast as the same x̃ to every neighbour."""
         return 1
 
-
     def privacy(self, p: DPDPSGDParams, kind: str, W: Tensor) -> Privacy:
         """One Gaussian release per round: per-example clip C, std σC on the clipped sum."""
         if p.sigma <= 0:
@@ -93,6 +92,7 @@ class DPDPSGD(Defense):
             paper="A(DP)²SGD's own σ(ε) rule is not in our sources (the DPDL and PDSL papers "
             "describe the baseline in one sentence)",
         )
+
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 

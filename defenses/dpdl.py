@@ -144,7 +144,6 @@ class DPDL(Defense):
         """One noised cross-gradient per neighbour per round, all of the same batch."""
         return int(adj.sum(1).max())
 
-
     def privacy(self, p: DPDLParams, kind: str, W: Tensor) -> Privacy:
         """``cg``: a Gaussian mechanism per neighbour and round (per-example clip C, std σC
         on the clipped sum, sensitivity C). Every other kind carries the un-noised ĝ^{ii}."""
@@ -173,8 +172,13 @@ class DPDL(Defense):
         return Privacy(
             **common,
             formal=False,
-            reason="carries the clipped but un-noised self-gradient ĝ^{ii} (eqs. 14, 17–20)",
+            reason="an extra release per round that the paper does not count: the clipped, "
+            "un-noised self-gradient ĝ^{ii} enters g̃^i with weight coef_ii + α Σ_j w_ij C^{ij} "
+            "against only the self pair's noise coef_ii·σC/B (eqs. 14, 17–20; a global "
+            "observer subtracts every other term), and the calibration weight C^{ij} is a "
+            "function of the data whose effect does not shrink with B — no finite ε is claimed",
         )
+
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]

@@ -150,7 +150,6 @@ class Muffliato(Defense):
         """y^0 is the one noised release per round; later gossip steps post-process it."""
         return 1
 
-
     def privacy(self, p: MuffliatoParams, kind: str, W: Tensor) -> Privacy:
         """Gaussian with std σs, s = ηG resting on an assumed, unenforced bound G."""
         if p.noise_std <= 0:
@@ -160,12 +159,12 @@ class Muffliato(Defense):
             noise_multiplier=p.sigma,
             releases=1,
             formal=False,
-            reason="no clipping: the sensitivity ηG rests on an assumed, unenforced bound "
-            "‖∇F‖ ≤ G",
+            reason="no clipping: the sensitivity ηG rests on an assumed, unenforced bound ‖∇F‖ ≤ G",
             claimed_multiplier=p.sigma,
             paper="pairwise network DP with amplification by gossip (Cyffers et al. 2022); "
             "its constants are not in our sources",
         )
+
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 

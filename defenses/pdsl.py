@@ -340,7 +340,6 @@ class PDSL(Defense):
         neighbour plus ĝ_{i,i} (sent inside û_i), all of the same batch."""
         return int(adj.sum(1).max()) + 1
 
-
     def privacy(self, p: PDSLParams, kind: str, W: Tensor) -> Privacy:
         """Flat batch clip: adding one example moves the clipped mean by up to 2C, so the
         std σC is a multiplier σ/2 (the run's accounting assumes σ). ``mm``/``half-model``/
@@ -360,8 +359,7 @@ class PDSL(Defense):
             "largest value)",
             paper_epsilon=lambda delta, impact: theorem1_epsilon(p.sigma, W, delta),
             caveats=(
-                "flat batch clipping has add/remove sensitivity 2C; the run's accounting "
-                "assumes C",
+                "flat batch clipping has add/remove sensitivity 2C; the run's accounting assumes C",
             ),
         )
         if kind == "cg":
@@ -373,9 +371,9 @@ class PDSL(Defense):
         return Privacy(
             **common,
             formal=False,
-            reason="π is an un-noised function of agent i's private validation split "
-            "(eqs. 16–20)",
+            reason="π is an un-noised function of agent i's private validation split (eqs. 16–20)",
         )
+
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         if kind == "cg":
             return [t]

@@ -334,7 +334,6 @@ class LPPA(DSGT):
         shares = net.send("noise", noise)
         return net.sum_outgoing(noise) - net.sum_incoming(shares)
 
-
     def privacy(self, p: LPPAParams, kind: str, W: Tensor) -> Privacy:
         """No formal DP: shares cancel, gradients are unclipped, rounds never compose."""
         return Privacy(
@@ -346,6 +345,7 @@ class LPPA(DSGT):
             "evaluated at Δf = the canary's change of γ",
             paper_epsilon=lambda delta, impact: impact / (math.sqrt(2) * p.beta),
         )
+
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         """As DSGT; round 1's γ^0 also takes round 2 (the difference that cancels the offset)."""
         kind = "gt" if kind == "noise" else kind
@@ -389,7 +389,6 @@ class DPDSGT(DSGT):
             return None
         return laplace(ctx, p.beta, None, like.shape[1], dtype=like.dtype)
 
-
     def privacy(self, p: DPDSGTParams, kind: str, W: Tensor) -> Privacy:
         """No formal DP: Laplace(β) on an unclipped gradient, no composition."""
         return Privacy(
@@ -401,6 +400,7 @@ class DPDSGT(DSGT):
             "change of γ",
             paper_epsilon=lambda delta, impact: impact / p.beta,
         )
+
     def injection(self, view: View, t: int, src: int) -> tuple[Tensor | None, float, int]:
         """Fresh Laplace(β) on γ_i before each transmission (round 1 only with "init")."""
         p = view.public["params"]

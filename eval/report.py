@@ -465,9 +465,9 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
     if norm is not None:
         sm = cm.ScalarMappable(norm=norm, cmap=cmap)
         cb = fig.colorbar(sm, ax=ax, pad=0.01, fraction=0.05)
-        ticks = sorted(set(eps))
+        ticks = sorted({float(f"{e:.2g}") for e in eps})  # 0.998 and 0.999 are one tick
         cb.ax.minorticks_off()
-        cb.set_ticks(ticks, labels=[f"{e:.3g}" for e in ticks])
+        cb.set_ticks(ticks, labels=[f"{e:g}" for e in ticks])
         cb.set_label("accounted ε (grey: none)", fontsize=7)
         cb.ax.tick_params(labelsize=6)
     if audited:

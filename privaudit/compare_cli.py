@@ -119,12 +119,6 @@ def add_parser(sub: Any, training_options: Any) -> None:
     r.add_argument("experiment", help="dpdl-table3")
     r.add_argument("--out", default=None, help="output folder (default privaudit-out/EXP)")
     r.add_argument(
-        "--topologies",
-        type=_list(str, "--topologies"),
-        default=["ring", "bipartite", "complete"],
-        help="comma-separated (default ring,bipartite,complete)",
-    )
-    r.add_argument(
         "--scenarios",
         type=_list(str, "--scenarios"),
         default=["ND-CG", "ND-MM", "DPDL-CG", "DPDL-MM"],
@@ -142,6 +136,14 @@ def add_parser(sub: Any, training_options: Any) -> None:
         help="an attack option, e.g. -a tv=1e-3",
     )
     training_options(r, None)
+    r.add_argument(
+        "--topologies",
+        "--topology",
+        dest="topologies",
+        type=_list(str, "--topologies"),
+        default=["ring", "bipartite", "complete"],
+        help="comma-separated (default ring,bipartite,complete)",
+    )
     r.add_argument(
         "--agents",
         type=_list(int, "--agents"),
@@ -179,7 +181,7 @@ def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
     if a.sigma is not None:
         raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
     eps = getattr(a, "epsilon", None) or 1.0  # compare: set per run from --epsilons
-    ns = argparse.Namespace(**{**vars(a), "epsilon": eps, "seed": 0})
+    ns = argparse.Namespace(**{"topology": None, **vars(a), "epsilon": eps, "seed": 0})
     if agents is not None:
         ns.agents = agents
     return _config(ns, "dpdl", 1)
@@ -263,10 +265,11 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
         scenarios=[sc.upper() for sc in a.scenarios],
     )
     table = table3_rows(rows)
-    first = rows[0]
+    first = next((r for r in rows if r["sigma"]), rows[0])  # a DPDL row: its σ
     setting = (
         f"ours: {first['batch_size']} image(s) per victim, {a.victims} victims, round "
-        f"{a.rounds}, ε = {a.epsilon:g} (σ = {first['sigma']:.3g}), {first['attack']} "
+        f"{a.rounds}, ε = {a.epsilon:g} (σ = {first['sigma']:.3g} in the first DPDL run), "
+        f"{first['attack']} "
         f"{a.iterations} iterations, dataset {a.dataset}, seeds {','.join(map(str, a.seeds))}"
     )
     print(f"DPDL (Yuan et al. 2026) Table III beside ours — {setting}")

@@ -330,6 +330,11 @@ def _message(failure: Any) -> str:
     return "" if m.startswith("To enable traceback") else m  # no error file: nothing said
 
 
+def _peer_gone(message: str) -> bool:
+    """A transport error that another rank's death causes (gloo's TCP pair)."""
+    return any(m in message for m in ("Connection closed by peer", "Connection reset by peer"))
+
+
 def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
     """One line for the launcher's failure report: the rank that caused it (killed by a
     signal other than the launcher's SIGTERM, else failed on its own, else named lost by its
@@ -339,7 +344,11 @@ def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
         return f.signal_name() if f.exitcode < 0 else ""
 
     killed = [r for r, f in failures.items() if signal(f) not in ("", "SIGTERM")]
-    own = [r for r, f in failures.items() if _message(f) and LOST not in _message(f)]
+    own = [
+        r
+        for r, f in failures.items()
+        if _message(f) and LOST not in _message(f) and not _peer_gone(_message(f))
+    ]
     named = sorted(
         {int(_message(f).split(LOST, 1)[1].split()[0].rstrip(":")) for f in failures.values()}
         if any(LOST in _message(f) for f in failures.values())
@@ -351,6 +360,10 @@ def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
         how = "stopped responding"
     elif signal(f):
         how = f"was killed by {signal(f)}"
+    elif _peer_gone(_message(f)):
+        # the launcher reports the first exit it sees; when a killed rank and the rank that
+        # noticed it are both gone by then, only the latter may be named
+        how = "lost its connection to a peer that died (a rank was killed or crashed)"
     elif _message(f):
         how = f"failed: {_message(f).splitlines()[-1]}"
     else:

@@ -342,9 +342,7 @@ class Run:
         return correct / max(len(self.data.test_y), 1)
 
 
-def split_holdout(
-    parts: list[Tensor], size: int, seed: int
-) -> tuple[list[Tensor], list[Tensor]]:
+def split_holdout(parts: list[Tensor], size: int, seed: int) -> tuple[list[Tensor], list[Tensor]]:
     """Hold ``size`` seeded examples of each shard out of training (a validation split)."""
     if size <= 0:
         return parts, []

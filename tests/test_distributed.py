@@ -153,7 +153,11 @@ def test_killed_rank_stops_the_run_with_its_name_and_the_run_resumes(tmp_path):
     _, err = proc.communicate(timeout=120)  # no hang: the launcher stops every rank
     assert proc.returncode == 2
     last = err.decode().strip().splitlines()[-1]
-    assert last.startswith("privaudit: error: rank 2 (agent 2) was killed by SIGKILL"), last
+    # the launcher reports the first exit it sees: the killed rank, or (when both are gone by
+    # then) the rank whose connection to it broke — never a made-up cause
+    assert last.startswith("privaudit: error: rank 2 (agent 2) was killed by SIGKILL") or (
+        "lost its connection to a peer that died" in last
+    ), last
     assert "Run the same command again to resume from round" in last
     done = RunDir(out).checkpoint_rounds()
     assert done and max(done) < rounds
