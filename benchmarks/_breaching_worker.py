@@ -95,8 +95,9 @@ def main(argv: list[str]) -> int:
         return model.to(device), grads
 
     def payloads(model, grads):
-        meta = dict(shape=shape, modality="vision", task="classification",
-                    classes=int(cfg["num_classes"]))
+        meta = dict(
+            shape=shape, modality="vision", task="classification", classes=int(cfg["num_classes"])
+        )
         if pixel_space:
             meta.update(mean=[0.0] * shape[0], std=[1.0] * shape[0])
         else:
@@ -155,8 +156,13 @@ def main(argv: list[str]) -> int:
         out, stats = attacker.reconstruct(server, user, {}, x0, dryrun=False)
         sync()
         wall, cpu = time.perf_counter() - t, time.process_time() - c
-        info = dict(wall=wall, cpu=cpu, evals=counts["evals"], steps=counts["steps"],
-                    objective=float(stats["opt_value"]) if "opt_value" in stats else None)
+        info = dict(
+            wall=wall,
+            cpu=cpu,
+            evals=counts["evals"],
+            steps=counts["steps"],
+            objective=float(stats["opt_value"]) if "opt_value" in stats else None,
+        )
         return info, out
 
     runs: list[dict] = []
@@ -172,8 +178,9 @@ def main(argv: list[str]) -> int:
             kept[f"{key}.recon"] = to_pixels(out["data"].detach()).cpu().contiguous()
             kept[f"{key}.label"] = torch.as_tensor(out["labels"]).reshape(-1).long().cpu()
         reply.write(json.dumps(info) + "\n")
-    results = dict(runs=runs, configs=configs, torch_threads=torch.get_num_threads(),
-                   torch=torch.__version__)
+    results = dict(
+        runs=runs, configs=configs, torch_threads=torch.get_num_threads(), torch=torch.__version__
+    )
     save_file(kept, dst, metadata={"results": json.dumps(results)})
     reply.write(json.dumps({"finished": True}) + "\n")
     return 0

@@ -48,11 +48,18 @@ def main() -> None:
             own = DEFENSES[defense].topology  # push-sum defenses run on their own graph
             for topo in args.topologies.split(","):
                 cfg = RunConfig(
-                    defense=defense, rounds=args.rounds, agents=args.agents,
+                    defense=defense,
+                    rounds=args.rounds,
+                    agents=args.agents,
                     topology=own or topo,
-                    dataset=args.dataset, data_root=args.data_root, model=args.model,
-                    batch_size=args.batch_size, epsilon=args.epsilon, seed=args.seed,
-                    device=args.device, checkpoint_every=args.rounds,
+                    dataset=args.dataset,
+                    data_root=args.data_root,
+                    model=args.model,
+                    batch_size=args.batch_size,
+                    epsilon=args.epsilon,
+                    seed=args.seed,
+                    device=args.device,
+                    checkpoint_every=args.rounds,
                 )
                 t0 = time.perf_counter()
                 try:
@@ -61,21 +68,33 @@ def main() -> None:
                     eps, sigma, note = run.resolved["epsilon"], run.resolved["sigma"], ""
                 except PrivauditError as e:  # e.g. a defense that runs on its own graph only
                     acc, eps, sigma, note = math.nan, math.nan, math.nan, str(e)
-                rows.append({
-                    "defense": defense, "topology": topo, "graph": own or topo,
-                    "accuracy": acc, "epsilon": eps,
-                    "sigma": sigma, "seconds": time.perf_counter() - t0, "note": note,
-                })
+                rows.append(
+                    {
+                        "defense": defense,
+                        "topology": topo,
+                        "graph": own or topo,
+                        "accuracy": acc,
+                        "epsilon": eps,
+                        "sigma": sigma,
+                        "seconds": time.perf_counter() - t0,
+                        "note": note,
+                    }
+                )
                 if not args.json:
                     r = rows[-1]
-                    print(f"{defense:<10} {topo:<9} acc {acc:6.3f}  ε {eps:6.3g}  σ {sigma:6.3g}"
-                          f"  {r['seconds']:5.0f} s  {note}", flush=True)
+                    print(
+                        f"{defense:<10} {topo:<9} acc {acc:6.3f}  ε {eps:6.3g}  σ {sigma:6.3g}"
+                        f"  {r['seconds']:5.0f} s  {note}",
+                        flush=True,
+                    )
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return
     topos = args.topologies.split(",")
-    print(f"\n{args.dataset}, {args.agents} agents, {args.rounds} rounds, model {args.model}, "
-          f"B = {args.batch_size}, target ε = {args.epsilon} (δ = 1e-5)\n")
+    print(
+        f"\n{args.dataset}, {args.agents} agents, {args.rounds} rounds, model {args.model}, "
+        f"B = {args.batch_size}, target ε = {args.epsilon} (δ = 1e-5)\n"
+    )
     print("| defense | " + " | ".join(topos) + " |")
     print("|---|" + "---|" * len(topos))
     for d in args.defenses.split(","):

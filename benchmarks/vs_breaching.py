@@ -62,26 +62,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--attacks", default="ig,dlg", help="comma-separated subset of ig,dlg")
     p.add_argument("--images", type=int, default=4, help="number of images (default 4)")
-    p.add_argument("--indices", default=None,
-                   help="comma-separated train indices (default: spread over the train set)")
-    p.add_argument("--iterations", type=int, default=None,
-                   help="iterations for every attack (default: IG 1000, DLG 300)")
+    p.add_argument(
+        "--indices",
+        default=None,
+        help="comma-separated train indices (default: spread over the train set)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="iterations for every attack (default: IG 1000, DLG 300)",
+    )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads in both processes (default 1: a B=1 LeNet step is "
-                   "too small to parallelise, and with more threads than free cores OpenMP "
-                   "barriers make both sides' timings erratic)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads in both processes (default 1: a B=1 LeNet step is "
+        "too small to parallelise, and with more threads than free cores OpenMP "
+        "barriers make both sides' timings erratic)",
+    )
     p.add_argument("--seed", type=int, default=0, help="attack seed of image i is seed + i")
-    p.add_argument("--breaching-space", choices=("pixel", "normalized"), default="pixel",
-                   help="pixel (default): fold the normalisation into breaching's model so it "
-                   "optimises [0, 1] pixels like privaudit, making lr and TV weight mean the "
-                   "same; normalized: breaching's own normalised input space")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="interleaved timing rounds; each time is the min over rounds "
-                   "(default 1; use 3+ on a busy machine)")
+    p.add_argument(
+        "--breaching-space",
+        choices=("pixel", "normalized"),
+        default="pixel",
+        help="pixel (default): fold the normalisation into breaching's model so it "
+        "optimises [0, 1] pixels like privaudit, making lr and TV weight mean the "
+        "same; normalized: breaching's own normalised input space",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="interleaved timing rounds; each time is the min over rounds "
+        "(default 1; use 3+ on a busy machine)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="also write the results as JSON to PATH (or stdout if no PATH)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="also write the results as JSON to PATH (or stdout if no PATH)",
+    )
     return p.parse_args(argv)
 
 
@@ -112,12 +137,19 @@ def build_observations(indices: list[int], seed: int):
         g = torch.Generator().manual_seed(seed + i)
         x0 = torch.rand((1, 1, *data.input_shape), generator=g)[0]
         y0 = torch.randn((1, 1, data.num_classes), generator=g)[0]
-        out.append(dict(
-            index=idx, model=model, image=x, label=y, seed=seed + i,
-            params={n: p.detach().clone() for n, p in model.named_parameters()},
-            grads=dict(zip(names, (t.detach().clone() for t in grads), strict=True)),
-            x0=x0, y0=y0,
-        ))
+        out.append(
+            dict(
+                index=idx,
+                model=model,
+                image=x,
+                label=y,
+                seed=seed + i,
+                params={n: p.detach().clone() for n, p in model.named_parameters()},
+                grads=dict(zip(names, (t.detach().clone() for t in grads), strict=True)),
+                x0=x0,
+                y0=y0,
+            )
+        )
     return data, out
 
 
@@ -126,9 +158,15 @@ def observation_of(o: dict, data):
     from privaudit.observation import Observation
 
     return Observation(
-        model=o["model"], params=o["params"], target=o["grads"], batch_size=1,
-        input_shape=tuple(data.input_shape), num_classes=data.num_classes,
-        labels=None, mean=tuple(data.mean), std=tuple(data.std),
+        model=o["model"],
+        params=o["params"],
+        target=o["grads"],
+        batch_size=1,
+        input_shape=tuple(data.input_shape),
+        num_classes=data.num_classes,
+        labels=None,
+        mean=tuple(data.mean),
+        std=tuple(data.std),
     )
 
 
@@ -190,15 +228,15 @@ class Privaudit:
         self.counts.update(steps=0)
         self._sync()
         c, t = time.process_time(), time.perf_counter()
-        (rec,) = self.fns[attack](ob, iterations=iterations, restarts=1, seed=o["seed"],
-                                  device=self.device)
+        (rec,) = self.fns[attack](
+            ob, iterations=iterations, restarts=1, seed=o["seed"], device=self.device
+        )
         self._sync()
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         # evaluations of the objective: IG one per step; L-BFGS counts its closure calls
         # (the attacks replay a traced graph, so a forward hook no longer sees them)
         evals = rec.meta.get("evaluations", self.counts["steps"])
-        info = dict(wall=wall, cpu=cpu, evals=evals, steps=self.counts["steps"],
-                    objective=rec.loss)
+        info = dict(wall=wall, cpu=cpu, evals=evals, steps=self.counts["steps"], objective=rec.loss)
         if iterations == 0:  # the start point privaudit used, to compare with breaching's
             info["same_init"] = bool(torch.allclose(rec.images.cpu(), o["x0"], atol=1e-6))
         return info, rec
@@ -208,8 +246,9 @@ class Privaudit:
         obs = [self.observation(o) for o in self.obs]
         self._sync()
         t = time.perf_counter()
-        recs = self.fns[attack](obs, iterations=iterations, restarts=1, seed=self.obs[0]["seed"],
-                                device=self.device)
+        recs = self.fns[attack](
+            obs, iterations=iterations, restarts=1, seed=self.obs[0]["seed"], device=self.device
+        )
         self._sync()
         return time.perf_counter() - t, recs
 
@@ -274,7 +313,10 @@ class Breaching:
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in finish()
         self.proc = subprocess.Popen(
             [str(ENV_PYTHON), str(WORKER), str(obs_path), str(out_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
             cwd=str(HERE.parent),
         )
 
@@ -290,8 +332,9 @@ class Breaching:
             self.log.flush()
             tail = self.log_path.read_text()[-6000:]
             sys.stderr.write(tail)
-            raise SystemExit(f"breaching worker failed (exit {self.proc.returncode}); "
-                             "its output is above")
+            raise SystemExit(
+                f"breaching worker failed (exit {self.proc.returncode}); its output is above"
+            )
         return json.loads(line)
 
     def run(self, attack: str, k: int, iterations: int, keep: bool = False) -> dict:
@@ -335,9 +378,11 @@ def measure(attacks, iters, obs, ours: Privaudit, theirs: Breaching, repeats: in
                         info["iterations"] = iterations
                         rows[k][side].append(info)
                         if iterations:
-                            log(f"{a} image {obs[k]['index']} round {rep + 1}: "
+                            log(
+                                f"{a} image {obs[k]['index']} round {rep + 1}: "
                                 f"{'privaudit' if side == 'ours' else 'breaching'} "
-                                f"{info['steps']} steps {info['wall']:.1f} s")
+                                f"{info['steps']} steps {info['wall']:.1f} s"
+                            )
         out[a] = {"rows": rows, "recs": recs}
         if a == "ig" and len(obs) > 1:  # privaudit's batched mode, for the labelled extra row
             walls = {0: [], n: []}
@@ -364,8 +409,11 @@ def timing(runs: list[dict]) -> dict:
         s_per_iter=(wn - w0) / steps if steps else math.nan,
         cpu_s_per_iter=(cn - c0) / steps if steps else math.nan,
         s_per_eval=(wn - w0) / evals if evals else math.nan,
-        steps=steps, evals=evals, wall_n=[r["wall"] for r in full],
-        wall_0=[r["wall"] for r in zero], same_init=zero[0].get("same_init", True),
+        steps=steps,
+        evals=evals,
+        wall_n=[r["wall"] for r in full],
+        wall_0=[r["wall"] for r in zero],
+        same_init=zero[0].get("same_init", True),
     )
 
 
@@ -403,8 +451,9 @@ def main(argv: list[str] | None = None) -> int:
 def benchmark(args: argparse.Namespace) -> dict:
     """Run the comparison; the report as a dict (``print_report`` prints it)."""
     if not ENV_PYTHON.exists():
-        raise Unavailable(f"breaching env missing ({ENV_PYTHON}): run "
-                          "benchmarks/setup_breaching.sh first")
+        raise Unavailable(
+            f"breaching env missing ({ENV_PYTHON}): run benchmarks/setup_breaching.sh first"
+        )
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     bad = [a for a in attacks if a not in DEFAULT_ITERATIONS]
     if bad or not attacks:
@@ -429,9 +478,15 @@ def benchmark(args: argparse.Namespace) -> dict:
     iters = {a: args.iterations or DEFAULT_ITERATIONS[a] for a in attacks}
 
     config = {
-        "attacks": attacks, "count": len(obs), "threads": threads, "device": args.device,
-        "input_shape": list(data.input_shape), "num_classes": data.num_classes,
-        "mean": list(data.mean), "std": list(data.std), "breaching_space": args.breaching_space,
+        "attacks": attacks,
+        "count": len(obs),
+        "threads": threads,
+        "device": args.device,
+        "input_shape": list(data.input_shape),
+        "num_classes": data.num_classes,
+        "mean": list(data.mean),
+        "std": list(data.std),
+        "breaching_space": args.breaching_space,
     }
     diffs = {}
     for a in attacks:
@@ -439,14 +494,19 @@ def benchmark(args: argparse.Namespace) -> dict:
         config[a] = {"config": BREACHING_CONFIG[a], "overrides": over}
     if args.breaching_space == "normalized":
         for a in attacks:
-            diffs[a].append("breaching optimises normalised inputs: its Adam step / L-BFGS "
-                            "metric and TV act in (x − mean)/std units, privaudit's in pixels")
+            diffs[a].append(
+                "breaching optimises normalised inputs: its Adam step / L-BFGS "
+                "metric and TV act in (x − mean)/std units, privaudit's in pixels"
+            )
     if "ig" in attacks:
         n = iters["ig"]
         ours_ms = ig_milestones(n)
         theirs_ms = [int(n // f) for f in (2.667, 1.6, 1.142)]
-        diffs["ig"][0] = (f"LR milestones: identical ({ours_ms})" if ours_ms == theirs_ms
-                          else f"LR milestones: privaudit {ours_ms}, breaching {theirs_ms}")
+        diffs["ig"][0] = (
+            f"LR milestones: identical ({ours_ms})"
+            if ours_ms == theirs_ms
+            else f"LR milestones: privaudit {ours_ms}, breaching {theirs_ms}"
+        )
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -455,18 +515,24 @@ def benchmark(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="vs_breaching-") as tmp:
         tmp = Path(tmp)
         save_observations(tmp / "observations.safetensors", obs, config)
-        theirs = Breaching(tmp / "observations.safetensors", tmp / "out.safetensors",
-                           tmp / "worker.log")
+        theirs = Breaching(
+            tmp / "observations.safetensors", tmp / "out.safetensors", tmp / "worker.log"
+        )
         ours = Privaudit(obs, data, args.device)
         measured = measure(attacks, iters, obs, ours, theirs, args.repeats, log)
         worker = theirs.finish()
     load_after = os.getloadavg()[0]
 
     report: dict = {
-        "threads": threads, "device": args.device, "indices": indices, "repeats": args.repeats,
-        "breaching_space": args.breaching_space, "torch": torch.__version__,
+        "threads": threads,
+        "device": args.device,
+        "indices": indices,
+        "repeats": args.repeats,
+        "breaching_space": args.breaching_space,
+        "torch": torch.__version__,
         "load_average_1min": {"before": load_before, "after": load_after},
-        "cpus": os.cpu_count(), "attacks": {},
+        "cpus": os.cpu_count(),
+        "attacks": {},
     }
     for a in attacks:
         per_image = []
@@ -475,9 +541,12 @@ def benchmark(args: argparse.Namespace) -> dict:
             t_theirs = timing(measured[a]["rows"][k]["theirs"])
             rec = measured[a]["recs"][k]
             rec_b = worker["tensors"][f"{a}.{k}.recon"]
-            row = dict(index=o["index"], label=int(o["label"]),
-                       psnr_privaudit=psnr(o["image"], rec.images.cpu()),
-                       psnr_breaching=psnr(o["image"], rec_b))
+            row = dict(
+                index=o["index"],
+                label=int(o["label"]),
+                psnr_privaudit=psnr(o["image"], rec.images.cpu()),
+                psnr_breaching=psnr(o["image"], rec_b),
+            )
             row.update({f"{key}_privaudit": v for key, v in t_ours.items()})
             row.update({f"{key}_breaching": v for key, v in t_theirs.items()})
             if a == "ig":
@@ -492,26 +561,33 @@ def benchmark(args: argparse.Namespace) -> dict:
         for key in ("psnr", "s_per_iter", "cpu_s_per_iter", "s_per_eval"):
             for side in ("privaudit", "breaching"):
                 summary[f"{key}_{side}"] = avg(f"{key}_{side}")
-        summary["psnr_diff"] = mean([r["psnr_privaudit"] - r["psnr_breaching"]
-                                     for r in per_image])
+        summary["psnr_diff"] = mean([r["psnr_privaudit"] - r["psnr_breaching"] for r in per_image])
         summary["time_ratio"] = summary["s_per_iter_privaudit"] / summary["s_per_iter_breaching"]
-        summary["cpu_time_ratio"] = (summary["cpu_s_per_iter_privaudit"]
-                                     / summary["cpu_s_per_iter_breaching"])
-        summary["eval_time_ratio"] = (summary["s_per_eval_privaudit"]
-                                      / summary["s_per_eval_breaching"])
+        summary["cpu_time_ratio"] = (
+            summary["cpu_s_per_iter_privaudit"] / summary["cpu_s_per_iter_breaching"]
+        )
+        summary["eval_time_ratio"] = (
+            summary["s_per_eval_privaudit"] / summary["s_per_eval_breaching"]
+        )
         if "batched" in measured[a]:
             b, k = measured[a]["batched"], len(obs)
             summary["batched_count"] = k
             summary["s_per_obs_iter_batched"] = (b["wall_n"] - b["wall_0"]) / (iters[a] * k)
-            summary["batched_time_ratio"] = (summary["s_per_obs_iter_batched"]
-                                             / summary["s_per_iter_breaching"])
-            summary["psnr_batched"] = mean([
-                psnr(o["image"], r.images.cpu())
-                for o, r in zip(obs, measured[a]["batched_recs"], strict=True)])
+            summary["batched_time_ratio"] = (
+                summary["s_per_obs_iter_batched"] / summary["s_per_iter_breaching"]
+            )
+            summary["psnr_batched"] = mean(
+                [
+                    psnr(o["image"], r.images.cpu())
+                    for o, r in zip(obs, measured[a]["batched_recs"], strict=True)
+                ]
+            )
         report["attacks"][a] = {
-            "summary": summary, "images": per_image,
-            "privaudit_options": {k: v for k, v in pa[a].items()
-                                  if k not in ("device", "progress", "seed")},
+            "summary": summary,
+            "images": per_image,
+            "privaudit_options": {
+                k: v for k, v in pa[a].items() if k not in ("device", "progress", "seed")
+            },
             "breaching_config": worker["results"]["configs"].get(a),
             "breaching_overrides": config[a]["overrides"],
             "differences": diffs[a],
@@ -522,56 +598,74 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 def print_report(report: dict) -> None:
     la = report["load_average_1min"]
-    print(f"privaudit vs breaching 0.1.2 — device {report['device']}, {report['threads']} torch "
-          f"threads in both processes, breaching in {report['breaching_space']} space, "
-          f"images {report['indices']}, min of {report['repeats']} interleaved round(s)")
+    print(
+        f"privaudit vs breaching 0.1.2 — device {report['device']}, {report['threads']} torch "
+        f"threads in both processes, breaching in {report['breaching_space']} space, "
+        f"images {report['indices']}, min of {report['repeats']} interleaved round(s)"
+    )
     if la["before"] > 0.5 * (report["cpus"] or 1):
-        print(f"note: load average was {la['before']:.2f} before the run on "
-              f"{report['cpus']} CPUs: other processes share the machine, timings are noisy")
+        print(
+            f"note: load average was {la['before']:.2f} before the run on "
+            f"{report['cpus']} CPUs: other processes share the machine, timings are noisy"
+        )
     for a, r in report["attacks"].items():
         s = r["summary"]
-        print(f"\n{a.upper()} ({s['iterations']} iterations, restarts 1, "
-              f"{'labels inferred (iDLG) on both sides' if a == 'ig' else 'soft labels optimised'}"
-              f", same start point)")
-        head = (f"{'image':>6} {'label':>5} {'PSNR pa':>8} {'PSNR br':>8} {'ms/it pa':>9} "
-                f"{'ms/it br':>9} {'ms/ev pa':>9} {'ms/ev br':>9} {'it pa':>6} {'it br':>6} "
-                f"{'ev pa':>6} {'ev br':>6}")
+        print(
+            f"\n{a.upper()} ({s['iterations']} iterations, restarts 1, "
+            f"{'labels inferred (iDLG) on both sides' if a == 'ig' else 'soft labels optimised'}"
+            f", same start point)"
+        )
+        head = (
+            f"{'image':>6} {'label':>5} {'PSNR pa':>8} {'PSNR br':>8} {'ms/it pa':>9} "
+            f"{'ms/it br':>9} {'ms/ev pa':>9} {'ms/ev br':>9} {'it pa':>6} {'it br':>6} "
+            f"{'ev pa':>6} {'ev br':>6}"
+        )
         if a == "ig":
             head += f" {'lab pa':>6} {'lab br':>6}"
         print(head)
         for x in r["images"]:
-            line = (f"{x['index']:>6} {x['label']:>5} {x['psnr_privaudit']:8.2f} "
-                    f"{x['psnr_breaching']:8.2f} {1e3 * x['s_per_iter_privaudit']:9.2f} "
-                    f"{1e3 * x['s_per_iter_breaching']:9.2f} "
-                    f"{1e3 * x['s_per_eval_privaudit']:9.2f} "
-                    f"{1e3 * x['s_per_eval_breaching']:9.2f} "
-                    f"{x['steps_privaudit']:>6} {x['steps_breaching']:>6} "
-                    f"{x['evals_privaudit']:>6} {x['evals_breaching']:>6}")
+            line = (
+                f"{x['index']:>6} {x['label']:>5} {x['psnr_privaudit']:8.2f} "
+                f"{x['psnr_breaching']:8.2f} {1e3 * x['s_per_iter_privaudit']:9.2f} "
+                f"{1e3 * x['s_per_iter_breaching']:9.2f} "
+                f"{1e3 * x['s_per_eval_privaudit']:9.2f} "
+                f"{1e3 * x['s_per_eval_breaching']:9.2f} "
+                f"{x['steps_privaudit']:>6} {x['steps_breaching']:>6} "
+                f"{x['evals_privaudit']:>6} {x['evals_breaching']:>6}"
+            )
             if a == "ig":
                 line += f" {x['label_privaudit']:>6} {x['label_breaching']:>6}"
             if not x["same_init_privaudit"]:
                 line += "  (privaudit's start point differs from the one given to breaching)"
             print(line)
-        print(f"{'mean':>6} {'':>5} {s['psnr_privaudit']:8.2f} {s['psnr_breaching']:8.2f} "
-              f"{1e3 * s['s_per_iter_privaudit']:9.2f} {1e3 * s['s_per_iter_breaching']:9.2f} "
-              f"{1e3 * s['s_per_eval_privaudit']:9.2f} {1e3 * s['s_per_eval_breaching']:9.2f}")
-        print(f"time_per_iter(privaudit)/time_per_iter(breaching) = {s['time_ratio']:.3f}  "
-              f"(CPU time: {s['cpu_time_ratio']:.3f}; per evaluation: "
-              f"{s['eval_time_ratio']:.3f})")
+        print(
+            f"{'mean':>6} {'':>5} {s['psnr_privaudit']:8.2f} {s['psnr_breaching']:8.2f} "
+            f"{1e3 * s['s_per_iter_privaudit']:9.2f} {1e3 * s['s_per_iter_breaching']:9.2f} "
+            f"{1e3 * s['s_per_eval_privaudit']:9.2f} {1e3 * s['s_per_eval_breaching']:9.2f}"
+        )
+        print(
+            f"time_per_iter(privaudit)/time_per_iter(breaching) = {s['time_ratio']:.3f}  "
+            f"(CPU time: {s['cpu_time_ratio']:.3f}; per evaluation: "
+            f"{s['eval_time_ratio']:.3f})"
+        )
         print(f"psnr(privaudit) - psnr(breaching) = {s['psnr_diff']:+.2f} dB")
         if "batched_time_ratio" in s:
-            print(f"batched: privaudit {s['batched_count']} observations in one optimisation, "
-                  f"{1e3 * s['s_per_obs_iter_batched']:.2f} ms per observation-iteration "
-                  f"(PSNR {s['psnr_batched']:.2f}) vs breaching once per observation "
-                  f"{1e3 * s['s_per_iter_breaching']:.2f} ms: ratio "
-                  f"{s['batched_time_ratio']:.3f}")
+            print(
+                f"batched: privaudit {s['batched_count']} observations in one optimisation, "
+                f"{1e3 * s['s_per_obs_iter_batched']:.2f} ms per observation-iteration "
+                f"(PSNR {s['psnr_batched']:.2f}) vs breaching once per observation "
+                f"{1e3 * s['s_per_iter_breaching']:.2f} ms: ratio "
+                f"{s['batched_time_ratio']:.3f}"
+            )
         print("breaching overrides: " + " ".join(r["breaching_overrides"]))
         print("differences left:")
         for d in r["differences"]:
             print(f"  - {d}")
-    print("\nit = optimizer steps actually taken (an attack stops early on a non-finite loss), "
-          "ev = forward passes (L-BFGS: up to max_iter per step); ms/it and ms/ev are "
-          "(T_N − T_0) / (it or ev), from wall times.")
+    print(
+        "\nit = optimizer steps actually taken (an attack stops early on a non-finite loss), "
+        "ev = forward passes (L-BFGS: up to max_iter per step); ms/it and ms/ev are "
+        "(T_N − T_0) / (it or ev), from wall times."
+    )
 
 
 def ig_milestones(n: int) -> list[int]:

@@ -365,24 +365,6 @@ class AdaD2P(_D2P):
             paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
         )
 
-    @staticmethod
-    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
-        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
-        if t == 1:
-            return None
-        n = view.public["W"].shape[0]
-        before = peers(n, t - 1)
-        came_from = before.index(src)
-        if not (
-            view.has(t - 1, src, before[src], "half-model")
-            and view.has(t - 1, came_from, src, "half-model")
-        ):
-            return None
-        own = view.get(t - 1, src, before[src], "half-model") / div
-        got = view.get(t - 1, came_from, src, "half-model") / div
-        keep = p["keep"]
-        return keep * own + (1.0 - keep) * got
-
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         """The noise std σS/B (σ‖ḡ‖ for unit "batch") is data-dependent; estimated from
         ‖target‖² = ‖ḡ‖² + D·std², taking ‖ḡ‖ = S (exact for B = 1)."""
@@ -438,24 +420,6 @@ class ConstD2P(_D2P):
             paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
         )
 
-    @staticmethod
-    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
-        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
-        if t == 1:
-            return None
-        n = view.public["W"].shape[0]
-        before = peers(n, t - 1)
-        came_from = before.index(src)
-        if not (
-            view.has(t - 1, src, before[src], "half-model")
-            and view.has(t - 1, came_from, src, "half-model")
-        ):
-            return None
-        own = view.get(t - 1, src, before[src], "half-model") / div
-        got = view.get(t - 1, came_from, src, "half-model") / div
-        keep = p["keep"]
-        return keep * own + (1.0 - keep) * got
-
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]
         m = public["batch_size"] if p["unit"] == "example" else 1
@@ -510,24 +474,6 @@ class ClipD2P(_D2P):
             paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
             caveats=("flat batch clipping has add/remove sensitivity 2C",) if batch else (),
         )
-
-    @staticmethod
-    def _state(view: View, t: int, src: int, div: float, p: dict[str, Any]) -> Tensor | None:
-        """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
-        if t == 1:
-            return None
-        n = view.public["W"].shape[0]
-        before = peers(n, t - 1)
-        came_from = before.index(src)
-        if not (
-            view.has(t - 1, src, before[src], "half-model")
-            and view.has(t - 1, came_from, src, "half-model")
-        ):
-            return None
-        own = view.get(t - 1, src, before[src], "half-model") / div
-        got = view.get(t - 1, came_from, src, "half-model") / div
-        keep = p["keep"]
-        return keep * own + (1.0 - keep) * got
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]

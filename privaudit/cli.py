@@ -179,9 +179,7 @@ def cmd_train(a: argparse.Namespace) -> int:
             if distributed.rank() != 0:
                 return 0
         else:
-            distributed.launch(
-                cfg, a.out, a.nproc, capture, a.dist_timeout, not a.no_progress
-            )
+            distributed.launch(cfg, a.out, a.nproc, capture, a.dist_timeout, not a.no_progress)
         run = Run.open(a.out, device=cfg.device)
         state = run.train(progress=False)  # the merged last checkpoint
     elif a.backend == "sim":
