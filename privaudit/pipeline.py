@@ -42,7 +42,8 @@ def observe(
     observed on its copy to the threat's receiver (:meth:`Threat.receiver`); the default
     ``neighbor`` is the victim's first receiver, the default ``coalition`` all of them. With
     ``threat=None`` the weakest adversary that can observe the target is used (``link``,
-    then ``neighbor`` — the receiver — then ``global``); ``obs.meta["threat"]`` names it."""
+    then ``neighbor`` — the receiver — then ``global``; with ``attackers`` given: ``neighbor``
+    for one, ``coalition`` for several); ``obs.meta["threat"]`` names it."""
     defense, kind = parse_target(target)
     if defense.name != run.defense.name:
         raise PrivauditError(
@@ -56,6 +57,8 @@ def observe(
             f"--round {round} is outside what this run can show for {target} "
             f"(1..{last} of {run.cfg.rounds} rounds); pick a round in range or train longer"
         )
+    if threat is None and attackers:  # attackers named: a neighbour, or a coalition
+        threat = "neighbor" if len(attackers) == 1 else "coalition"
     if threat is None:
         errors = []
         for name in ("link", "neighbor", "global"):
@@ -163,7 +166,7 @@ def attack(
         "attack_options": {**kw, "seed": seed},
         "threat": obs[0].meta["threat"].split()[0],
         "adversaries": [o.meta["threat"] for o in obs],
-        "threat_chosen": threat is None,
+        "threat_chosen": threat is None and not attackers,
         "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
         "epsilon": eps if math.isfinite(eps) else None,
         "delta": run.cfg.delta,

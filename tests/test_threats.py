@@ -190,6 +190,12 @@ def test_cli_picks_the_weakest_adversary_and_takes_attackers(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "under coalition 1,3 (links [[0, 1], [2, 1]])" in out
+    code = main(
+        [*base, "--target", "dsgt-gt", "--round", "2", "--attacker", "3", "--out",
+         str(tmp_path / "c"), *fast]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and "under neighbor 3 (links [[0, 3]])" in out, err
     code = main([*base, "--target", "dsgt-gt", "--round", "2", "--threat", "spy", *fast])
     _, err = capsys.readouterr()
     assert code == 2 and "unknown threat model" in err and err.count("\n") == 1
