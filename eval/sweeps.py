@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,56 +194,35 @@ def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dic
 
     Returns the result (the fields of :func:`privaudit.pipeline.attack`'s, plus per-image
     scores) and the tensors for the figures (truth and matched reconstructions)."""
-    from privaudit.attacks import DEFAULT_ATTACK, run_attack
-    from privaudit.pipeline import observe
+    from privaudit.pipeline import reconstruct
 
-    from .metrics import aggregate, score
-
-    name = sweep.attack or DEFAULT_ATTACK
-    victims = list(range(sweep.victims))
-    obs = observe(
-        run, cell.target, cell.round, threat=sweep.threat, victims=victims, progress=progress
-    )
     kw = {"iterations": sweep.iterations} if sweep.iterations is not None else {}
-    kw.update(sweep.attack_options)
-    dev = run.ctx.device
-    recons = run_attack(name, [o.to(dev) for o in obs], seed=cell.seed, progress=progress, **kw)
-    truths = [run.secret_batch(cell.round, o.meta["src"]) for o in obs]
-    scores = [
-        score(ti, tl, r.images.detach().cpu(), r.labels.cpu(), lpips=sweep.lpips)
-        for (ti, tl), r in zip(truths, recons, strict=True)
-    ]
-    summary = aggregate(scores)
-    eps = run.resolved["epsilon"]
-    metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
+    a = reconstruct(
+        run,
+        cell.target,
+        cell.round,
+        attack=sweep.attack,
+        threat=sweep.threat,
+        victims=list(range(sweep.victims)),
+        seed=cell.seed,
+        options=sweep.attack_options,
+        lpips=sweep.lpips,
+        progress=progress,
+        **kw,
+    )
     result = {
-        "target": cell.target,
-        "round": cell.round,
+        **{k: v for k, v in a.result.items() if k not in ("wall_s", "threat_chosen")},
         "seed": cell.seed,
         "epsilon_requested": cell.epsilon,
-        "epsilon": eps if math.isfinite(eps) else None,
-        "delta": run.cfg.delta,
-        "sigma": run.resolved["sigma"],
-        "attack": name,
-        "attack_options": {**kw, "seed": cell.seed},
-        "threat": obs[0].meta["threat"].split()[0],
-        "adversaries": [o.meta["threat"] for o in obs],
-        "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
-        "batch_size": run.cfg.batch_size,
-        "metrics": {m: summary[m]["mean"] for m in metrics},
-        "spread": {m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
-        "lpips_note": summary["lpips_note"],
-        "per_observation": [{m: s[m] for m in metrics} for s in scores],
         "per_image": {
-            m: sum((list(s["per_image"][m] or []) for s in scores), []) for m in ("psnr", "ssim")
+            m: sum((list(s["per_image"][m] or []) for s in a.scores), []) for m in ("psnr", "ssim")
         },
-        "run": str(run.dir.path),
     }
     tensors = {
-        "truth": torch.cat([t for t, _ in truths]).contiguous(),
-        "truth_labels": torch.cat([lab for _, lab in truths]).contiguous(),
+        "truth": torch.cat([t for t, _ in a.truths]).contiguous(),
+        "truth_labels": torch.cat([lab for _, lab in a.truths]).contiguous(),
         "recon": torch.cat(
-            [r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores, strict=True)]
+            [r.images.detach().cpu()[s["perm"]] for r, s in zip(a.recons, a.scores, strict=True)]
         ).contiguous(),
     }
     return result, tensors

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,18 @@ def _plan(
     return plan
 
 
-def attack(
+@dataclass
+class Attempt:
+    """One attack on a target: ``result`` (JSON-ready, the fields of ``result.json``), the
+    secret batches, the reconstructions and the per-observation scores (eval only)."""
+
+    result: dict[str, Any]
+    truths: list[tuple[torch.Tensor, torch.Tensor]]
+    recons: list[Reconstruction]
+    scores: list[dict[str, Any]]
+
+
+def reconstruct(
     run: Run,
     target: str,
     round: int,
@@ -130,19 +142,19 @@ def attack(
     threat: str | None = None,
     attackers: list[int] | None = None,
     victims: list[int] | None = None,
-    out: str | Path | None = None,
     iterations: int | None = None,
     restarts: int | None = None,
     seed: int = 0,
     options: dict[str, Any] | None = None,
     lpips: bool = True,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Attack ``target`` at ``round`` on each link; score, and write results to ``out``.
+) -> Attempt:
+    """Observe ``target`` at ``round`` (see :func:`observe`), attack every observation as one
+    batch and score each against its secret batch.
 
     ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG)."""
     from privaudit.attacks import DEFAULT_ATTACK, run_attack
-    from privaudit.eval.metrics import aggregate, score, to_jsonable
+    from privaudit.eval.metrics import aggregate, score
 
     attack = attack or DEFAULT_ATTACK
     t0 = time.perf_counter()
@@ -159,6 +171,7 @@ def attack(
     ]
     summary = aggregate(scores)
     eps = run.resolved["epsilon"]
+    metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
     result = {
         "target": target,
         "round": round,
@@ -172,20 +185,36 @@ def attack(
         "delta": run.cfg.delta,
         "sigma": run.resolved["sigma"],
         "batch_size": run.cfg.batch_size,
-        "metrics": {m: summary[m]["mean"] for m in ("mse", "psnr", "ssim", "lpips", "label_acc")},
+        "metrics": {m: summary[m]["mean"] for m in metrics},
+        "spread": {m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
         "lpips_note": summary["lpips_note"],
-        "per_observation": [
-            {k: s[k] for k in ("mse", "psnr", "ssim", "lpips", "label_acc")} for s in scores
-        ],
+        "per_observation": [{k: s[k] for k in metrics} for s in scores],
         "exact_observation": all(o.meta.get("exact", False) for o in obs),
         "noise_std": [o.noise_std for o in obs],
         "wall_s": float(f"{wall:.3f}"),
         "run": str(run.dir.path),
     }
+    return Attempt(result, truths, recons, scores)
+
+
+def attack(
+    run: Run,
+    target: str,
+    round: int,
+    *,
+    out: str | Path | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """:func:`reconstruct`, then write ``result.json`` and a figure grid to ``out``; returns
+    the result (with ``figure``, its path, when written). ``kw``: :func:`reconstruct`'s."""
+    from privaudit.eval.metrics import to_jsonable
+
+    a = reconstruct(run, target, round, **kw)
+    result = a.result
     if out is not None:
         out = Path(out)
         write_json(out / "result.json", to_jsonable(result))
-        result["figure"] = str(_figure(out / "grid.png", truths, recons, scores, result))
+        result["figure"] = str(_figure(out / "grid.png", a.truths, a.recons, a.scores, result))
     return result
 
 
