@@ -8,6 +8,7 @@ stacked state, ``round`` advances it one round while talking through the Network
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from collections.abc import Callable
@@ -196,6 +197,13 @@ def dwork_roth_epsilon(sigma: float, delta: float) -> float:
     return math.sqrt(2 * math.log(1.25 / delta)) / sigma if sigma > 0 else math.inf
 
 
+@functools.lru_cache(maxsize=16)
+def _architecture(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The architecture an Observation names (its own parameter values are never used), built
+    once per kind: audits observe thousands of trials."""
+    return build_model(name, input_shape, num_classes)
+
+
 DEFENSES: dict[str, Defense] = {}
 
 
@@ -287,6 +295,14 @@ class Defense:
             **kw,
         )
 
+    def observe_batch_clip_cg(self, view: View, t: int, src: int, dst: int) -> Observation:
+        """A cross-gradient whose batch mean is clipped to C as a whole, plus N(0, σ²C²)
+        (PDSL, DP-CGA): the clip factor min(1, C/‖ḡ‖) is one unknown scalar (``scale`` 1 is
+        reported, ``meta["batch_clip"]`` = C); otherwise as :meth:`observe_cg`."""
+        p = view.public["params"]
+        meta = {"exact": True, "batch_clip": p["clip"], "scale_estimated": True}
+        return self.observe_cg(view, t, src, dst, noise_std=p["sigma"] * p["clip"], meta=meta)
+
     def observe_half_step(
         self, view: View, t: int, src: int, dst: int, kind: str = "half-model", **kw: Any
     ) -> Observation:
@@ -349,7 +365,7 @@ class Defense:
         """An Observation of the public model at flat ``params`` with flat ``target``;
         ``terms`` (if given) hold flat parameter vectors, see :class:`Observation`."""
         pub = view.public
-        model = build_model(pub["model"], pub["input_shape"], pub["num_classes"])
+        model = _architecture(pub["model"], tuple(pub["input_shape"]), pub["num_classes"])
         spec = ParamSpec.of(model)
         meta = {"threat": view.threat, **kw.pop("meta", {})}
         terms = [(spec.unflatten(x.float()), c, same) for x, c, same in kw.pop("terms", [])]

@@ -295,14 +295,7 @@ class DPCGA(Defense):
         """
         p = view.public["params"]
         if kind == "cg":
-            return self.observe_cg(
-                view,
-                t,
-                src,
-                dst,
-                noise_std=p["sigma"] * p["clip"],
-                meta={"exact": True, "batch_clip": p["clip"], "scale_estimated": True},
-            )
+            return self.observe_batch_clip_cg(view, t, src, dst)
         if kind == "model":
             return self.observe_model_step(view, t, src, dst)
         x_prev = view.get(t, src, dst, "model")

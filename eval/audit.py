@@ -32,11 +32,9 @@ are evaluated at the canary's actual change of the released vector.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,28 +245,11 @@ def _setting(
     return Setting(run, defense, kind, t, th, src, dst, privacy, norm * direction, impact)
 
 
-@contextmanager
-def _shared_models() -> Iterator[None]:
-    """``observe`` builds the architecture for every Observation (its parameters are never
-    used); thousands of trials share one instance per architecture instead."""
-    from privaudit.defenses import base
-
-    build = base.build_model
-    base.build_model = functools.lru_cache(maxsize=8)(build)
-    try:
-        yield
-    finally:
-        base.build_model = build
-
-
 def _reseed(ctx: Any, seed: int) -> None:
-    """Fresh generators (one per held agent, or the one generator) seeded from ``seed``."""
-    if hasattr(ctx, "generators"):
-        ctx.generators = [
-            torch.Generator(device=ctx.device).manual_seed(seed * 65_537 + a) for a in ctx.agents
-        ]
-    else:
-        ctx.generator = torch.Generator(device=ctx.device).manual_seed(seed)
+    """Fresh generators, one per held agent, seeded from ``seed``."""
+    ctx.generators = [
+        torch.Generator(device=ctx.device).manual_seed(seed * 65_537 + a) for a in ctx.agents
+    ]
 
 
 def _flat(obs: Any, names: tuple[str, ...]) -> Tensor:
@@ -289,17 +270,7 @@ def _progress(total: int, what: str, enabled: bool):
     return bar, bar.add_task(what, total=total)
 
 
-def _shared(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapped(*a: Any, **kw: Any) -> Any:
-        with _shared_models():
-            return fn(*a, **kw)
-
-    return wrapped
-
-
 # -- white box ----------------------------------------------------------------------------------
-@_shared
 def white_box(
     run: Run,
     target: str,
@@ -384,17 +355,13 @@ def white_box(
     t0 = time.perf_counter()
     bar, task = _progress(trials, f"audit {target} r{t}", progress)
     interrupted = False
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a trial is many tiny ops: threads only add contention
-    with bar:
+    with bar:  # threads: the CLI's --threads (a trial is many tiny ops: 1 is best)
         try:
             for i in range(trials):
                 scores[i] = trial(i, canary if coins[i] else None)
                 bar.advance(task)
         except KeyboardInterrupt:
             interrupted = True
-        finally:
-            torch.set_num_threads(threads)
     done = int(np.isfinite(scores).sum())
     if done < need:
         raise PrivauditError(
@@ -454,7 +421,6 @@ def _white_box_bounds(
 
 
 # -- one run --------------------------------------------------------------------------------------
-@_shared
 def one_run(
     run: Run,
     target: str,

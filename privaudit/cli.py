@@ -35,6 +35,18 @@ def _param(text: str) -> tuple[str, Any]:
     return name.strip().replace("-", "_"), parsed
 
 
+def _attack_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--attack-option",
+        "-a",
+        action="append",
+        default=[],
+        type=_param,
+        metavar="NAME=VALUE",
+        help="an attack option, e.g. -a tv=1e-3 -a lr=0.05",
+    )
+
+
 def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> None:
     g = p.add_argument_group("training")
     g.add_argument(
@@ -338,15 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--iterations", type=int, default=None)
     at.add_argument("--restarts", type=int, default=None)
     at.add_argument("--attack-seed", type=int, default=0)
-    at.add_argument(
-        "--attack-option",
-        "-a",
-        action="append",
-        default=[],
-        type=_param,
-        metavar="NAME=VALUE",
-        help="an attack option, e.g. -a tv=1e-3 -a lr=0.05",
-    )
+    _attack_option(at)
     at.add_argument("--no-lpips", action="store_true")
     at.add_argument("--json", action="store_true", help="print result.json on stdout")
     _training_options(at, None)

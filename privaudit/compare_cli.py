@@ -24,6 +24,8 @@ def _list(kind: type, what: str):
 
 def add_parser(sub: Any, training_options: Any) -> None:
     """Register ``compare`` and ``reproduce`` (``training_options``: cli's helper)."""
+    from .cli import _attack_option
+
     c = sub.add_parser(
         "compare",
         help="attack several targets over rounds, ε and seeds: grid, sweeps, table",
@@ -63,15 +65,7 @@ def add_parser(sub: Any, training_options: Any) -> None:
     )
     c.add_argument("--attack", default=None, help="ig (default) | dlg | idlg | analytic")
     c.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
-    c.add_argument(
-        "--attack-option",
-        "-a",
-        action="append",
-        default=[],
-        type=_param,
-        metavar="NAME=VALUE",
-        help="an attack option, e.g. -a tv=1e-3",
-    )
+    _attack_option(c)
     c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
     c.add_argument(
         "--audit",
@@ -126,15 +120,7 @@ def add_parser(sub: Any, training_options: Any) -> None:
     )
     r.add_argument("--victims", type=int, default=2, help="attacked agents per cell (2)")
     r.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
-    r.add_argument(
-        "--attack-option",
-        "-a",
-        action="append",
-        default=[],
-        type=_param,
-        metavar="NAME=VALUE",
-        help="an attack option, e.g. -a tv=1e-3",
-    )
+    _attack_option(r)
     training_options(r, None)
     r.add_argument(
         "--topologies",
@@ -166,12 +152,6 @@ def add_parser(sub: Any, training_options: Any) -> None:
         help="seeds, comma-separated (default 0)",
     )
     r.set_defaults(func=cmd_reproduce)
-
-
-def _param(text: str) -> tuple[str, Any]:
-    from .cli import _param as param
-
-    return param(text)
 
 
 def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
