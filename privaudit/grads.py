@@ -3,7 +3,10 @@
 Every defense needs the gradient of some agent's batch at some agent's model: its own
 (self-gradient) or a neighbour's (cross-gradient). All pairs of a round are evaluated in
 one ``vmap`` over pairs (and, for DP clipping, a nested ``vmap`` over examples), so a
-round costs a handful of kernel launches instead of a Python loop over agents.
+round costs a handful of kernel launches instead of a Python loop over agents. On the CPU,
+per-example clipping of a plain conv/linear net runs on :mod:`privaudit.pairnet` instead
+(one stacked forward and backward; 1.5–2× faster than the nested ``vmap``, same results to
+float rounding); other models and devices use ``vmap``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from . import pairnet
 from .params import ParamSpec
 
 
@@ -27,27 +31,30 @@ def batch_loss_fn(model: nn.Module, spec: ParamSpec) -> Callable[[Tensor, Tensor
     return loss
 
 
+def clip_factors(g: Tensor, clip: float) -> Tensor:
+    """``min(1, C/(‖g‖ + 1e-12))`` per row (last dim) of ``g``, keeping the last dim (1)."""
+    return torch.clamp(clip / (g.norm(dim=-1, keepdim=True) + 1e-12), max=1.0)
+
+
 def clip_rows(g: Tensor, clip: float) -> Tensor:
     """Scale each row (last dim) to norm ≤ ``clip``: ``g · min(1, C/‖g‖)``."""
-    norm = g.norm(dim=-1, keepdim=True)
-    return g * torch.clamp(clip / (norm + 1e-12), max=1.0)
+    return g * clip_factors(g, clip)
 
 
 class PairGrads:
-    """Gradients for stacked pairs: ``flat (P, D)``, ``x (P, B, ...)``, ``y (P, B)``.
+    """Gradients for stacked pairs: ``flat (P, D)``, ``x (P, B, ...)``, ``y (P, B)``."""
 
-    ``chunk_size`` bounds the memory of per-example gradients (``P·B·D`` floats).
-    """
-
-    def __init__(self, model: nn.Module, spec: ParamSpec, chunk_size: int | None = None):
+    def __init__(self, model: nn.Module, spec: ParamSpec):
+        self.spec = spec
+        self._stacked = pairnet.build(model)  # None: not a plain conv/linear net
         loss = batch_loss_fn(model, spec)
-        self._mean = vmap(grad(loss), in_dims=(0, 0, 0), chunk_size=chunk_size)
+        self._mean = vmap(grad(loss), in_dims=(0, 0, 0))
 
         def example_loss(flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
             return loss(flat, x.unsqueeze(0), y.unsqueeze(0))
 
         per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
-        self._per_example = vmap(per_example, in_dims=(0, 0, 0), chunk_size=chunk_size)
+        self._per_example = vmap(per_example, in_dims=(0, 0, 0))
 
     def mean(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
         """Batch-mean gradient of each pair, ``(P, D)``."""
@@ -61,4 +68,11 @@ class PairGrads:
         """``(1/B) Σ_b g_b · min(1, C/‖g_b‖)`` per pair; the plain mean when ``clip`` is None."""
         if clip is None:
             return self.mean(flat, x, y)
-        return clip_rows(self.per_example(flat, x, y), clip).mean(dim=1)
+        b, stacked = x.shape[1], self._stacked
+        if stacked is not None and flat.device.type == "cpu":
+            named = self.spec.unflatten(flat)
+            if stacked.agrees(named, x):
+                return self.spec.flatten(stacked.clipped_sum(named, x, y, clip, 1 / b), 1)
+        g = self.per_example(flat, x, y)
+        # Σ_b f_b g_b / B as one batched matmul: no (P, B, D) temporary for the scaled rows
+        return torch.bmm(clip_factors(g, clip).transpose(1, 2), g).squeeze(1) / b

@@ -25,6 +25,7 @@ from torch import Tensor
 from privaudit.defenses import Context, Defense, get_defense
 from privaudit.defenses.base import State, agent_seed, params_of
 
+from .allocator import keep_freed_memory
 from .config import RunConfig
 from .data import ImageData, dirichlet_partition, load_dataset
 from .errors import PrivauditError
@@ -40,7 +41,9 @@ from .topology import build_topology, metropolis_hastings, validate_mixing
 def resolve_device(name: str) -> torch.device:
     """``name`` as a device; on CUDA, TF32 is switched off for matmuls and convolutions:
     messages, exact identities and audits need float32 (with TF32 on an H100 the simulator's
-    messages differ from a float32 per-agent loop by 1e-3 relative, 1e-6 without)."""
+    messages differ from a float32 per-agent loop by 1e-3 relative, 1e-6 without). Freed
+    host memory is kept for the next round (:mod:`privaudit.allocator`)."""
+    keep_freed_memory()
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise PrivauditError(

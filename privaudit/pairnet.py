@@ -1,0 +1,262 @@
+"""Per-example clipped gradients of P (model, batch) pairs in one forward and one backward.
+
+``torch.func``'s nested ``vmap`` (:mod:`privaudit.grads`) is general, but on the CPU it
+spends most of a DPDL round materialising and concatenating per-example gradients. This
+engine runs the model once for all P pairs with the pairs stacked along the channel
+dimension — every ``Conv2d`` becomes one grouped convolution (groups = P), every ``Linear``
+one batched matmul — and one autograd backward of the summed per-example losses gives each
+layer's output gradient per example (examples never interact). From activations and output
+gradients, as opacus computes grad samples:
+
+- a convolution's per-example weight gradients are one weight-gradient convolution with one
+  group per example (channels-last, oneDNN's fast layout), its bias gradients a spatial sum;
+- a linear layer's per-example gradient g aᵀ is never materialised: its squared norm is
+  ‖g‖²‖a‖² (the ghost norm, Goodfellow 2015; Li et al. 2022) and the clipped sum one
+  einsum Σ_b f_b g_b a_bᵀ.
+
+The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`) weight
+one batched sum per layer. Same mathematics as the ``vmap`` path; float rounding differs
+(relative 1e-6 on the default LeNet, ``tests/test_simulation.py``).
+
+Supported models: parametrised layers are ``Conv2d`` (groups = 1, zero padding) and
+``Linear``; every other module is parameter-free and acts per channel or per element
+(activations, pooling, flatten, dropout in eval mode). Anything else — normalisation layers,
+embeddings, a forward that reshapes across channels — is refused by :func:`build` or by a
+numerical check of the first call against the model itself, and the caller falls back to
+``vmap``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+# parameter-free modules that act per channel or per element, so stacking pairs along the
+# channel dimension does not mix them
+CHANNELWISE = (
+    nn.Sigmoid,
+    nn.ReLU,
+    nn.Tanh,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Softplus,
+    nn.MaxPool2d,
+    nn.AvgPool2d,
+    nn.Identity,
+    nn.Flatten,
+    nn.Dropout,
+)
+FEW_CHANNELS = 4  # convolutions with at most this many input channels (RGB) run channels-last
+CHECK_TOL = 1e-4  # relative agreement of the first call's logits with the model itself
+
+
+@dataclass
+class _Tape:
+    """What the stacked layers read (the pairs' parameters) and record (inputs, outputs)."""
+
+    params: dict[str, Tensor] = field(default_factory=dict)  # name -> (P, *shape)
+    pairs: int = 1
+    records: list[tuple[nn.Module, Tensor, Tensor]] = field(default_factory=list)
+
+
+class _StackedConv(nn.Module):
+    """``Conv2d`` for P pairs: (B, P·Cin, H, W) -> (B, P·Cout, H', W'), groups = P."""
+
+    def __init__(self, conv: nn.Conv2d, name: str, tape: _Tape):
+        super().__init__()
+        self.conv, self.name, self.tape = conv, name, tape
+
+    def forward(self, a: Tensor) -> Tensor:
+        c, t = self.conv, self.tape
+        w = t.params[f"{self.name}.weight"]
+        b = t.params.get(f"{self.name}.bias")
+        w = w.reshape(t.pairs * c.out_channels, *w.shape[2:])
+        if c.in_channels <= FEW_CHANNELS:
+            a = a.contiguous(memory_format=torch.channels_last)
+        z = F.conv2d(
+            a, w, None if b is None else b.reshape(-1), c.stride, c.padding, c.dilation, t.pairs
+        )
+        z = z.contiguous()
+        t.records.append((self, a, z.requires_grad_() if not z.requires_grad else z))
+        return z
+
+
+class _StackedLinear(nn.Module):
+    """``Linear`` for P pairs: (B, P·F) -> (B, P·O), one batched matmul."""
+
+    def __init__(self, linear: nn.Linear, name: str, tape: _Tape):
+        super().__init__()
+        self.linear, self.name, self.tape = linear, name, tape
+
+    def forward(self, a: Tensor) -> Tensor:
+        t = self.tape
+        a = a.reshape(a.shape[0], t.pairs, -1)
+        z = torch.einsum("bpf,pof->bpo", a, t.params[f"{self.name}.weight"])
+        if self.linear.bias is not None:
+            z = z + t.params[f"{self.name}.bias"]
+        t.records.append((self, a, z.requires_grad_() if not z.requires_grad else z))
+        return z.reshape(a.shape[0], -1)
+
+
+class PairNet:
+    """The model's stacked twin; :meth:`clipped_sum` is the engine. Build with :func:`build`."""
+
+    def __init__(self, model: nn.Module, stacked: nn.Module, tape: _Tape):
+        self.model, self.stacked, self.tape = model, stacked, tape
+        self.names = tuple(n for n, _ in model.named_parameters())
+        self.checked: dict[tuple[int, ...], bool] = {}
+
+    def _forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """Logits (B, P, classes) of every pair's batch at its parameters, layers recorded."""
+        p, b = x.shape[:2]
+        t = self.tape
+        t.params, t.pairs, t.records = params, p, []
+        if x.dim() == 5 and x.shape[2] <= FEW_CHANNELS:
+            # channels-last in one copy: (P, B, C, H, W) -> memory (B, H, W, P·C)
+            h, w = x.shape[3:]
+            stacked_x = x.permute(1, 3, 4, 0, 2).reshape(b, h, w, -1).permute(0, 3, 1, 2)
+        else:
+            stacked_x = x.transpose(0, 1).reshape(b, p * x.shape[2], *x.shape[3:])
+        return self.stacked(stacked_x).reshape(b, p, -1)
+
+    def agrees(self, params: dict[str, Tensor], x: Tensor) -> bool:
+        """Whether the stacked forward gives the model's own logits (first two pairs and
+        examples), once per input shape: catches a forward that mixes channels."""
+        key = tuple(x.shape[2:])
+        if key not in self.checked:
+            k = min(2, x.shape[0])
+            sub = {n: v[:k] for n, v in params.items()}
+            with torch.no_grad():
+                ref = torch.stack(
+                    [
+                        functional_call(self.model, {n: v[i] for n, v in sub.items()}, (x[i, :2],))
+                        for i in range(k)
+                    ]
+                )
+                try:
+                    ours = self._forward(sub, x[:k, :2]).transpose(0, 1).detach()
+                except RuntimeError:  # e.g. a reshape that assumed one model's channels
+                    ours = None
+            self.tape.records = []
+            ok = ours is not None and ours.shape == ref.shape
+            err = float((ours - ref).abs().max()) / max(float(ref.abs().max()), 1e-30) if ok else 1
+            self.checked[key] = ok and err <= CHECK_TOL
+        return self.checked[key]
+
+    def clipped_sum(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float | None, scale: float
+    ) -> dict[str, Tensor]:
+        """``scale · Σ_b clip_C(∇ CE(f(x_pb; θ_p), y_pb))`` per pair p: {name: (P, *shape)}.
+        ``params`` {name: (P, *shape)}, ``x`` (P, B, …), ``y`` (P, B); no clip if None."""
+        p, b = x.shape[:2]
+        with torch.enable_grad():
+            logits = self._forward(params, x)
+            loss = F.cross_entropy(logits.reshape(b * p, -1), y.t().reshape(-1), reduction="sum")
+            records = self.tape.records
+            self.tape.records = []
+            grads = torch.autograd.grad(loss, [z for _, _, z in records])
+        parts, sq = [], x.new_zeros(b, p)
+        for (layer, a, _), g in zip(records, grads, strict=True):
+            part = _per_example(layer, a.detach(), g, b, p)
+            parts.append(part)
+            if clip is not None:
+                sq = sq + part.sq
+        if clip is None:
+            factor = x.new_full((b, p), scale)
+        else:
+            factor = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0) * scale
+        out: dict[str, Tensor] = {}
+        for (layer, _, _), part in zip(records, parts, strict=True):
+            out.update(part.weighted(factor, layer.name))
+        return {n: out[n] for n in self.names}
+
+
+@dataclass
+class _Part:
+    """One layer's per-example gradients, (B, P, …), or its linear factors."""
+
+    weight: Tensor | None  # conv: (B, P, O·I·k·k)
+    bias: Tensor | None  # (B, P, O)
+    g: Tensor | None = None  # linear: output gradients (B, P, O)
+    a: Tensor | None = None  # linear: inputs (B, P, F)
+    shape: tuple[int, ...] = ()
+    sq: Tensor | None = None  # (B, P) squared norm of the example's gradient for this layer
+
+    def weighted(self, f: Tensor, name: str) -> dict[str, Tensor]:
+        """Σ_b f[b, p] · (this layer's gradient of example (b, p)) per pair."""
+        out = {}
+        if self.weight is not None:
+            w = torch.einsum("bp,bpd->pd", f, self.weight)
+        else:
+            w = torch.einsum("bpo,bpf->pof", self.g * f[..., None], self.a)
+        out[f"{name}.weight"] = w.reshape(w.shape[0], *self.shape)
+        if self.bias is not None:
+            out[f"{name}.bias"] = torch.einsum("bp,bpo->po", f, self.bias)
+        return out
+
+
+def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Part:
+    if isinstance(layer, _StackedLinear):
+        has_bias = layer.linear.bias is not None
+        g2 = g.square().sum(-1)
+        sq = g2 * a.square().sum(-1) + (g2 if has_bias else 0)
+        w_shape = tuple(layer.linear.weight.shape)
+        return _Part(None, g if has_bias else None, g=g, a=a, shape=w_shape, sq=sq)
+    c: nn.Conv2d = layer.conv
+    e = b * p
+    a1 = a.reshape(1, e * c.in_channels, *a.shape[2:])
+    g1 = g.reshape(1, e * c.out_channels, *g.shape[2:])
+    w_shape = tuple(c.weight.shape)
+    w1 = a.new_empty((e * w_shape[0], *w_shape[1:]))
+    _, gw, _ = torch.ops.aten.convolution_backward(
+        g1, a1, w1, None, c.stride, c.padding, c.dilation, False, [0, 0], e, [False, True, False]
+    )
+    gw = gw.reshape(b, p, -1)
+    gb = g.reshape(b, p, c.out_channels, -1).sum(-1) if c.bias is not None else None
+    sq = gw.square().sum(-1) + (gb.square().sum(-1) if gb is not None else 0)
+    return _Part(gw, gb, shape=w_shape, sq=sq)
+
+
+def build(model: nn.Module) -> PairNet | None:
+    """The stacked twin of ``model``, or None if a module is not supported (see module
+    docstring)."""
+    tape = _Tape()
+    stacked = copy.deepcopy(model)
+
+    def convert(module: nn.Module, prefix: str) -> bool:
+        for name, child in list(module.named_children()):
+            full = f"{prefix}{name}"
+            if type(child) is nn.Conv2d:
+                if (
+                    child.groups != 1
+                    or child.padding_mode != "zeros"
+                    or isinstance(child.padding, str)
+                ):
+                    return False
+                setattr(module, name, _StackedConv(child, full, tape))
+            elif type(child) is nn.Linear:
+                setattr(module, name, _StackedLinear(child, full, tape))
+            elif isinstance(child, CHANNELWISE):
+                if isinstance(child, nn.Flatten) and child.start_dim != 1:
+                    return False
+            elif type(child) is nn.Sequential or (
+                not list(child.parameters(recurse=False)) and list(child.children())
+            ):
+                if not convert(child, f"{full}."):
+                    return False
+            else:
+                return False
+        return True
+
+    if list(model.parameters(recurse=False)) or not convert(stacked, ""):
+        return None
+    if any(n.split(".")[-1] not in ("weight", "bias") for n, _ in model.named_parameters()):
+        return None
+    return PairNet(model, stacked.eval(), tape)
