@@ -6,11 +6,14 @@ with L-BFGS (the authors' code: ``lr=1``, 20 inner iterations per step, 300 step
 Deviation: the default ``line_search_fn="strong_wolfe"``; the authors use none, and a
 fixed unit step diverges to NaN from some initialisations (seen on the sigmoid LeNet at
 16×16) while strong Wolfe costs about the same and converges; pass ``line_search_fn=None``
-for the original. Dummy images start uniform in [0, 1] (the authors draw N(0, 1)) and
-are unconstrained during the search, as in the paper; they are clamped to [0, 1] on
-return; label logits start N(0, 1). Each observation returns the best iterate it reached
-(lowest matching loss over every point L-BFGS evaluated), which also guards against
-DLG's occasional divergence to NaN. Returned labels are ``argmax y'``.
+for the original. The optimiser is :class:`.lbfgs.LBFGS`, torch's L-BFGS (same iterates up
+to rounding) with the search direction from the compact representation instead of the
+two-loop recursion: about a quarter less time per evaluation on one 32×32 image. Dummy
+images start uniform in [0, 1] (the authors draw N(0, 1)) and are unconstrained during the
+search, as in the paper; they are clamped to [0, 1] on return; label logits start N(0, 1).
+Each observation returns the best iterate it reached (lowest matching loss over every point
+L-BFGS evaluated), which also guards against DLG's occasional divergence to NaN. Returned
+labels are ``argmax y'``.
 
 Batching and L-BFGS: the K observations' losses are independent and summed, but
 L-BFGS is not elementwise — its curvature pairs, the line search (one step length for
@@ -38,12 +41,14 @@ from .common import (
     init_images,
     l2_distance,
     one_hot,
+    onednn_convs,
     problem,
     progress_bar,
     value_and_grad,
     worth_tracing,
 )
 from .labels import labels_for
+from .lbfgs import LBFGS
 
 DEFAULT_ITERATIONS = 300
 DEFAULT_RESTARTS = 1
@@ -95,7 +100,7 @@ def lbfgs_attack(
     best_x = x.detach().clone()
     best_y = soft_labels().detach().clone()
 
-    opt = torch.optim.LBFGS(
+    opt = LBFGS(
         variables,
         lr=lr,
         max_iter=max_iter,
@@ -107,27 +112,33 @@ def lbfgs_attack(
         y = y_fixed if fixed_labels else torch.softmax(v[1], dim=-1)
         return l2_distance(prob.gradient(dummy_grad, v[0], y), prob.target)
 
-    step = value_and_grad(objective, *variables, trace=worth_tracing(stack, clip_aware))
+    images = x.shape[0] * x.shape[1]
+    step = value_and_grad(
+        objective,
+        *variables,
+        trace=worth_tracing(stack, clip_aware),
+        channels_last=onednn_convs(stack, images),
+    )
     evaluations = 0
 
     def closure() -> Tensor:
-        nonlocal best_loss, evaluations
+        nonlocal best_loss, best_x, best_y, evaluations
         grads, losses = step(*variables)
         for v, g in zip(variables, grads, strict=True):
             v.grad = g
         evaluations += 1
         with torch.no_grad():
-            y = soft_labels()
             better = torch.nan_to_num(losses, nan=float("inf")) < best_loss
             best_loss = torch.where(better, losses, best_loss)
-            free = better.view(len(obs), 1, r).expand(-1, prob.slots, -1).flatten()
-            best_x[free] = x.detach()[free]
-            best_y[free] = y[free]
+            # per free row, without boolean indexing (no host sync, no gather/scatter)
+            free = better.view(len(obs), 1, r).expand(-1, prob.slots, -1).reshape(-1, 1, 1)
+            best_x = torch.where(free.view(-1, *[1] * (x.dim() - 1)), x, best_x)
+            best_y = torch.where(free, soft_labels(), best_y)
         return losses.sum()
 
     with (
         progress_bar(progress, iterations, f"{name.upper()} ×{len(obs)}") as advance,
-        conv_backend(stack, x.shape[0] * x.shape[1]),
+        conv_backend(stack, images),
     ):
         for _ in range(iterations):
             loss = opt.step(closure)

@@ -56,6 +56,7 @@ from .common import (
     gradient_fn,
     init_images,
     one_hot,
+    onednn_convs,
     problem,
     progress_bar,
     total_variation,
@@ -131,10 +132,16 @@ def ig(
             loss = loss + tv * prob.per_problem(total_variation(x))
         return loss
 
-    step = value_and_grad(objective, x, trace=worth_tracing(stack, clip_aware))
+    images = x.shape[0] * x.shape[1]
+    step = value_and_grad(
+        objective,
+        x,
+        trace=worth_tracing(stack, clip_aware),
+        channels_last=onednn_convs(stack, images),
+    )
     with (
         progress_bar(progress, iterations, f"IG ×{len(obs)}") as advance,
-        conv_backend(stack, x.shape[0] * x.shape[1]),
+        conv_backend(stack, images),
     ):
         for _ in range(iterations):
             (g,), _ = step(x)
