@@ -211,10 +211,14 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
         return _Part(None, g if has_bias else None, g=g, a=a, shape=w_shape, sq=sq)
     c: nn.Conv2d = layer.conv
     e = b * p
-    a1 = a.reshape(1, e * c.in_channels, *a.shape[2:])
-    g1 = g.reshape(1, e * c.out_channels, *g.shape[2:])
     w_shape = tuple(c.weight.shape)
     w1 = a.new_empty((e * w_shape[0], *w_shape[1:]))
+    if c.in_channels <= FEW_CHANNELS:  # the input is channels-last already (see forward)
+        a1, g1 = _one_image_per_example(a), _one_image_per_example(g)
+        w1 = w1.contiguous(memory_format=torch.channels_last)
+    else:  # free views
+        a1 = a.reshape(1, e * c.in_channels, *a.shape[2:])
+        g1 = g.reshape(1, e * c.out_channels, *g.shape[2:])
     _, gw, _ = torch.ops.aten.convolution_backward(
         g1, a1, w1, None, c.stride, c.padding, c.dilation, False, [0, 0], e, [False, True, False]
     )
@@ -222,6 +226,14 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
     gb = g.reshape(b, p, c.out_channels, -1).sum(-1) if c.bias is not None else None
     sq = gw.square().sum(-1) + (gb.square().sum(-1) if gb is not None else 0)
     return _Part(gw, gb, shape=w_shape, sq=sq)
+
+
+def _one_image_per_example(t: Tensor) -> Tensor:
+    """(B, P·C, H, W) in either layout -> (1, B·P·C, H, W) channels-last (memory (H, W, B·P·C))
+    in one copy: oneDNN's grouped weight gradient with 3 input channels per group is ~2× faster
+    channels-last (LeNet's first layer, 768 groups: 10.5 vs 19 ms, one thread); with 12 the
+    copies cost what the layout saves."""
+    return t.permute(2, 3, 0, 1).reshape(*t.shape[2:], -1).permute(2, 0, 1).unsqueeze(0)
 
 
 def build(model: nn.Module) -> PairNet | None:
