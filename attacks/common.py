@@ -18,6 +18,7 @@ Everything stays differentiable w.r.t. the dummy images (second order through
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -387,7 +388,8 @@ def value_and_grad(
     branch on tensor values, and what it closes over (targets, labels, model parameters) is
     baked into the graph as constants. If tracing fails, the untraced function is used.
     ``channels_last`` runs the traced graph's convolutions channels-last
-    (:func:`channels_last_convs`).
+    (:func:`channels_last_convs`). Work on constants alone (reshaping and converting the
+    model's weights) is done once at tracing (:func:`fold_constants`).
     """
 
     def total(*v: Tensor) -> tuple[Tensor, Tensor]:
@@ -403,6 +405,8 @@ def value_and_grad(
             gm.graph.eliminate_dead_code()  # e.g. input gradients nothing uses
             if channels_last:
                 channels_last_convs(gm)
+            with torch.no_grad():
+                fold_constants(gm)
             gm.recompile()
             fn = gm
         except Exception:  # noqa: BLE001 - an untraceable op: fall back to eager functorch
@@ -454,6 +458,71 @@ def channels_last_convs(gm: torch.fx.GraphModule) -> None:
             for i in tensors:
                 args[i] = g.call_function(_to_channels_last, (args[i],))
         n.args = tuple(args)
+
+
+def fold_constants(gm: torch.fx.GraphModule) -> None:
+    """Evaluate once every pure operation whose inputs are all constants of the graph (the
+    model's parameters, targets, labels baked in by tracing) and replace it by its value, so
+    an iteration replays only the work that depends on its inputs; then merge repeated pure
+    operations on the same arguments. In-place operations, random ones and operations
+    without tensor inputs are left alone."""
+    g = gm.graph
+    value: dict[torch.fx.Node, object] = {}
+    for n in g.nodes:
+        if n.op == "get_attr":
+            value[n] = _attr(gm, n.target)
+        elif n.op == "call_function" and n.all_input_nodes and _pure(n.target):
+            if all(i in value for i in n.all_input_nodes):
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), value.__getitem__)
+                value[n] = n.target(*args, **kwargs)
+    folded = 0
+    for n in list(g.nodes):
+        if n.op != "call_function" or n not in value or all(u in value for u in n.users):
+            continue
+        if not isinstance(value[n], Tensor):
+            continue
+        name = f"_folded_{folded}"
+        folded += 1
+        gm.register_buffer(name, value[n])
+        with g.inserting_before(n):
+            const = g.get_attr(name)
+        n.replace_all_uses_with(const)
+    # common subexpressions: a pure operation repeated on the same arguments runs once
+    seen: dict[tuple, torch.fx.Node] = {}
+    for n in list(g.nodes):
+        if n.op != "call_function" or not _pure(n.target):
+            continue
+        key = (n.target, _hashable(n.args), _hashable(n.kwargs))
+        if key in seen:
+            n.replace_all_uses_with(seen[key])
+        else:
+            seen[key] = n
+    g.eliminate_dead_code()
+
+
+def _hashable(a: object) -> object:
+    if isinstance(a, (list, tuple)):
+        return tuple(_hashable(v) for v in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in a.items()))
+    if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(a)
+    return a
+
+
+def _attr(gm: torch.nn.Module, target: str) -> object:
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _pure(target: object) -> bool:
+    if isinstance(target, torch._ops.OpOverload):
+        return (
+            not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
+        )
+    return target in (_to_channels_last, operator.getitem)
 
 
 def _to_channels_last(t: Tensor) -> Tensor:

@@ -334,6 +334,8 @@ def breaching(res: Results, args: argparse.Namespace) -> None:
             args.device,
             "--threads",
             str(args.threads),
+            "--repeats",
+            "1" if args.quick else "3",  # min over interleaved rounds: tracing time varies
             "--quiet",
         ]
         try:
