@@ -259,3 +259,60 @@ def test_unknown_attack_lists_valid_names(lenet_obs):
 def test_unknown_option_is_refused(lenet_obs):
     with pytest.raises(PrivauditError, match="tv"):
         run_attack("dlg", [lenet_obs[0]], tv=0.1)
+
+
+def test_traced_step_equals_eager_and_is_replayed_through_aten():
+    """value_and_grad's traced, folded, channels-last, direct-ATen step gives functorch's
+    eager value and gradient (second order through the dummy gradient)."""
+    from privaudit.attacks import common
+
+    imgs = photos(4, 16)
+    obs = [
+        observe(build_model("lenet", (3, 16, 16), 10, k), imgs[k : k + 1], torch.tensor([k]))
+        for k in range(4)
+    ]
+    stack = stack_observations(obs)
+    y = one_hot([torch.tensor([k]) for k in range(4)], stack, 1)
+    dummy = common.gradient_fn(stack)
+    target = stack.target
+
+    def objective(x):
+        g = dummy(x, y)
+        return common.cosine_distance(g, target) + 0.1 * common.total_variation(x)
+
+    x = torch.rand(4, 1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    (ge,), le = common.value_and_grad(objective, x, trace=False)(x)
+    for channels_last in (False, True):
+        step = common.value_and_grad(objective, x, channels_last=channels_last)
+        fn = next(c.cell_contents for c in step.__closure__ if callable(c.cell_contents))
+        assert fn.func.__name__ == "forward"  # traced and bound by direct_ops, not eager
+        x2 = torch.rand_like(x)  # a new point: nothing of the example is baked in
+        (gt,), lt = step(x2)
+        (ge2,), le2 = common.value_and_grad(objective, x2, trace=False)(x2)
+        torch.testing.assert_close(lt, le2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gt, ge2, rtol=1e-4, atol=1e-5 * float(ge2.abs().max()))
+    assert not torch.allclose(ge, ge2)
+
+
+def test_fold_constants_keeps_inplace_and_merges_repeats():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from privaudit.attacks.common import fold_constants
+
+    w = torch.randn(5, 5)
+
+    def f(x):
+        a = (w.t() * 2) @ x  # constant subexpression w.t() * 2: folded
+        b = (w.t() * 2) @ x
+        return (a + b).relu_()  # in place: kept
+
+    gm = make_fx(f)(torch.randn(5, 3))
+    before = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    fold_constants(gm)
+    gm.recompile()
+    after = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    assert aten.t.default in before and aten.t.default not in after
+    assert after.count(aten.mm.default) == 1 and aten.relu_.default in after
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(gm(x), f(x))
