@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import operator
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -403,7 +404,7 @@ def value_and_grad(
     example = tuple(v.detach() for v in example)
     if trace:
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _no_gc():
                 gm = make_fx(fn)(*example)
             gm.graph.eliminate_dead_code()  # e.g. input gradients nothing uses
             if channels_last:
@@ -423,6 +424,20 @@ def value_and_grad(
     return step
 
 
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off while tracing: make_fx creates many short-lived
+    objects and a collection in the middle of it cost 0.3 s on the 16-observation LeNet step
+    (tracing 0.34–0.72 s with it, 0.31–0.33 s without); the garbage is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def worth_tracing(stack: Stack, clip_aware: bool) -> bool:
     """Whether :func:`value_and_grad` should trace: only for the plain (not per-example)
     dummy gradient. Its iterations are overhead-bound (B = 1 LeNet: traced 1.5 vs 2.4–4 ms),
@@ -440,11 +455,30 @@ def channels_last_convs(gm: torch.fx.GraphModule) -> None:
     tensors — oneDNN's fast layout for grouped convolutions with few channels per group,
     i.e. K observations batched by ``vmap`` (measured, 16 observations on the sigmoid
     LeNet, one thread: see :func:`onednn_convs`) — and every ``view`` becomes a ``reshape``,
-    which copies only where a channels-last tensor cannot be viewed. Results are the same up
-    to float rounding. Left unchanged if the graph has an operation that depends on strides."""
+    which copies only where a channels-last tensor cannot be viewed. A transposed convolution
+    (the double backward's input gradients) becomes the input gradient of the forward
+    convolution, the same operator oneDNN runs ~2× faster (stride 2: 0.71 → 0.30 ms,
+    16 observations). Results are the same up to float rounding. Left unchanged if the graph
+    has an operation that depends on strides."""
     g = gm.graph
     if any(n.target in _STRIDE_SENSITIVE for n in g.nodes):
         return
+    for k, n in enumerate(list(g.nodes)):
+        if n.target is aten.convolution.default and n.args[6] and n.args[2] is None:
+            y, w, _, stride, padding, dilation, _, _, groups = n.args
+            shape = tuple(n.meta["val"].shape)  # the transposed convolution's output
+            name = f"_input_shape_{k}"  # only its shape is read
+            gm.register_buffer(name, torch.empty(shape).contiguous(memory_format=_cl(shape)))
+            with g.inserting_before(n):
+                like = g.get_attr(name)
+                cb = g.call_function(
+                    aten.convolution_backward.default,
+                    (y, like, w, None, stride, padding, dilation, False, [0, 0], groups),
+                    {"output_mask": [True, False, False]},
+                )
+                grad_input = g.call_function(operator.getitem, (cb, 0))
+            n.replace_all_uses_with(grad_input)
+            g.erase_node(n)
     for n in list(g.nodes):
         if n.target is aten.convolution.default:
             tensors = (0, 1)
@@ -454,8 +488,8 @@ def channels_last_convs(gm: torch.fx.GraphModule) -> None:
             if n.target in (aten.view.default, aten._unsafe_view.default):
                 n.target = aten.reshape.default
             continue
-        if n.args[1].meta["val"].dim() != 4:
-            continue
+        if n.args[1 if n.target is aten.convolution.default else 2].meta["val"].dim() != 4:
+            continue  # the weight: 2-d convolutions only
         args = list(n.args)
         with g.inserting_before(n):
             for i in tensors:
@@ -555,6 +589,10 @@ def _pure(target: object) -> bool:
             not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
         )
     return target in (_to_channels_last, operator.getitem)
+
+
+def _cl(shape: tuple[int, ...]) -> torch.memory_format:
+    return torch.channels_last if len(shape) == 4 else torch.contiguous_format
 
 
 def _to_channels_last(t: Tensor) -> Tensor:
