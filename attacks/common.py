@@ -468,8 +468,9 @@ def channels_last_convs(gm: torch.fx.GraphModule) -> None:
             y, w, _, stride, padding, dilation, _, _, groups = n.args
             out = n.meta["val"]  # the transposed convolution's output
             name = f"_input_shape_{k}"  # only its shape is read
+            layout = torch.channels_last if out.dim() == 4 else torch.contiguous_format
             like_out = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-            gm.register_buffer(name, like_out.contiguous(memory_format=_cl(tuple(out.shape))))
+            gm.register_buffer(name, like_out.contiguous(memory_format=layout))
             with g.inserting_before(n):
                 like = g.get_attr(name)
                 cb = g.call_function(
@@ -538,7 +539,8 @@ def fold_constants(gm: torch.fx.GraphModule) -> None:
     seen: dict[tuple, torch.fx.Node] = {}
     for n in list(g.nodes):
         if n.op == "get_attr":
-            key: tuple = ("attr", id(_attr(gm, n.target)))
+            attr = operator.attrgetter(n.target)(gm)
+            key: tuple = ("attr", id(attr))
         elif n.op == "call_function" and _pure(n.target):
             key = (n.target, _hashable(n.args), _hashable(n.kwargs))
         else:
@@ -548,7 +550,7 @@ def fold_constants(gm: torch.fx.GraphModule) -> None:
             continue
         seen[key] = n
         if n.op == "get_attr":
-            value[n] = _attr(gm, n.target)
+            value[n] = attr
         elif n.all_input_nodes and all(i in value for i in n.all_input_nodes):
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), value.__getitem__)
             value[n] = n.target(*args, **kwargs)
@@ -577,23 +579,12 @@ def _hashable(a: object) -> object:
     return a
 
 
-def _attr(gm: torch.nn.Module, target: str) -> object:
-    obj: object = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _pure(target: object) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         return (
             not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
         )
     return target in (_to_channels_last, operator.getitem)
-
-
-def _cl(shape: tuple[int, ...]) -> torch.memory_format:
-    return torch.channels_last if len(shape) == 4 else torch.contiguous_format
 
 
 def _to_channels_last(t: Tensor) -> Tensor:

@@ -33,7 +33,8 @@ def _images(x: Any, name: str) -> np.ndarray:
     return np.clip(a, 0.0, 1.0)
 
 
-def _show(ax: Any, img: np.ndarray) -> None:
+def show_image(ax: Any, img: np.ndarray) -> None:
+    """One (C, H, W) image in [0, 1] on ``ax``, without ticks or frame."""
     if img.shape[0] == 1:
         ax.imshow(img[0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
     else:
@@ -149,9 +150,9 @@ def reconstruction_grid(
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(len(rows) + 1, n, squeeze=False, gridspec_kw={"height_ratios": heights})
     for i in range(n):
-        _show(axes[0, i], truth[i])
+        show_image(axes[0, i], truth[i])
         for k, r in enumerate(rows):
-            _show(axes[k + 1, i], r[i])
+            show_image(axes[k + 1, i], r[i])
             cap = _caption(metrics[k], i)
             if cap:
                 axes[k + 1, i].set_xlabel(cap, fontsize=6, linespacing=1.1)

@@ -25,7 +25,7 @@ import torch
 
 from privaudit.rundir import atomic_write
 
-from .figures import save_figure
+from .figures import save_figure, show_image
 
 __all__ = [
     "summarize",
@@ -288,18 +288,6 @@ def _save(fig: Any, path: Path) -> list[Path]:
     ]
 
 
-def _show(ax: Any, img: np.ndarray) -> None:
-    img = np.clip(img, 0.0, 1.0)
-    if img.shape[0] == 1:
-        ax.imshow(img[0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
-    else:
-        ax.imshow(np.transpose(img, (1, 2, 0)), interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-
-
 def grid_figure(
     blocks: Sequence[tuple[str, torch.Tensor, torch.Tensor, list[float], list[float]]],
     title: str,
@@ -331,7 +319,7 @@ def grid_figure(
         for i in range(k):
             ax = axes[r, i]
             if i < len(imgs):
-                _show(ax, imgs[i])
+                show_image(ax, np.clip(imgs[i], 0.0, 1.0))
                 if caps:
                     ax.set_xlabel(caps[i], fontsize=5.5, linespacing=1.0, labelpad=1.5)
             else:

@@ -184,10 +184,10 @@ class _Part:
 
     weight: Tensor | None  # conv: (B, P, O·I·k·k)
     bias: Tensor | None  # (B, P, O)
+    shape: tuple[int, ...]  # the weight's
+    sq: Tensor  # (B, P): squared norm of each example's gradient in this layer
     g: Tensor | None = None  # linear: output gradients (B, P, O)
     a: Tensor | None = None  # linear: inputs (B, P, F)
-    shape: tuple[int, ...] = ()
-    sq: Tensor | None = None  # (B, P): squared norm of each example's gradient in this layer
 
     def weighted(self, f: Tensor, name: str) -> dict[str, Tensor]:
         """Σ_b f[b, p] · (this layer's gradient of example (b, p)) per pair."""
@@ -208,7 +208,7 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
         g2 = g.square().sum(-1)
         sq = g2 * a.square().sum(-1) + (g2 if has_bias else 0)
         w_shape = tuple(layer.linear.weight.shape)
-        return _Part(None, g if has_bias else None, g=g, a=a, shape=w_shape, sq=sq)
+        return _Part(None, g if has_bias else None, w_shape, sq, g=g, a=a)
     c: nn.Conv2d = layer.conv
     e = b * p
     w_shape = tuple(c.weight.shape)
@@ -225,7 +225,7 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
     gw = gw.reshape(b, p, -1)
     gb = g.reshape(b, p, c.out_channels, -1).sum(-1) if c.bias is not None else None
     sq = gw.square().sum(-1) + (gb.square().sum(-1) if gb is not None else 0)
-    return _Part(gw, gb, shape=w_shape, sq=sq)
+    return _Part(gw, gb, w_shape, sq)
 
 
 def _one_image_per_example(t: Tensor) -> Tensor:
