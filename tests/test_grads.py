@@ -52,7 +52,7 @@ def test_stacked_engine_gradient_is_the_true_per_example_gradient():
         torch.nn.utils.vector_to_parameters(flat[i], m.parameters())
         loss = nn.functional.cross_entropy(m(x[i]), y[i])
         want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(m.parameters()))])
-        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
 
 
 def test_unsupported_models_fall_back_to_vmap():
