@@ -59,6 +59,10 @@ CHANNELWISE = (
 )
 FEW_CHANNELS = 4  # convolutions with at most this many input channels (RGB) run channels-last
 CHECK_TOL = 1e-4  # relative agreement of the first call's logits with the model itself
+# floats of the largest stacked activation per chunk of pairs (4 MB): larger calls run in
+# chunks, whose activations and per-example gradients stay in cache between the layers'
+# kernels (DPDL, 96 pairs, 2 threads: 40 → 38 ms in 3 chunks)
+CHUNK_FLOATS = 1 << 20
 
 
 @dataclass
@@ -114,6 +118,7 @@ class PairNet:
         self.model, self.stacked, self.tape = model, stacked, tape
         self.names = tuple(n for n, _ in model.named_parameters())
         self.checked: dict[tuple[int, ...], bool] = {}
+        self.example_floats: dict[tuple[int, ...], int] = {}  # largest activation per example
 
     def _forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         """Logits (B, P, classes) of every pair's batch at its parameters, layers recorded."""
@@ -149,6 +154,8 @@ class PairNet:
                     ours = self._forward(sub, x[:k, :2]).transpose(0, 1).detach()
                 except RuntimeError:  # e.g. a reshape that assumed one model's channels
                     ours = None
+            sizes = [t.numel() for _, a, z in self.tape.records for t in (a, z)]
+            self.example_floats[key] = max(sizes, default=0) // max(1, k * min(2, x.shape[1]))
             self.tape.records = []
             ok = ours is not None and ours.shape == ref.shape
             err = float((ours - ref).abs().max()) / max(float(ref.abs().max()), 1e-30) if ok else 1
@@ -159,7 +166,29 @@ class PairNet:
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float, scale: float
     ) -> dict[str, Tensor]:
         """``scale · Σ_b clip_C(∇ CE(f(x_pb; θ_p), y_pb))`` per pair p: {name: (P, *shape)}.
-        ``params`` {name: (P, *shape)}, ``x`` (P, B, …), ``y`` (P, B)."""
+        ``params`` {name: (P, *shape)}, ``x`` (P, B, …), ``y`` (P, B). In equal chunks of
+        pairs when the stacked activations would exceed ``CHUNK_FLOATS``."""
+        p, b = x.shape[:2]
+        per_pair = b * self.example_floats.get(tuple(x.shape[2:]), 0)
+        chunks = -(-per_pair * p // CHUNK_FLOATS) if per_pair else 1
+        if chunks > 1:
+            step = -(-p // chunks)
+            done = [
+                self._clipped_sum(
+                    {n: v[s : s + step] for n, v in params.items()},
+                    x[s : s + step],
+                    y[s : s + step],
+                    clip,
+                    scale,
+                )
+                for s in range(0, p, step)
+            ]
+            return {n: torch.cat([d[n] for d in done]) for n in self.names}
+        return self._clipped_sum(params, x, y, clip, scale)
+
+    def _clipped_sum(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float, scale: float
+    ) -> dict[str, Tensor]:
         p, b = x.shape[:2]
         with torch.enable_grad():
             logits = self._forward(params, x)
@@ -221,12 +250,23 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
         (e * o, i, kh, kw), dtype=a.dtype, device=a.device, memory_format=torch.channels_last
     )
     a1, g1 = _one_image_per_example(a), _one_image_per_example(g)
-    _, gw, _ = torch.ops.aten.convolution_backward(
-        g1, a1, w1, None, c.stride, c.padding, c.dilation, False, [0, 0], e, [False, True, False]
+    has_bias = c.bias is not None
+    _, gw, gb = torch.ops.aten.convolution_backward(
+        g1,
+        a1,
+        w1,
+        [e * o],
+        c.stride,
+        c.padding,
+        c.dilation,
+        False,
+        [0, 0],
+        e,
+        [False, True, has_bias],
     )
     # read in channels-last memory order (O, k, k, I): a free view, no reordering copy
     gw = gw.permute(0, 2, 3, 1).reshape(b, p, -1)
-    gb = g.sum((2, 3)).reshape(b, p, o) if c.bias is not None else None
+    gb = gb.reshape(b, p, o) if has_bias else None
     sq = _sq(gw) + (_sq(gb) if gb is not None else 0)
     return _Part(gw, gb, (o, kh, kw, i), sq, order=(0, 3, 1, 2))
 

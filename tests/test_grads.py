@@ -55,6 +55,23 @@ def test_stacked_engine_gradient_is_the_true_per_example_gradient():
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
 
 
+def test_chunked_pairs_give_the_same_result(monkeypatch):
+    """Above ``CHUNK_FLOATS`` the pairs run in chunks: same result as one call."""
+    model = build_model("lenet", (3, 32, 32), 10)
+    spec, flat, x, y = pairs(model, p=5)
+    grads = PairGrads(model, spec)
+    whole = grads.clipped_mean(flat, x, y, 0.05)
+    per_pair = x.shape[1] * grads._stacked.example_floats[tuple(x.shape[2:])]
+    assert per_pair >= x[0].numel()  # at least the input itself
+    calls = []
+    inner = grads._stacked._clipped_sum
+    monkeypatch.setattr(grads._stacked, "_clipped_sum", lambda *a: calls.append(1) or inner(*a))
+    monkeypatch.setattr(pairnet, "CHUNK_FLOATS", 2 * per_pair)  # 2 pairs per chunk: 2, 2, 1
+    chunked = grads.clipped_mean(flat, x, y, 0.05)
+    assert len(calls) == 3
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6 * float(whole.abs().max()))
+
+
 def test_unsupported_models_fall_back_to_vmap():
     # GroupNorm (resnet18) has parameters the engine does not know
     assert pairnet.build(build_model("resnet18", (3, 32, 32), 10)) is None
