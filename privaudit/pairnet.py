@@ -9,18 +9,22 @@ layer's output gradient per example (examples never interact). From activations 
 gradients, as opacus computes grad samples:
 
 - a convolution's per-example weight gradients are one weight-gradient convolution with one
-  group per example (free views of the activations; channels-last for an RGB input layer,
-  where oneDNN is ~2× faster in that layout), its bias gradients a spatial sum;
+  group per example, its bias gradients from the same kernel;
 - a linear layer's per-example gradient g aᵀ is never materialised: its squared norm is
   ‖g‖²‖a‖² (the ghost norm, Goodfellow 2015; Li et al. 2022) and the clipped sum one
   einsum Σ_b f_b g_b a_bᵀ.
 
+Every convolution runs channels-last (oneDNN's faster layout here: the stride-2 input
+gradient 17.7 → 7.7 ms at 96 pairs, one thread), and per-example weight gradients are read in
+that memory order, so the only layout copies are one per activation into the one-image-per-
+example layout. Large calls run in chunks of pairs (``CHUNK_FLOATS``) so each chunk's
+tensors stay in cache.
+
 The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`) weight
 one batched sum per layer. Same mathematics as the ``vmap`` path; float rounding differs
-(relative 1e-6 on the default LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured on
-one CPU thread, DPDL's clipped means of a round (LeNet, B = 8): 30 pairs 46 → 31 ms, 96
-pairs 192 → 106–135 ms (``benchmarks/run.py`` simulation: 4.1× → 4.9× over the per-agent
-loop at 10 agents).
+(relative 1e-6 on the default LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured,
+DPDL's clipped means of a round (LeNet, B = 8, 96 pairs): nested ``vmap`` 192 ms on one
+thread; this engine 71 ms on one thread, 38–42 ms on two (``benchmarks/run.py``).
 
 Supported models: parametrised layers are ``Conv2d`` (groups = 1, zero padding) and
 ``Linear``; every other module is parameter-free and acts per channel or per element
@@ -57,7 +61,6 @@ CHANNELWISE = (
     nn.Flatten,
     nn.Dropout,
 )
-FEW_CHANNELS = 4  # convolutions with at most this many input channels (RGB) run channels-last
 CHECK_TOL = 1e-4  # relative agreement of the first call's logits with the model itself
 # floats of the largest stacked activation per chunk of pairs (4 MB): larger calls run in
 # chunks, whose activations and per-example gradients stay in cache between the layers'
@@ -278,9 +281,7 @@ def _sq(t: Tensor) -> Tensor:
 
 def _one_image_per_example(t: Tensor) -> Tensor:
     """(B, P·C, H, W) in either layout -> (1, B·P·C, H, W) channels-last (memory (H, W, B·P·C))
-    in one copy: oneDNN's grouped weight gradient with 3 input channels per group is ~2× faster
-    channels-last (LeNet's first layer, 768 groups: 10.5 vs 19 ms, one thread); with 12 the
-    copies cost what the layout saves."""
+    in one copy (whole rows of P·C channels from a channels-last input)."""
     return t.permute(2, 3, 0, 1).reshape(*t.shape[2:], -1).permute(2, 0, 1).unsqueeze(0)
 
 
