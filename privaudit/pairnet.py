@@ -169,25 +169,22 @@ class PairNet:
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float, scale: float
     ) -> dict[str, Tensor]:
         """``scale · Σ_b clip_C(∇ CE(f(x_pb; θ_p), y_pb))`` per pair p: {name: (P, *shape)}.
-        ``params`` {name: (P, *shape)}, ``x`` (P, B, …), ``y`` (P, B). In equal chunks of
-        pairs when the stacked activations would exceed ``CHUNK_FLOATS``."""
+        ``params`` {name: (P, *shape)}, ``x`` (P, B, …), ``y`` (P, B). In chunks of pairs
+        when the stacked activations would exceed ``CHUNK_FLOATS``."""
         p, b = x.shape[:2]
         per_pair = b * self.example_floats.get(tuple(x.shape[2:]), 0)
-        chunks = -(-per_pair * p // CHUNK_FLOATS) if per_pair else 1
-        if chunks > 1:
-            step = -(-p // chunks)
-            done = [
-                self._clipped_sum(
-                    {n: v[s : s + step] for n, v in params.items()},
-                    x[s : s + step],
-                    y[s : s + step],
-                    clip,
-                    scale,
-                )
-                for s in range(0, p, step)
-            ]
-            return {n: torch.cat([d[n] for d in done]) for n in self.names}
-        return self._clipped_sum(params, x, y, clip, scale)
+        step = -(-p // max(1, -(-per_pair * p // CHUNK_FLOATS)))  # ⌈P / chunks⌉
+        done = [
+            self._clipped_sum(
+                {n: v[s : s + step] for n, v in params.items()},
+                x[s : s + step],
+                y[s : s + step],
+                clip,
+                scale,
+            )
+            for s in range(0, p, step)
+        ]
+        return done[0] if len(done) == 1 else {n: torch.cat([d[n] for d in done]) for n in done[0]}
 
     def _clipped_sum(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float, scale: float
