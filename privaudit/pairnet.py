@@ -141,7 +141,9 @@ class PairNet:
 
     def agrees(self, params: dict[str, Tensor], x: Tensor) -> bool:
         """Whether the stacked forward gives the model's own logits (first two pairs and
-        examples), once per input shape: catches a forward that mixes channels."""
+        examples), once per input shape: catches a forward that mixes channels. The same
+        forward records the largest activation per example, which sizes the chunks of
+        :meth:`clipped_sum`."""
         key = tuple(x.shape[2:])
         if key not in self.checked:
             k = min(2, x.shape[0])
