@@ -72,6 +72,39 @@ def test_chunked_pairs_give_the_same_result(monkeypatch):
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6 * float(whole.abs().max()))
 
 
+def test_channel_padding_rule():
+    cases = {3: 3, 6: 6, 10: 10, 12: 16, 16: 16, 20: 24, 28: 32, 40: 40}
+    assert {c: pairnet.padded_channels(c) for c in cases} == cases
+
+
+class FullyConvolutional(nn.Module):
+    """Logits from a convolution (not padded: it is the last layer), after a padded one."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 12, 5, stride=2, padding=2),
+            nn.Tanh(),
+            nn.Conv2d(12, 10, 3, stride=2, padding=1),
+            nn.AvgPool2d(4),
+            nn.Flatten(),
+        )
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_fully_convolutional_model_matches_vmap():
+    model = FullyConvolutional()
+    spec, flat, x, y = pairs(model, shape=(3, 16, 16))
+    grads = PairGrads(model, spec)
+    assert [m.out for m in grads._stacked.stacked.modules() if hasattr(m, "out")] == [16, 10]
+    got = grads.clipped_mean(flat, x, y, 0.05)
+    assert grads._stacked.checked == {(3, 16, 16): True}
+    want = vmap_clipped_mean(grads, flat, x, y, 0.05)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
 def test_unsupported_models_fall_back_to_vmap():
     # GroupNorm (resnet18) has parameters the engine does not know
     assert pairnet.build(build_model("resnet18", (3, 32, 32), 10)) is None
@@ -81,7 +114,7 @@ def test_unsupported_models_fall_back_to_vmap():
 
         def __init__(self):
             super().__init__()
-            self.conv = nn.Conv2d(3, 4, 3)
+            self.conv = nn.Conv2d(3, 12, 3)  # padded to 16: the mean would see the padding
             self.fc = nn.Linear(30 * 30, 10)
 
         def forward(self, x):
