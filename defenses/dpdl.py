@@ -118,7 +118,7 @@ class DPDL(Defense):
         models, owner = exchange_models(net, x)
         # (8)–(10), (14): clipped means for the self pairs then the out-edge pairs, fresh
         # noise per pair from the data owner's generator
-        clean = ctx.grads.clipped_mean(models, xs[owner], ys[owner], p.clip)
+        clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner)
         noisy = clean
         if p.sigma > 0:
             noisy = clean + ctx.gaussian(owner, clean.shape[1]) * (p.sigma * p.clip / B)

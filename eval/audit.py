@@ -90,17 +90,26 @@ class CanaryGrads:
         return (x.reshape(x.shape[0], -1) == v.reshape(1, -1)).all(-1)
 
     def _call(
-        self, name: str, fn: Callable[..., Tensor], flat: Tensor, x: Tensor, *rest: Any
+        self,
+        name: str,
+        fn: Callable[..., Tensor],
+        flat: Tensor,
+        x: Tensor,
+        *rest: Any,
+        owner: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``fn``'s result (replayed when this call's inputs match the first trial's) and
-        the mask of the victim's rows."""
+        the mask of the victim's rows (pair p's batch is ``x[owner[p]]`` with ``owner``)."""
         key = (name, self._calls)
         self._calls += 1
         sig = (tuple(flat.shape), tuple(x.shape), float(flat[..., ::97].sum()))
         hit = self._store.get(key) if self.replay else None
         if hit is not None and hit[0] == sig:
             return hit[1], hit[2]
-        out, rows = fn(flat, x, *rest), self._rows(x)
+        if owner is None:
+            out, rows = fn(flat, x, *rest), self._rows(x)
+        else:
+            out, rows = fn(flat, x, *rest, owner), self._rows(x)[owner]
         if self.replay:
             self._store[key] = (sig, out, rows)
         if rows.any() and name != "per_example" and len(self.clean) < 64:
@@ -111,8 +120,12 @@ class CanaryGrads:
         out, rows = self._call("mean", self.inner.mean, flat, x, y)
         return self._add(out, rows, x.shape[1], lambda c: c)
 
-    def clipped_mean(self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None) -> Tensor:
-        out, rows = self._call("clipped_mean", self.inner.clipped_mean, flat, x, y, clip)
+    def clipped_mean(
+        self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None, owner: Tensor | None = None
+    ) -> Tensor:
+        out, rows = self._call(
+            "clipped_mean", self.inner.clipped_mean, flat, x, y, clip, owner=owner
+        )
         return self._add(out, rows, x.shape[1], lambda c: c if clip is None else clip_rows(c, clip))
 
     def per_example(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:

@@ -64,15 +64,22 @@ class PairGrads:
         """Per-example gradients, ``(P, B, D)``."""
         return self._per_example(flat, x, y)
 
-    def clipped_mean(self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None) -> Tensor:
-        """``(1/B) Σ_b g_b · min(1, C/‖g_b‖)`` per pair; the plain mean when ``clip`` is None."""
+    def clipped_mean(
+        self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None, owner: Tensor | None = None
+    ) -> Tensor:
+        """``(1/B) Σ_b g_b · min(1, C/‖g_b‖)`` per pair; the plain mean when ``clip`` is None.
+        With ``owner`` (P,), ``x``/``y`` are the batches (N, B, …) and pair p's is
+        ``owner[p]``: the stacked engine then reads each batch once (DPDL's 3 pairs per batch
+        on a ring share one first-layer convolution)."""
+        b, stacked = x.shape[1], self._stacked
+        if clip is not None and stacked is not None and flat.device.type == "cpu":
+            out = stacked.clipped_mean(flat, x, y, clip, owner)
+            if out is not None:
+                return out
+        if owner is not None:
+            x, y = x[owner], y[owner]
         if clip is None:
             return self.mean(flat, x, y)
-        b, stacked = x.shape[1], self._stacked
-        if stacked is not None and flat.device.type == "cpu":
-            named = self.spec.unflatten(flat)
-            if stacked.agrees(named, x):
-                return self.spec.flatten(stacked.clipped_sum(named, x, y, clip, 1 / b), 1)
         g = self.per_example(flat, x, y)
         # Σ_b f_b g_b / B as one batched matmul: no (P, B, D) temporary for the scaled rows
         return torch.bmm(clip_factors(g, clip).transpose(1, 2), g).squeeze(1) / b

@@ -44,6 +44,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from .params import ParamSpec
+
 # parameter-free modules that act per channel or per element, so stacking pairs along the
 # channel dimension does not mix them
 CHANNELWISE = (
@@ -85,8 +87,10 @@ class _Tape:
 
     params: dict[str, Tensor] = field(default_factory=dict)  # name -> (P, *shape)
     pairs: int = 1
-    records: list[tuple[nn.Module, Tensor, Tensor]] = field(default_factory=list)
+    # (layer, input, output, channel groups of the input) per stacked layer
+    records: list[tuple[nn.Module, Tensor, Tensor, int]] = field(default_factory=list)
     channels: tuple[int, int] | None = None  # (real, computed) channels of the last conv
+    shared: int = 1  # pairs per input batch, until the first layer has read the input
 
 
 class _StackedConv(nn.Module):
@@ -105,17 +109,18 @@ class _StackedConv(nn.Module):
         w = t.params[f"{self.name}.weight"]
         b = t.params.get(f"{self.name}.bias")
         o, i = w.shape[1:3]
-        cin = a.shape[1] // t.pairs
+        groups = t.pairs // t.shared  # one per input batch: its pairs' filters side by side
+        cin = a.shape[1] // groups
         if (self.out, cin) != (o, i):  # zero weights to and from padded channels
             w = F.pad(w, (0, 0, 0, 0, 0, cin - i, 0, self.out - o))
             b = None if b is None else F.pad(b, (0, self.out - o))
         w = w.reshape(t.pairs * self.out, *w.shape[2:])
         a = a.contiguous(memory_format=torch.channels_last)
         z = F.conv2d(
-            a, w, None if b is None else b.reshape(-1), c.stride, c.padding, c.dilation, t.pairs
+            a, w, None if b is None else b.reshape(-1), c.stride, c.padding, c.dilation, groups
         )
-        t.records.append((self, a, z.requires_grad_() if not z.requires_grad else z))
-        t.channels = (o, self.out)
+        t.records.append((self, a, z.requires_grad_() if not z.requires_grad else z, groups))
+        t.channels, t.shared = (o, self.out), 1
         return z
 
 
@@ -135,104 +140,134 @@ class _StackedLinear(nn.Module):
         z = torch.einsum("bpf,pof->bpo", a, t.params[f"{self.name}.weight"])
         if self.linear.bias is not None:
             z = z + t.params[f"{self.name}.bias"]
-        t.records.append((self, a, z.requires_grad_() if not z.requires_grad else z))
+        t.records.append((self, a, z.requires_grad_() if not z.requires_grad else z, t.pairs))
         return z.reshape(a.shape[0], -1)
 
 
 class PairNet:
-    """The model's stacked twin; :meth:`clipped_sum` is the engine. Build with :func:`build`."""
+    """The model's stacked twin; :meth:`clipped_mean` is the engine. Build with :func:`build`."""
 
-    def __init__(self, model: nn.Module, stacked: nn.Module, tape: _Tape):
+    def __init__(self, model: nn.Module, stacked: nn.Module, tape: _Tape, shares_input: bool):
         self.model, self.stacked, self.tape = model, stacked, tape
-        self.names = tuple(n for n, _ in model.named_parameters())
-        self.checked: dict[tuple[int, ...], bool] = {}
-        self.example_floats: dict[tuple[int, ...], int] = {}  # largest activation per example
+        self.shares_input = shares_input  # the first layer is a convolution of the input
+        self.spec = ParamSpec.of(model)
+        self.checked: dict[tuple, bool] = {}  # (input shape, pairs per batch) -> agrees
+        self.example_floats: dict[tuple, int] = {}  # largest activation per example
 
-    def _forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        """Logits (B, P, classes) of every pair's batch at its parameters, layers recorded."""
-        p, b = x.shape[:2]
+    def _forward(self, params: dict[str, Tensor], x: Tensor, rows: Tensor, shared: int) -> Tensor:
+        """Logits (B, P, classes) of every pair at its parameters, layers recorded: the
+        batches ``x[rows]`` stacked, each the input of ``shared`` consecutive pairs."""
+        b, r = x.shape[1], len(rows)
+        p = r * shared
         t = self.tape
-        t.params, t.pairs, t.records, t.channels = params, p, [], None
+        t.params, t.pairs, t.records, t.channels, t.shared = params, p, [], None, shared
         if x.dim() == 5:
-            # channels-last in one copy: (P, B, C, H, W) -> memory (B, H, W, P·C), as a
-            # gather along P (2.5× faster than the permuted copy: 96 pairs 2.5 → 1.0 ms)
+            # channels-last in one copy: (N, B, C, H, W) -> memory (B, H, W, R·C), as a
+            # gather along N (2.5× faster than the permuted copy: 96 pairs 2.5 → 1.0 ms)
             h, w = x.shape[3:]
-            every = torch.arange(p, device=x.device)
-            stacked = x.permute(1, 3, 4, 0, 2).index_select(3, every)
+            stacked = x.permute(1, 3, 4, 0, 2).index_select(3, rows)
             stacked_x = stacked.reshape(b, h, w, -1).permute(0, 3, 1, 2)
         else:
-            stacked_x = x.transpose(0, 1).reshape(b, p * x.shape[2], *x.shape[3:])
+            picked = x.index_select(0, rows).transpose(0, 1)
+            stacked_x = picked.reshape(b, r * x.shape[2], *x.shape[3:])
         return self.stacked(stacked_x).reshape(b, p, -1)
 
-    def agrees(self, params: dict[str, Tensor], x: Tensor) -> bool:
-        """Whether the stacked forward gives the model's own logits (first two pairs and
-        examples), once per input shape: catches a forward that mixes channels. The same
-        forward records the largest activation per example, which sizes the chunks of
-        :meth:`clipped_sum`."""
-        key = tuple(x.shape[2:])
+    def _grouping(self, owner: Tensor) -> tuple[Tensor, int]:
+        """Pairs in the order they are stacked and how many share each batch: grouped by
+        owner when every owner has the same number m of pairs and the first layer is a
+        convolution (one grouped convolution per batch then computes all m pairs' first
+        layer: a DPDL ring owns 3 pairs per batch), else one batch per pair."""
+        counts = torch.bincount(owner)
+        counts = counts[counts > 0]
+        m = int(counts[0])
+        if m > 1 and self.shares_input and bool((counts == m).all()):
+            return torch.argsort(owner, stable=True), m
+        return torch.arange(len(owner), device=owner.device), 1
+
+    def agrees(self, params: dict[str, Tensor], x: Tensor, owner: Tensor) -> bool:
+        """Whether the stacked forward gives the model's own logits (the first batch's pairs,
+        or the first two pairs; two examples), once per input shape and grouping: catches a
+        forward that mixes channels. The same forward records the largest activation per
+        example, which sizes the chunks of :meth:`clipped_mean`."""
+        order, m = self._grouping(owner)
+        key = (*x.shape[2:], m)
         if key not in self.checked:
-            k = min(2, x.shape[0])
-            sub = {n: v[:k] for n, v in params.items()}
+            pick = order[: m if m > 1 else 2]
+            sub = {n: v.index_select(0, pick) for n, v in params.items()}
+            x2 = x[:, :2]
             with torch.no_grad():
                 ref = torch.stack(
                     [
-                        functional_call(self.model, {n: v[i] for n, v in sub.items()}, (x[i, :2],))
-                        for i in range(k)
+                        functional_call(
+                            self.model, {n: v[i] for n, v in sub.items()}, (x2[owner[j]],)
+                        )
+                        for i, j in enumerate(pick.tolist())
                     ]
                 )
                 try:
-                    ours = self._forward(sub, x[:k, :2]).transpose(0, 1).detach()
+                    ours = self._forward(sub, x2, owner[pick][::m], m).transpose(0, 1).detach()
                 except RuntimeError:  # e.g. a reshape that assumed one model's channels
                     ours = None
-            sizes = [t.numel() for _, a, z in self.tape.records for t in (a, z)]
-            self.example_floats[key] = max(sizes, default=0) // max(1, k * min(2, x.shape[1]))
+            sizes = [t.numel() for _, a, z, _ in self.tape.records for t in (a, z)]
+            self.example_floats[key] = max(sizes, default=0) // (len(pick) * x2.shape[1])
             self.tape.records = []
             ok = ours is not None and ours.shape == ref.shape
             err = float((ours - ref).abs().max()) / max(float(ref.abs().max()), 1e-30) if ok else 1
             self.checked[key] = ok and err <= CHECK_TOL
         return self.checked[key]
 
-    def clipped_sum(
-        self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float, scale: float
-    ) -> dict[str, Tensor]:
-        """``scale · Σ_b clip_C(∇ CE(f(x_pb; θ_p), y_pb))`` per pair p: {name: (P, *shape)}.
-        ``params`` {name: (P, *shape)}, ``x`` (P, B, …), ``y`` (P, B). In chunks of pairs
-        when the stacked activations would exceed ``CHUNK_FLOATS``."""
-        p, b = x.shape[:2]
-        per_pair = b * self.example_floats.get(tuple(x.shape[2:]), 0)
+    def clipped_mean(
+        self, flat: Tensor, x: Tensor, y: Tensor, clip: float, owner: Tensor | None = None
+    ) -> Tensor | None:
+        """``(1/B) Σ_b clip_C(∇ CE(f(x_pb; θ_p), y_pb))`` per pair p, (P, D) in the flat
+        layout of ``flat`` (P, D) (:class:`~privaudit.params.ParamSpec` of the model); ``x``
+        (N, B, …), ``y`` (N, B) the batches, pair p's being ``owner[p]`` (default p). None
+        when the stacked forward does not reproduce the model (:meth:`agrees`): the caller
+        falls back. In chunks of pairs when the stacked activations would exceed
+        ``CHUNK_FLOATS``."""
+        owner = torch.arange(len(x), device=x.device) if owner is None else owner
+        if not self.agrees(self.spec.unflatten(flat), x, owner):
+            return None
+        order, m = self._grouping(owner)
+        p, b = len(owner), x.shape[1]
+        per_pair = b * self.example_floats[(*x.shape[2:], m)]
         step = -(-p // max(1, -(-per_pair * p // CHUNK_FLOATS)))  # ⌈P / chunks⌉
-        done = [
-            self._clipped_sum(
-                {n: v[s : s + step] for n, v in params.items()},
-                x[s : s + step],
-                y[s : s + step],
-                clip,
-                scale,
-            )
-            for s in range(0, p, step)
-        ]
-        return done[0] if len(done) == 1 else {n: torch.cat([d[n] for d in done]) for n in done[0]}
+        step = -(-step // m) * m  # whole batches per chunk
+        if m > 1:  # the pairs of a batch side by side
+            flat, owner = flat.index_select(0, order), owner[order]
+        out = torch.empty_like(flat)
+        for s in range(0, p, step):
+            chunk = slice(s, s + step)
+            self._clipped_mean(flat[chunk], x, y, owner[chunk], m, clip, out[chunk])
+        return out if m == 1 else torch.empty_like(out).index_copy_(0, order, out)
 
-    def _clipped_sum(
-        self, params: dict[str, Tensor], x: Tensor, y: Tensor, clip: float, scale: float
-    ) -> dict[str, Tensor]:
-        p, b = x.shape[:2]
+    def _clipped_mean(
+        self,
+        flat: Tensor,
+        x: Tensor,
+        y: Tensor,
+        owner: Tensor,
+        m: int,
+        clip: float,
+        out: Tensor,
+    ) -> None:
+        p, b = len(owner), x.shape[1]
         with torch.enable_grad():
-            logits = self._forward(params, x)
-            loss = F.cross_entropy(logits.reshape(b * p, -1), y.t().reshape(-1), reduction="sum")
+            logits = self._forward(self.spec.unflatten(flat), x, owner[::m], m)
+            labels = y.index_select(0, owner).t().reshape(-1)
+            loss = F.cross_entropy(logits.reshape(b * p, -1), labels, reduction="sum")
             records = self.tape.records
             self.tape.records = []
-            grads = torch.autograd.grad(loss, [z for _, _, z in records])
+            grads = torch.autograd.grad(loss, [z for _, _, z, _ in records])
         parts = [
-            _per_example(layer, a.detach(), g, b, p)
-            for (layer, a, _), g in zip(records, grads, strict=True)
+            _per_example(layer, a.detach(), g, b, p, groups)
+            for (layer, a, _, groups), g in zip(records, grads, strict=True)
         ]
         sq = sum(part.sq for part in parts)
-        factor = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0) * scale
-        out: dict[str, Tensor] = {}
-        for (layer, _, _), part in zip(records, parts, strict=True):
-            out.update(part.weighted(factor, layer.name))
-        return {n: out[n] for n in self.names}
+        factor = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0) / b
+        named = self.spec.unflatten(out)
+        for (layer, *_), part in zip(records, parts, strict=True):
+            part.weighted(factor, named[f"{layer.name}.weight"], named.get(f"{layer.name}.bias"))
 
 
 @dataclass
@@ -247,9 +282,9 @@ class _Part:
     a: Tensor | None = None  # linear: inputs (B, P, F)
     order: tuple[int, ...] | None = None  # permutes ``shape`` to the weight's (O, I, k, k)
 
-    def weighted(self, f: Tensor, name: str) -> dict[str, Tensor]:
-        """Σ_b f[b, p] · (this layer's gradient of example (b, p)) per pair."""
-        out = {}
+    def weighted(self, f: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+        """Σ_b f[b, p] · (this layer's gradient of example (b, p)) per pair, written into
+        ``weight`` (P, *shape) and ``bias`` (P, O)."""
         if self.weight is not None:
             w = torch.einsum("bp,bpd->pd", f, self.weight)
         else:
@@ -257,13 +292,14 @@ class _Part:
         w = w.reshape(w.shape[0], *self.shape)
         if self.order is not None:
             w = w.permute(0, *(1 + d for d in self.order))
-        out[f"{name}.weight"] = w
-        if self.bias is not None:
-            out[f"{name}.bias"] = torch.einsum("bp,bpo->po", f, self.bias)
-        return out
+        weight.copy_(w)
+        if bias is not None:
+            bias.copy_(torch.einsum("bp,bpo->po", f, self.bias))
 
 
-def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Part:
+def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int, groups: int) -> _Part:
+    """One layer's per-example gradients from its input ``a`` (``groups`` channel groups:
+    one per pair, or one per batch shared by P/groups pairs) and output gradients ``g``."""
     if isinstance(layer, _StackedLinear):
         has_bias = layer.linear.bias is not None
         g2 = _sq(g)
@@ -276,7 +312,8 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
     w1 = torch.empty(  # only its shape and layout are read
         (e * o, i, kh, kw), dtype=a.dtype, device=a.device, memory_format=torch.channels_last
     )
-    a1, g1 = _one_image_per_example(a, p, i), _one_image_per_example(g, p, o)
+    # one group per example and batch: the P/groups pairs sharing a batch are side by side
+    a1, g1 = _one_image_per_example(a, groups, i), _one_image_per_example(g, p, o)
     has_bias = c.bias is not None
     _, gw, gb = torch.ops.aten.convolution_backward(
         g1,
@@ -288,7 +325,7 @@ def _per_example(layer: nn.Module, a: Tensor, g: Tensor, b: int, p: int) -> _Par
         c.dilation,
         False,
         [0, 0],
-        e,
+        b * groups,
         [False, True, has_bias],
     )
     # read in channels-last memory order (O, k, k, I): a free view, no reordering copy
@@ -350,4 +387,5 @@ def build(model: nn.Module) -> PairNet | None:
         return None
     if any(n.split(".")[-1] not in ("weight", "bias") for n, _ in model.named_parameters()):
         return None
-    return PairNet(model, stacked.eval(), tape)
+    first = bool(layers) and type(model.get_submodule(layers[0])) is nn.Conv2d
+    return PairNet(model, stacked.eval(), tape, shares_input=first)

@@ -61,15 +61,38 @@ def test_chunked_pairs_give_the_same_result(monkeypatch):
     spec, flat, x, y = pairs(model, p=5)
     grads = PairGrads(model, spec)
     whole = grads.clipped_mean(flat, x, y, 0.05)
-    per_pair = x.shape[1] * grads._stacked.example_floats[tuple(x.shape[2:])]
+    per_pair = x.shape[1] * grads._stacked.example_floats[(*x.shape[2:], 1)]
     assert per_pair >= x[0].numel()  # at least the input itself
     calls = []
-    inner = grads._stacked._clipped_sum
-    monkeypatch.setattr(grads._stacked, "_clipped_sum", lambda *a: calls.append(1) or inner(*a))
+    inner = grads._stacked._clipped_mean
+    monkeypatch.setattr(grads._stacked, "_clipped_mean", lambda *a: calls.append(1) or inner(*a))
     monkeypatch.setattr(pairnet, "CHUNK_FLOATS", 2 * per_pair)  # 2 pairs per chunk: 2, 2, 1
     chunked = grads.clipped_mean(flat, x, y, 0.05)
     assert len(calls) == 3
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6 * float(whole.abs().max()))
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [[0, 1, 2, 0, 1, 2], [2, 0, 1, 1, 0, 2], [0, 0, 1, 2, 2, 2]],
+    ids=["ring-order", "shuffled", "unequal"],
+)
+def test_pairs_sharing_batches_match_one_batch_per_pair(owner, monkeypatch):
+    """``owner``: pairs that share a batch read it once (grouped first layer when every batch
+    has as many pairs, otherwise one batch per pair); chunked or not, same result as vmap."""
+    model = build_model("lenet", (3, 16, 16), 10)
+    spec, flat, x, y = pairs(model, p=6, shape=(3, 16, 16))
+    owner = torch.tensor(owner)
+    xs, ys = x[:3], y[:3]
+    grads = PairGrads(model, spec)
+    want = vmap_clipped_mean(grads, flat, xs[owner], ys[owner], 0.05)
+    got = grads.clipped_mean(flat, xs, ys, 0.05, owner)
+    shared = 1 if len(set(torch.bincount(owner).tolist())) > 1 else 2
+    assert grads._stacked.checked == {(3, 16, 16, shared): True}
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+    monkeypatch.setattr(pairnet, "CHUNK_FLOATS", 1)  # one batch (or pair) per chunk
+    chunked = grads.clipped_mean(flat, xs, ys, 0.05, owner)
+    torch.testing.assert_close(chunked, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
 
 
 def test_channel_padding_rule():
@@ -100,7 +123,7 @@ def test_fully_convolutional_model_matches_vmap():
     grads = PairGrads(model, spec)
     assert [m.out for m in grads._stacked.stacked.modules() if hasattr(m, "out")] == [16, 10]
     got = grads.clipped_mean(flat, x, y, 0.05)
-    assert grads._stacked.checked == {(3, 16, 16): True}
+    assert grads._stacked.checked == {(3, 16, 16, 1): True}
     want = vmap_clipped_mean(grads, flat, x, y, 0.05)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
 
@@ -125,7 +148,7 @@ def test_unsupported_models_fall_back_to_vmap():
     grads = PairGrads(model, spec)
     assert grads._stacked is not None  # structurally fine ...
     got = grads.clipped_mean(flat, x, y, 0.5)
-    assert grads._stacked.checked == {(3, 32, 32): False}  # ... numerically not
+    assert grads._stacked.checked == {(3, 32, 32, 1): False}  # ... numerically not
     torch.testing.assert_close(got, vmap_clipped_mean(grads, flat, x, y, 0.5))
 
 
