@@ -91,17 +91,12 @@ class Context:
         which other agents share the process. A loop over agents, not over rows."""
         if owner is None:
             return torch.cat([fn(g, 1) for g in self.generators])
-        out = None
-        for a, g in enumerate(self.generators):
-            rows = (owner == a).nonzero().flatten()
-            if len(rows):
-                chunk = fn(g, len(rows))
-                if out is None:
-                    out = chunk.new_empty((len(owner), *chunk.shape[1:]))
-                out[rows] = chunk
-        if out is None:
+        counts = torch.bincount(owner, minlength=len(self.generators)).tolist()
+        parts = [fn(g, c) for g, c in zip(self.generators, counts, strict=True) if c]
+        if not parts:
             raise ValueError("draw needs at least one row")
-        return out
+        # the draws in agent order, then each row to its place: one gather, no scatter
+        return torch.cat(parts).index_select(0, torch.argsort(torch.argsort(owner, stable=True)))
 
     def gaussian(self, owner: Tensor | None, *shape: int) -> Tensor:
         """N(0, 1) rows of shape ``shape``, row r from agent ``owner[r]``'s generator."""

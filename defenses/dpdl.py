@@ -121,7 +121,8 @@ class DPDL(Defense):
         clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner)
         noisy = clean
         if p.sigma > 0:
-            noisy = clean + ctx.gaussian(owner, clean.shape[1]) * (p.sigma * p.clip / B)
+            noise = ctx.gaussian(owner, clean.shape[1])
+            noisy = torch.add(clean, noise, alpha=p.sigma * p.clip / B)
         self_clean, self_noisy = clean[:k], noisy[:k]
         # 3. exchange: out-edge i→j carries g̈^{ji}; the rows received are per in-edge
         cg = net.send("cg", noisy[k:])
