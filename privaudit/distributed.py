@@ -337,8 +337,9 @@ def _peer_gone(message: str) -> bool:
 
 def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
     """One line for the launcher's failure report: the rank that caused it (killed by a
-    signal other than the launcher's SIGTERM, else failed on its own, else named lost by its
-    neighbours), what happened to it, and where the run resumes."""
+    signal other than the launcher's SIGTERM, else failed on its own, else named lost by a
+    neighbour, else a rank whose connection broke), what happened to it, and where the run
+    resumes."""
 
     def signal(f: Any) -> str:
         return f.signal_name() if f.exitcode < 0 else ""
@@ -354,7 +355,11 @@ def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
         if any(LOST in _message(f) for f in failures.values())
         else set()
     )
-    culprit = (killed or own or named or sorted(failures))[0]
+    # a rank named lost but not among the failures (the launcher reports the first exit it
+    # sees) may only have died of the same cause: then report the rank whose link broke
+    gone = [r for r, f in failures.items() if _peer_gone(_message(f))]
+    seen = [r for r in named if r in failures]
+    culprit = (killed or own or seen or gone or named or sorted(failures))[0]
     f = failures.get(culprit)
     if f is None:
         how = "stopped responding"

@@ -15,16 +15,18 @@ gradients, as opacus computes grad samples:
   einsum Σ_b f_b g_b a_bᵀ.
 
 Every convolution runs channels-last (oneDNN's faster layout here: the stride-2 input
-gradient 17.7 → 7.7 ms at 96 pairs, one thread), and per-example weight gradients are read in
-that memory order, so the only layout copies are one per activation into the one-image-per-
-example layout. Large calls run in chunks of pairs (``CHUNK_FLOATS``) so each chunk's
-tensors stay in cache.
+gradient 17.7 → 7.7 ms at 96 pairs, one thread), with 12 channels per pair zero-padded to 16
+(:func:`padded_channels`); per-example weight gradients are read in that memory order, so
+the only layout copies are one per activation into the one-image-per-example layout. Pairs
+that share a batch (``owner``: DPDL's self and cross pairs of one data owner) read it once,
+and their first convolution is one group with all their filters. Large calls run in chunks
+of pairs (``CHUNK_FLOATS``) so each chunk's tensors stay in cache.
 
 The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`) weight
 one batched sum per layer. Same mathematics as the ``vmap`` path; float rounding differs
 (relative 1e-6 on the default LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured,
 DPDL's clipped means of a round (LeNet, B = 8, 96 pairs): nested ``vmap`` 192 ms on one
-thread; this engine 71 ms on one thread, 38–42 ms on two (``benchmarks/run.py``).
+thread; this engine 33–38 ms on two (``benchmarks/run.py``).
 
 Supported models: parametrised layers are ``Conv2d`` (groups = 1, zero padding) and
 ``Linear``; every other module is parameter-free and acts per channel or per element

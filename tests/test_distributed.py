@@ -4,6 +4,7 @@ with an error naming it, and the run resumes from its last checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -108,6 +109,20 @@ def test_failure_report_names_the_rank_that_died(tmp_path):
     line = describe_failure({0: stopped, 2: killed}, rd)
     assert line.startswith("rank 2 (agent 2) was killed by SIGKILL")
     assert "resume from the start" in line
+
+
+def test_failure_report_does_not_blame_a_rank_it_never_saw(tmp_path):
+    """Rank 2 killed; rank 1 died of it; the launcher saw only rank 0, whose link to rank 1
+    broke: rank 1 did not "stop responding", rank 0 lost its connection to a dead peer."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error = tmp_path / "error.json"
+    said = "rank 0 lost rank 1: the model message of round 3 did not get through "
+    said += "([gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4321)"
+    error.write_text(json.dumps({"message": said, "timestamp": 0}))
+    seen = ProcessFailure(local_rank=0, pid=10, exitcode=1, error_file=str(error))
+    line = describe_failure({0: seen}, RunDir(tmp_path))
+    assert line.startswith("rank 0 (agent 0) lost its connection to a peer that died"), line
 
 
 def _cli(out, rounds: int) -> list[str]:
