@@ -234,8 +234,8 @@ def simulation(res: Results, args: argparse.Namespace, tmp: Path) -> None:
 
 def time_engines(n: int, args: argparse.Namespace, tmp: Path) -> tuple[float, float, float]:
     """Seconds per round of the simulator (fresh runs of ``Run.train``) and of the naive loop
-    (its own seeded batches and noise), noise on, alternating; min over 3 repeats (the naive
-    loop's at ``--threads``, one, ``--threads`` threads)."""
+    (its own seeded batches and noise), noise on, alternating; min over 5 repeats (the naive
+    loop's alternating between ``--threads`` and one thread)."""
     import torch
     from naive_dpdl import naive_for
 
@@ -259,7 +259,7 @@ def time_engines(n: int, args: argparse.Namespace, tmp: Path) -> tuple[float, fl
 
     naive.round(sample())
     sims, naives = [], []
-    for rep in range(1 if args.quick else 3):
+    for rep in range(1 if args.quick else 5):
         cfg = RunConfig(
             defense="dpdl", agents=n, rounds=sim_rounds, device=dev, checkpoint_every=sim_rounds
         )
