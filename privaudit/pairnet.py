@@ -25,8 +25,8 @@ of pairs (``CHUNK_FLOATS``) so each chunk's tensors stay in cache.
 The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`) weight
 one batched sum per layer. Same mathematics as the ``vmap`` path; float rounding differs
 (relative 1e-6 on the default LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured,
-DPDL's clipped means of a round (LeNet, B = 8, 96 pairs): nested ``vmap`` 192 ms on one
-thread; this engine 33–38 ms on two (``benchmarks/run.py``).
+DPDL's clipped means of a 32-agent round (LeNet, B = 8, 96 pairs, 3 per batch): nested
+``vmap`` 116 ms on one thread, 60 ms on two; this engine 67 ms on one, 33–42 ms on two.
 
 Supported models: parametrised layers are ``Conv2d`` (groups = 1, zero padding) and
 ``Linear``; every other module is parameter-free and acts per channel or per element
