@@ -93,6 +93,11 @@ def test_pairs_sharing_batches_match_one_batch_per_pair(owner, monkeypatch):
     monkeypatch.setattr(pairnet, "CHUNK_FLOATS", 1)  # one batch (or pair) per chunk
     chunked = grads.clipped_mean(flat, xs, ys, 0.05, owner)
     torch.testing.assert_close(chunked, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+    grads._stacked = None  # the vmap path (other models, CUDA) gathers the batches itself
+    torch.testing.assert_close(grads.clipped_mean(flat, xs, ys, 0.05, owner), want)
+    torch.testing.assert_close(
+        grads.clipped_mean(flat, xs, ys, None, owner), grads.mean(flat, xs[owner], ys[owner])
+    )
 
 
 def test_channel_padding_rule():
