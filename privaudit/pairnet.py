@@ -186,16 +186,15 @@ class PairNet:
             return torch.argsort(owner, stable=True), m
         return torch.arange(len(owner), device=owner.device), 1
 
-    def agrees(self, params: dict[str, Tensor], x: Tensor, owner: Tensor) -> bool:
+    def agrees(self, flat: Tensor, x: Tensor, owner: Tensor, order: Tensor, m: int) -> bool:
         """Whether the stacked forward gives the model's own logits (the first batch's pairs,
-        or the first two pairs; two examples), once per input shape and grouping: catches a
-        forward that mixes channels. The same forward records the largest activation per
-        example, which sizes the chunks of :meth:`clipped_mean`."""
-        order, m = self._grouping(owner)
+        or the first two pairs; two examples), once per input shape and grouping
+        (:meth:`_grouping`): catches a forward that mixes channels. The same forward records
+        the largest activation per example, which sizes the chunks of :meth:`clipped_mean`."""
         key = (*x.shape[2:], m)
         if key not in self.checked:
             pick = order[: m if m > 1 else 2]
-            sub = {n: v.index_select(0, pick) for n, v in params.items()}
+            sub = self.spec.unflatten(flat.index_select(0, pick))
             x2 = x[:, :2]
             with torch.no_grad():
                 ref = torch.stack(
@@ -228,9 +227,9 @@ class PairNet:
         falls back. In chunks of pairs when the stacked activations would exceed
         ``CHUNK_FLOATS``."""
         owner = torch.arange(len(x), device=x.device) if owner is None else owner
-        if not self.agrees(self.spec.unflatten(flat), x, owner):
-            return None
         order, m = self._grouping(owner)
+        if not self.agrees(flat, x, owner, order, m):
+            return None
         p, b = len(owner), x.shape[1]
         per_pair = b * self.example_floats[(*x.shape[2:], m)]
         step = -(-p // max(1, -(-per_pair * p // CHUNK_FLOATS)))  # ⌈P / chunks⌉
@@ -342,11 +341,11 @@ def _sq(t: Tensor) -> Tensor:
     return torch.linalg.vector_norm(t, dim=-1).square()
 
 
-def _one_image_per_example(t: Tensor, p: int, c: int) -> Tensor:
-    """(B, P·C', H, W) in either layout, C' ≥ C channels per pair of which the first C are
-    real -> (1, B·P·C, H, W) channels-last (memory (H, W, B·P·C)), in one copy."""
+def _one_image_per_example(t: Tensor, groups: int, c: int) -> Tensor:
+    """(B, G·C', H, W) in either layout, C' ≥ C channels per group of which the first C are
+    real -> (1, B·G·C, H, W) channels-last (memory (H, W, B·G·C)), in one copy."""
     h, w = t.shape[2:]
-    rows = t.permute(2, 3, 0, 1).reshape(h, w, -1, p, t.shape[1] // p)[..., :c]
+    rows = t.permute(2, 3, 0, 1).reshape(h, w, -1, groups, t.shape[1] // groups)[..., :c]
     return rows.reshape(h, w, -1).permute(2, 0, 1).unsqueeze(0)
 
 
