@@ -10,6 +10,9 @@ batched problem (``torch.func.vmap`` over observations; see :mod:`.common`), ret
 
 Observation ``i`` of a call uses seed ``seed + i``. Results are put on the device of each
 observation's params; the work runs on ``device`` (default: that same device).
+:func:`run_attack` also takes observations of different batch sizes (Poisson batches: the
+realised size of each victim's batch), attacking each run of equal sizes as one problem, and
+answers an observation of an empty batch with an empty Reconstruction.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 from privaudit.errors import PrivauditError, unknown
 from privaudit.observation import Observation, Reconstruction
@@ -50,7 +55,10 @@ def options(name: str) -> list[str]:
 def run_attack(
     name: str, observations: Observation | Sequence[Observation], **kw: Any
 ) -> list[Reconstruction]:
-    """Run the attack ``name`` (a key of :data:`ATTACKS`) on ``observations``."""
+    """Run the attack ``name`` (a key of :data:`ATTACKS`) on ``observations``: consecutive
+    observations of one batch size as one batched problem (observation i keeps seed
+    ``seed + i``); one with ``batch_size`` 0 (an empty Poisson batch) gets an empty
+    Reconstruction (``meta["empty"]``), as there is nothing to reconstruct."""
     if name not in ATTACKS:
         raise unknown("attack", name, ATTACKS)
     valid = options(name)
@@ -60,7 +68,35 @@ def run_attack(
             f"attack {name!r} takes no option {', '.join(map(repr, bad))}; "
             f"its options: {', '.join(valid)}"
         )
-    return ATTACKS[name](observations, **kw)
+    obs = [observations] if isinstance(observations, Observation) else list(observations)
+    sizes = [int(o.batch_size) for o in obs]
+    if not obs or (min(sizes) > 0 and len(set(sizes)) == 1):
+        return ATTACKS[name](obs, **kw)
+    seed = kw.pop("seed", 0)
+    out: list[Reconstruction] = []
+    start = 0
+    while start < len(obs):
+        end = start + 1
+        while end < len(obs) and sizes[end] == sizes[start]:
+            end += 1
+        group = obs[start:end]
+        if sizes[start] == 0:
+            out += [_empty(o) for o in group]
+        else:
+            out += ATTACKS[name](group, seed=seed + start, **kw)
+        start = end
+    return out
+
+
+def _empty(obs: Observation) -> Reconstruction:
+    """The answer for an observation of an empty batch: no images, no labels."""
+    device = next(iter(obs.params.values())).device
+    return Reconstruction(
+        images=torch.zeros(0, *obs.input_shape, device=device),
+        labels=torch.zeros(0, dtype=torch.long, device=device),
+        loss=0.0,
+        meta={"empty": "the victim's batch has no example: nothing to reconstruct"},
+    )
 
 
 __all__ = [

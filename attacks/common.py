@@ -116,6 +116,11 @@ def stack_observations(
     names = tuple(n for n, _ in model.named_parameters())
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     for i, o in enumerate(obs):
+        if int(o.batch_size) < 1:
+            raise PrivauditError(
+                f"observation {i} has batch_size {o.batch_size}: an empty batch leaves nothing "
+                "to reconstruct (privaudit.attacks.run_attack answers it with an empty result)"
+            )
         if type(o.model) is not type(first.model):
             raise PrivauditError(
                 f"observation {i} uses {type(o.model).__name__}, observation 0 uses "

@@ -8,10 +8,12 @@ from whichever model is needed. ``per_example="vmap"`` is a stronger loop: the a
 pairs are still looped over in Python, but each pair's per-example gradients are one
 ``torch.func`` call.
 
-It shares no code with the simulator beyond the model definition and ``DPDLParams``: the
-batches come in as arguments (the indices the simulator recorded as secrets), so both engines
+It shares no code with the simulator beyond the model definition, ``DPDLParams`` and the
+batch sampling (:mod:`privaudit.sampling`): the batches come in as arguments (the indices the
+simulator recorded as secrets, or :func:`privaudit.sampling.poisson` draws), so both engines
 can be fed the same batches and their messages compared (``benchmarks/run.py``,
-``tests/test_benchmarks.py``).
+``tests/test_benchmarks.py``). A batch holds only its real examples (Poisson: any number, 0
+included); every batch mean divides by the expected size B, as the simulator's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ Messages = dict[tuple[int, int, str], Tensor]  # (src, dst, kind) -> payload
 class NaiveDPDL:
     """N agents, each with its own flat model ``xs[i]`` and momentum ``vs[i]``.
 
-    ``W`` is the (N, N) mixing matrix (self weights on the diagonal), ``p`` a ``DPDLParams``.
+    ``W`` is the (N, N) mixing matrix (self weights on the diagonal), ``p`` a ``DPDLParams``,
+    ``batch_size`` the expected batch size B (the denominator of every batch mean).
     ``noise(j, i, D)`` draws z^{ji} ~ N(0, I) for the pair (model j, data i); omit it (or
     set ``p.sigma = 0``) for the un-noised messages.
     """
@@ -40,10 +43,11 @@ class NaiveDPDL:
         x0: Tensor,
         W: Tensor,
         p,
+        batch_size: int,
         per_example: str = "loop",
         noise: Callable[[int, int, int], Tensor] | None = None,
     ):
-        self.model, self.p, self.noise = model, p, noise
+        self.model, self.p, self.noise, self.batch_size = model, p, noise, batch_size
         self.n = W.shape[0]
         self.W = W.to(x0.dtype)
         self.neighbours = [
@@ -67,6 +71,8 @@ class NaiveDPDL:
 
     def example_grads(self, flat: Tensor, x: Tensor, y: Tensor) -> list[Tensor]:
         """∇F(x^j; ξ_b) for every example b of the batch, (8): one flat tensor each."""
+        if x.shape[0] == 0:
+            return []
         if self.per_example == "vmap":
             named = {n: q for n, q in zip(self.names, self._split(flat), strict=True)}
             g = self._vmapped(named, x, y)
@@ -112,9 +118,9 @@ class NaiveDPDL:
         msgs: Messages = {}
         noisy: dict[tuple[int, int], Tensor] = {}  # (model owner j, data owner i) -> g̈^{ji}
         clean_self: list[Tensor] = []
+        B = self.batch_size
         for i in range(n):
             x, y = batches[i]
-            B = x.shape[0]
             for j in self.neighbours[i]:
                 msgs[(i, j, "model")] = self.xs[i].clone()  # 1. send the model
             for j in [i, *self.neighbours[i]]:  # (8)–(10) at x^j, on i's batch
@@ -174,8 +180,9 @@ def _dpdl_run(root, agents: int, rounds: int, sigma: float | None, device: str, 
 
 
 def _batches(run, t: int) -> list[tuple[Tensor, Tensor]]:
-    """The simulator's recorded batches of round ``t`` (its secrets), one per agent."""
-    idx = run.dir.load_secrets(t)["batch"].to(run.ctx.device)
+    """The simulator's recorded batches of round ``t`` (its secrets), one per agent: only
+    the real examples."""
+    idx = [run.secret_index(t, i).to(run.ctx.device) for i in range(run.cfg.agents)]
     return [(run.ctx.train_x[row], run.ctx.train_y[row]) for row in idx]
 
 
@@ -187,6 +194,7 @@ def naive_for(run, per_example: str = "loop", noise=None) -> NaiveDPDL:
         run.ctx.x0,
         run.ctx.W,
         run.params,
+        run.cfg.batch_size,
         per_example=per_example,
         noise=noise,
     )
@@ -227,7 +235,7 @@ def noise_residual(root, agents: int, rounds: int, device: str = "cpu") -> dict:
                 continue
             x, y = batches[i]
             model_j = sim[(t, j, i, "model")].to(x.device)
-            res.append(msg.to(x.device) - naive.clipped_sum(model_j, x, y) / x.shape[0])
+            res.append(msg.to(x.device) - naive.clipped_sum(model_j, x, y) / naive.batch_size)
     z = torch.cat(res)
     expected = p.sigma * p.clip / run.cfg.batch_size
     return {

@@ -88,12 +88,13 @@ def main() -> None:
         print(json.dumps(row, indent=2))
         return
     print(
-        f"B = 1, round {args.round}, {row['victims']} victims, attack {row['attack']}, "
+        f"B = 1 (Poisson), round {args.round}, {row['victims']} victims, attack {row['attack']}, "
         f"ε = {args.epsilon} (σ = {row['sigma']:.3g})"
     )
     print(f"{'target':<8} {'PSNR dB':>8} {'SSIM':>6}   per-victim PSNR")
     for name, key in (("nd-cg", "nd"), ("dpdl-cg", "dpdl")):
-        per = " ".join(f"{v:5.1f}" for v in row[f"{key}_per_victim"])
+        # an empty Poisson batch (B = 1 expected) has nothing to reconstruct: —
+        per = " ".join("    —" if v is None else f"{v:5.1f}" for v in row[f"{key}_per_victim"])
         print(f"{name:<8} {row[f'{key}_psnr']:8.2f} {row[f'{key}_ssim']:6.3f}   {per}")
     print(
         f"PSNR drop {drop:.2f} dB (bar: nd ≥ 22 dB, drop ≥ 8 dB): "

@@ -239,6 +239,7 @@ def time_engines(n: int, args: argparse.Namespace, tmp: Path) -> tuple[float, fl
     import torch
     from naive_dpdl import naive_for
 
+    from privaudit import sampling
     from privaudit.config import RunConfig
     from privaudit.simulator import Run
 
@@ -250,10 +251,10 @@ def time_engines(n: int, args: argparse.Namespace, tmp: Path) -> tuple[float, fl
     ctx, b = warm.ctx, warm.cfg.batch_size
     naive = naive_for(warm, noise=lambda j, i, d: torch.randn(d, generator=gen).to(ctx.device))
 
-    def sample() -> list:
+    def sample() -> list:  # the simulator's Poisson batches, from the naive loop's generator
         out = []
         for part in ctx.parts:
-            pick = part[torch.randperm(len(part), generator=gen)[:b].to(part.device)]
+            pick = sampling.poisson(part, sampling.rate(b, len(part)), gen)
             out.append((ctx.train_x[pick], ctx.train_y[pick]))
         return out
 

@@ -39,18 +39,27 @@ accountant assumes); "batch" applies (3) verbatim to the batch-mean gradient ḡ
 σG, σC with ḡ clipped to C. The two agree for B = 1.
 
 Privacy. σ multiplies the per-example sensitivity S. The paper's Prop. 2 / eq. (5) gives
-σ = c₂√(K log(1/δ))/(Jε) with c₁, c₂ never stated, so σ is not derived from it:
-- clipd2p: releases its batch once per round (to one peer), a sampled Gaussian mechanism
-  of sensitivity C; σ comes from ``--epsilon`` via the run's accountant.
-- constd2p: the same accounting with sensitivity G, which holds only if every per-example
-  gradient norm is ≤ G (Assumption 6). As in the paper, this is assumed and not enforced.
+σ = c₂√(K log(1/δ))/(Jε) with c₁, c₂ never stated, so σ is not derived from it. Each agent
+releases its batch once per round (to one peer); ``privacy()`` states the noise std over the
+released gradient's sensitivity for adding or removing one example (sums normalised by the
+expected batch size B):
+- clipd2p: per-example clip C, std σC/B on the mean, sensitivity C/B: multiplier σ (unit
+  "batch": the flat clip of the mean has sensitivity 2C against std σC: σ/2). Formal; σ comes
+  from ``--epsilon`` via the run's accountant.
+- constd2p: the same accounting with G, which holds only if every per-example gradient norm
+  is ≤ G (Assumption 6). The paper assumes it and never clips (``enforce`` = False, its
+  choice), and nothing else bounds the gradients, so one example can move the release
+  arbitrarily far: not formal, the run reports ε = ∞ with that reason, and the paper's claim
+  (multiplier σ, one release per round) only sets σ from ``--epsilon``. ``enforce`` = True
+  clips every per-example gradient at G (unit "batch": the batch mean, flat) before the
+  noise, so the bound holds and the release is formal with clipd2p's multiplier (σ; σ/2).
 - adad2p: the noise scale σ‖g‖ is a function of the private data (no clipping, no bound).
   The Gaussian-mechanism argument Prop. 2 borrows from Abadi et al. needs a
-  data-independent sensitivity, so the paper's (ε, δ) claim is uncertified (notes §6.2);
-  the message norm ‖g + N‖ ≈ ‖g‖√(1 + σ²d) even reveals ‖g‖. We implement the algorithm as
-  written but claim no ε: ``releases_per_round`` is 0, the run reports ε = ∞, and σ is the
-  Params field ``sigma`` (default 0.02, in both of the paper's grids: CIFAR-10
-  {0.001 … 0.04}, MNIST {0.02, 0.05}); ``--epsilon``/``--sigma`` do not set it, use
+  data-independent sensitivity, so the paper's (ε, δ) claim is uncertified; the message
+  norm ‖g + N‖ ≈ ‖g‖√(1 + σ²d) even reveals ‖g‖. We implement the algorithm as written but
+  claim no ε: ``privacy()`` is not formal and claims no multiplier, so the run reports
+  ε = ∞, and σ is the Params field ``sigma`` (default 0.02, in both of the paper's grids:
+  CIFAR-10 {0.001 … 0.04}, MNIST {0.02, 0.05}); ``--epsilon``/``--sigma`` do not set it, use
   ``-p sigma=…``.
 Defaults G = 3.5 and C = 1 are the paper's MNIST values (CIFAR-10: G = 8.5, C ∈ {2, 3, 5}).
 """
@@ -71,7 +80,7 @@ from privaudit.observation import Observation
 from privaudit.threat import View
 from privaudit.topology import TOPOLOGIES, exponential
 
-from .base import Context, Defense, Privacy, State, dwork_roth_epsilon, register
+from .base import PUBLIC, Context, Defense, Privacy, State, dwork_roth_epsilon, register
 
 UNITS = ("example", "batch")
 
@@ -183,7 +192,10 @@ class _D2P(Defense):
     Params = D2PParams
 
     def _check_graph(self, adj: Tensor) -> None:
-        adj = adj.to("cpu", torch.bool)
+        """An error unless the off-diagonal support of ``adj`` (the graph, or its mixing
+        matrix W) is the exponential graph."""
+        adj = adj.to("cpu") != 0
+        adj.fill_diagonal_(False)
         if not torch.equal(adj, exponential(adj.shape[0])):
             raise PrivauditError(
                 f"{self.name} runs on its own time-varying directed exponential graph and "
@@ -220,10 +232,59 @@ class _D2P(Defense):
         return {"x": x_new, "w": w_new}
 
     # -- privacy ------------------------------------------------------------------
-    def releases_per_round(self, adj: Tensor) -> int:
-        """One noised half-step model per round, sent to one peer."""
-        self._check_graph(adj)
-        return 1
+    def _gaussian(
+        self,
+        p: Any,
+        kind: str,
+        W: Tensor,
+        bound: tuple[str, float],
+        enforced: bool,
+        unenforced: str,
+    ) -> Privacy:
+        """One Gaussian release per round (the half-step model, to one peer), for the bound
+        ``bound`` = (its symbol, S): std σS/B on the mean of per-example gradients of norm
+        ≤ S (``unit`` "example": add/remove sensitivity S/B, multiplier σ), or σS on the
+        batch mean flat-clipped to S (``unit`` "batch": sensitivity 2S, multiplier σ/2).
+        Formal only when a clip ``enforced`` the bound (else ``unenforced`` is the reason);
+        the paper's claim is multiplier σ, one release per round, either way. ``W`` must be
+        the exponential graph's (the run refuses any other before it starts). The ``weight``
+        message is a function of the graph only."""
+        self._check_graph(W)
+        if kind == "weight":
+            return PUBLIC
+        if p.sigma <= 0:
+            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        sym, S = bound
+        batch = p.unit == "batch"
+        common: dict[str, Any] = dict(
+            mechanism="gaussian",
+            noise_multiplier=p.sigma / 2 if batch else p.sigma,
+            releases=1,
+            claimed_multiplier=p.sigma,
+            claimed_releases=1,
+            paper=PROP1,
+            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
+        )
+        if not enforced:
+            return Privacy(**common, formal=False, reason=unenforced)
+        if batch:
+            return Privacy(
+                **common,
+                clip=S,
+                clip_unit="batch",
+                formal=True,
+                reason=f"batch mean clipped to {sym} + N(0, σ²{sym}²): add/remove sensitivity "
+                f"2{sym}, one release per round to one peer",
+                caveats=(f"flat batch clipping has add/remove sensitivity 2{sym}",),
+            )
+        return Privacy(
+            **common,
+            clip=S,
+            clip_unit="example",
+            formal=True,
+            reason=f"per-example clip {sym} + N(0, σ²{sym}²) on the sum, normalised by B: one "
+            "release per round to one peer",
+        )
 
     # -- attack surface -------------------------------------------------------------
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
@@ -343,15 +404,15 @@ class AdaD2P(_D2P):
             g = ctx.grads.mean(z, xs, ys)
             return g, p.sigma * g.norm(dim=-1)
         per = ctx.grads.per_example(z, xs, ys)  # (N, B, D)
-        return per.mean(1), p.sigma * per.norm(dim=-1).amax(1) / xs.shape[1]
+        B = ctx.batch_size
+        return per.sum(1) / B, p.sigma * per.norm(dim=-1).amax(1) / B
 
-    def releases_per_round(self, adj: Tensor) -> int:
-        """0: the data-dependent noise has no accountable sensitivity; σ is not from ε."""
-        self._check_graph(adj)
-        return 0
-
-    def privacy(self, p: AdaD2PParams, kind: str, W: Tensor) -> Privacy:
-        """No formal DP: the noise std σ‖g‖ is a function of the private data."""
+    def privacy(self, p: AdaD2PParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
+        """No formal DP and no claimed multiplier (so σ is never set from ε): the noise std
+        σ‖g‖ is a function of the private data."""
+        self._check_graph(W)
+        if kind == "weight":
+            return PUBLIC
         if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
         return Privacy(
@@ -361,6 +422,8 @@ class AdaD2P(_D2P):
             formal=False,
             reason="the noise std σ‖g‖ is a function of the private data (no clip, no "
             "data-independent sensitivity), so Prop. 2's Gaussian-mechanism argument fails",
+            claimed_multiplier=0.0,
+            claimed_releases=1,
             paper=PROP1,
             paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
         )
@@ -380,15 +443,19 @@ class AdaD2P(_D2P):
 @dataclass
 class ConstD2PParams(D2PParams):
     G: float = 3.5  # per-example gradient-norm bound (Assumption 6); paper: 3.5 MNIST, 8.5 CIFAR
+    enforce: bool = False  # clip at G so the bound holds (the paper assumes it, never clips)
 
     def validate(self) -> None:
         super().validate()
         _positive("G", self.G)
+        if not isinstance(self.enforce, bool):
+            raise PrivauditError(f"enforce must be true or false, got {self.enforce!r}")
 
 
 @register
 class ConstD2P(_D2P):
-    """ConstD²P (Algorithm 2, missing; notes §6.5): noise N(0, σ²G² I), G assumed."""
+    """ConstD²P (Algorithm 2, missing; notes §6.5): noise N(0, σ²G² I), G assumed — or, with
+    ``enforce``, made to hold by clipping at G."""
 
     name = "constd2p"
     kinds = {
@@ -400,30 +467,38 @@ class ConstD2P(_D2P):
     def gradient(
         self, ctx: Context, p: ConstD2PParams, z: Tensor, xs: Tensor, ys: Tensor
     ) -> tuple[Tensor, Tensor]:
-        g = ctx.grads.mean(z, xs, ys)
-        m = xs.shape[1] if p.unit == "example" else 1
+        """The batch-mean gradient (``enforce``: of per-example gradients clipped at G, or
+        for ``unit`` "batch" the mean flat-clipped at G) and the noise std σG/B (σG)."""
+        if p.unit == "batch":
+            g, m = ctx.grads.mean(z, xs, ys), 1
+            if p.enforce:
+                g = clip_rows(g, p.G)
+        else:
+            clip = p.G if p.enforce else None
+            g, m = ctx.grads.clipped_mean(z, xs, ys, clip), ctx.batch_size
         return g, torch.full((z.shape[0],), p.sigma * p.G / m, dtype=g.dtype, device=g.device)
 
-    def privacy(self, p: ConstD2PParams, kind: str, W: Tensor) -> Privacy:
-        """Gaussian with std σG, but G bounds the gradients only by assumption."""
-        if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
-        return Privacy(
-            mechanism="gaussian",
-            noise_multiplier=p.sigma,
-            releases=1,
-            formal=False,
-            reason="assumes every per-example gradient norm ≤ G (Assumption 6) but never "
-            "clips: one example can move the gradient arbitrarily far",
-            claimed_multiplier=p.sigma,
-            paper=PROP1,
-            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
+    def privacy(self, p: ConstD2PParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
+        """Gaussian with std σG (σG/B on the mean): formal only with ``enforce``; otherwise
+        G bounds the gradients by assumption alone."""
+        return self._gaussian(
+            p,
+            kind,
+            W,
+            ("G", p.G),
+            p.enforce,
+            "assumes every per-example gradient norm ≤ G (Assumption 6) but never clips: one "
+            "example can move the gradient arbitrarily far (enforce=true clips at G)",
         )
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]
-        m = public["batch_size"] if p["unit"] == "example" else 1
-        return {"clip": None, "noise_std": p["sigma"] * p["G"] / m, "meta": {}}
+        enforced = bool(p.get("enforce", False))
+        if p["unit"] == "example":
+            std = p["sigma"] * p["G"] / public["batch_size"]
+            return {"clip": p["G"] if enforced else None, "noise_std": std, "meta": {}}
+        meta = {"batch_clip": p["G"], "scale_estimated": True} if enforced else {}
+        return {"clip": None, "noise_std": p["sigma"] * p["G"], "meta": meta}
 
 
 @dataclass
@@ -452,28 +527,14 @@ class ClipD2P(_D2P):
         if p.unit == "batch":
             g, m = clip_rows(ctx.grads.mean(z, xs, ys), p.clip), 1
         else:
-            g, m = ctx.grads.clipped_mean(z, xs, ys, p.clip), xs.shape[1]
+            g, m = ctx.grads.clipped_mean(z, xs, ys, p.clip), ctx.batch_size
         return g, torch.full((z.shape[0],), p.sigma * p.clip / m, dtype=g.dtype, device=g.device)
 
-    def privacy(self, p: ClipD2PParams, kind: str, W: Tensor) -> Privacy:
-        """One Gaussian release per round: clip C, std σC on the sum (``unit`` "example") or
-        σC on the flat-clipped mean (``unit`` "batch": sensitivity 2C, multiplier σ/2)."""
-        if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
-        batch = p.unit == "batch"
-        return Privacy(
-            mechanism="gaussian",
-            noise_multiplier=p.sigma / 2 if batch else p.sigma,
-            releases=1,
-            clip=p.clip,
-            clip_unit="batch" if batch else "example",
-            formal=True,
-            reason="clip C + N(0, σ²C²), one release per round to one peer",
-            claimed_multiplier=p.sigma,
-            paper=PROP1,
-            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
-            caveats=("flat batch clipping has add/remove sensitivity 2C",) if batch else (),
-        )
+    def privacy(self, p: ClipD2PParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
+        """One Gaussian release per round: clip C, std σC on the sum (``unit`` "example":
+        multiplier σ) or σC on the flat-clipped mean (``unit`` "batch": sensitivity 2C,
+        multiplier σ/2)."""
+        return self._gaussian(p, kind, W, ("C", p.clip), True, "")
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from privaudit import sampling
 from privaudit.errors import PrivauditError
 from privaudit.grads import PairGrads
 from privaudit.models import build_model
@@ -59,6 +60,10 @@ class Context:
     generators: list[torch.Generator]  # one per held agent
     device: torch.device
     holdout: list[Tensor] = field(default_factory=list)  # held agent r's validation indices
+    # a public validation set drawn from the test split, shared by every agent (normalised
+    # like train_x) and left out of the run's test accuracy; None when the defense uses none
+    val_x: Tensor | None = None
+    val_y: Tensor | None = None
     agents: list[int] | None = None  # global ids of the held agents, ascending (None: all)
 
     def __post_init__(self) -> None:
@@ -76,13 +81,21 @@ class Context:
         return len(self.agents)
 
     def sample(self) -> Tensor:
-        """A batch of B distinct local indices per held agent (uniform without replacement),
-        ``(n_held, B)``, each from its agent's generator."""
-        out = []
-        for part, gen in zip(self.parts, self.generators, strict=True):
-            pick = torch.randperm(len(part), generator=gen, device=self.device)
-            out.append(part[pick[: self.batch_size]])
-        return torch.stack(out)
+        """One round's Poisson batches of the held agents (:mod:`privaudit.sampling`): each
+        example of agent r's shard kept with probability q_r = B/n_r, drawn from the agent's
+        own generator; a padded index tensor ``(n_held, W)``, :data:`~privaudit.sampling.PAD`
+        in padded slots. B (``batch_size``) is the expected size, the denominator of every
+        batch mean."""
+        return sampling.pad(
+            [
+                sampling.poisson(part, sampling.rate(self.batch_size, len(part)), gen)
+                for part, gen in zip(self.parts, self.generators, strict=True)
+            ]
+        )
+
+    def gather(self, index: Tensor) -> tuple[Tensor, Tensor]:
+        """The inputs and labels of a padded ``index`` (:func:`privaudit.sampling.gather`)."""
+        return sampling.gather(index, self.train_x, self.train_y)
 
     def draw(self, owner: Tensor | None, fn: Callable[[torch.Generator, int], Tensor]) -> Tensor:
         """Random rows, each from its owner's generator: ``owner[r]`` is the held agent
@@ -157,15 +170,19 @@ def params_of(cls: type, overrides: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class Privacy:
-    """What a correct DP analysis of one message kind counts, for one agent's data.
+    """The mechanism facts a correct DP analysis of one message kind needs, for one agent.
 
-    ``noise_multiplier`` is the noise std of one release over its L2 sensitivity for
-    adding or removing one example (opacus' convention); ``releases`` are the noised
-    releases of the same batch per round (fresh noise each). ``formal`` False: no finite ε,
-    ``reason`` says why. ``claimed_multiplier`` is what the run's own accounting
-    (``releases_per_round``, σ from ``--epsilon``) assumes. ``paper_epsilon(delta, impact)``
-    is the paper's own ε for one release (or round) where it states a σ(ε) rule; ``impact``
-    is the canary's L2 change of the released vector, for rules stated in Δf.
+    Adjacency is add/remove one example of the agent's shard, and the batch is Poisson
+    sampled at the agent's rate q = B/n_i (what :meth:`Context.sample` draws).
+    ``noise_multiplier`` is the noise std of one release over its L2 sensitivity under that
+    adjacency (opacus' convention: σ for a per-example clip C with std σC on the clipped
+    sum; σ/2 for a flat clip of the batch aggregate, whose add/remove sensitivity is 2C);
+    ``releases`` counts the noised releases of the same batch per round (fresh noise each)
+    that this kind's messages are a function of. ``formal`` False: no finite ε, ``reason``
+    says why. ``claimed_multiplier`` and ``claimed_releases`` are what the paper's (or a naive)
+    accounting assumes — the ledger's "promise"; ``paper_epsilon(delta, impact)`` is the
+    paper's own ε for one release (or round) where it states a σ(ε) rule, ``impact`` the
+    canary's L2 change of the released vector, for rules stated in Δf.
     """
 
     mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
@@ -176,9 +193,23 @@ class Privacy:
     formal: bool = False
     reason: str = "no noise is added"
     claimed_multiplier: float = 0.0
+    claimed_releases: int = 0
     paper: str = "no privacy claim"
     paper_epsilon: Callable[[float, float], float] | None = None
     caveats: tuple[str, ...] = ()
+
+
+PUBLIC = Privacy(
+    mechanism="public",
+    formal=True,
+    reason="a function of public values only (the graph), never of any agent's data: ε = 0",
+)
+
+
+def degree(W: Tensor, agent: int | None = None) -> int:
+    """Neighbours of ``agent`` (off-diagonal non-zeros of its row of W); the largest over
+    all agents when ``agent`` is None (the worst agent)."""
+    return max_degree(W) if agent is None else len(neighbours(W, agent))
 
 
 def max_degree(W: Tensor) -> int:
@@ -231,13 +262,17 @@ class Defense:
         """Examples per agent to hold out of training as a validation split (``ctx.holdout``)."""
         return 0
 
-    # -- privacy ------------------------------------------------------------------
-    def releases_per_round(self, adj: Tensor) -> int:
-        """How many noised releases of one agent's batch happen per round (worst agent)."""
+    def public_validation_size(self, p: Any, test_size: int) -> int:
+        """Examples of the test split (of ``test_size``) drawn once as a public validation set
+        shared by every agent (``ctx.val_x``/``ctx.val_y``), left out of test accuracy."""
         return 0
 
-    def privacy(self, p: Any, kind: str, W: Tensor) -> Privacy:
-        """The facts a correct accounting of ``kind`` messages needs (``W``: mixing matrix)."""
+    # -- privacy ------------------------------------------------------------------
+    def privacy(self, p: Any, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
+        """The facts a correct accounting of ``kind`` messages needs, for ``agent``'s data
+        (None: the worst agent); ``W`` is the mixing matrix. The one source of every ε the
+        tool prints: the run's σ calibration, its reported ε, the audit's upper bounds and
+        the claims ledger all read it (:mod:`privaudit.eval.accounting`)."""
         return Privacy(reason=f"{self.name} adds no noise to its messages")
 
     # -- attack surface -------------------------------------------------------------

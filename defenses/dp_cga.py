@@ -3,7 +3,8 @@ mechanism, the baseline of the DPDL and PDSL papers.
 
 DPDL (``seeds/dpdl-paper.txt`` §VI-A): "each agent first computes the average
 cross-gradient (or self-gradient) over its local data batch, and then conducts clipping
-operation and adds Gaussian noise". Per round t, agent i with batch ξ^i_t of size B:
+operation and adds Gaussian noise". Per round t, agent i with its Poisson batch ξ^i_t of
+expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples):
 
     1. send x^i_{t-1} to the neighbours                                    (``model``)
     2. ĝ^{ji}_t = clip_C((1/B) Σ_b ∇F_i(x^j_{t-1}; ξ_b)) + z^{ji},  z ~ N(0, σ²C² I),
@@ -19,12 +20,11 @@ operation and adds Gaussian noise". Per round t, agent i with batch ξ^i_t of si
 Orientation as in DPDL (notes/dpdl.md §6E): the ``cg`` message on link i→j is ĝ^{ji}, i's
 batch at j's model. Every message is noised or built from noised gradients only.
 
-Privacy: σ (set from ``--epsilon``) multiplies the clip C, with ``releases_per_round`` =
-deg(i), one per neighbour's cross-gradient. Implemented as the papers write it, with two
-gaps the audit can show: (a) a batch-level clip bounds the whole batch, not one example —
-replacing one example can move the clipped mean by up to 2C, while the accountant assumes
-sensitivity C; (b) the noised self-gradient ĝ^{ii} is one more release of the same batch,
-through x̃, that the count leaves out.
+Privacy: σ multiplies the clip C. The papers count deg(i) releases of sensitivity C per
+round; two gaps make that optimistic, and the run's accounting (σ from ``--epsilon``)
+corrects both: (a) a batch-level clip bounds the whole batch, not one example — adding or
+removing one example can move the clipped mean by up to 2C, so the noise multiplier is σ/2;
+(b) the noised self-gradient ĝ^{ii} is one more release of the same batch, through x̃.
 
 Choices the sources leave open, as parameters: ``lr`` η = 0.05; ``momentum`` β = 0.5 (the
 CGA README's example; its code's default is 0.95); ``clip`` C = 1.0; ``qp_margin`` = 0.5
@@ -53,7 +53,7 @@ from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, Privacy, State, exchange_models, max_degree, register
+from .base import Context, Defense, Privacy, State, degree, exchange_models, register
 
 QPS = ("cga", "cone")
 BLOCKS = ("layer", "flat")
@@ -250,28 +250,30 @@ class DPCGA(Defense):
         x_half = x - p.lr * v_half
         return {"x": net.gossip("half-model", x_half), "v": v_half}
 
-    def releases_per_round(self, adj: Tensor) -> int:
-        """One noised cross-gradient per neighbour (the noised self-gradient is not counted)."""
-        return int(adj.sum(1).max())
-
-    def privacy(self, p: DPCGAParams, kind: str, W: Tensor) -> Privacy:
-        """Flat batch clip (sensitivity 2C, multiplier σ/2); every message is built from
-        noised values only, so each kind is post-processing of deg + 1 releases per round."""
+    def privacy(self, p: DPCGAParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
+        """Flat batch clip: the clipped mean moves by up to 2C when one example is added or
+        removed, so std σC is a multiplier σ/2. Every message is built from noised values
+        only: the ``cg`` messages are deg releases per round; the half-step model (and the
+        model gossiped from it) adds the noised self-gradient ĝ^{ii}, and i's
+        cross-gradients reach its neighbours' half-models: deg + 1 releases."""
         if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        deg = degree(W, agent)
         return Privacy(
             mechanism="gaussian",
             noise_multiplier=p.sigma / 2,
-            releases=max_degree(W) + 1,
+            releases=deg if kind == "cg" else deg + 1,
             clip=p.clip,
             clip_unit="batch",
             formal=True,
             reason="batch-mean clip C + N(0, σ²C²) per cross-gradient and for ĝ^{ii}",
             claimed_multiplier=p.sigma,
-            paper="CGA has no DP analysis; no σ(ε) rule for DP-CGA in our sources",
+            claimed_releases=deg,
+            paper="CGA has no DP analysis; the DPDL and PDSL papers' DP-CGA baseline counts one "
+            "Gaussian release of sensitivity C per neighbour (no σ(ε) rule in our sources)",
             caveats=(
-                "flat batch clipping has add/remove sensitivity 2C; the run's accounting assumes C",
-                "the noised self-gradient (through x̃) is a release the run's count leaves out",
+                "flat batch clipping has add/remove sensitivity 2C; the paper's count assumes C",
+                "the noised self-gradient (through x̃) is a release the paper's count leaves out",
             ),
         )
 

@@ -4,7 +4,8 @@ Both papers describe the baseline in one sentence each (``seeds/dpdl-paper.txt``
 "DP-DPSGD: … Gaussian mechanism is applied in decentralized parallel SGD [6] … each agent
 perturbs its local gradient shared with its neighbors"; ``seeds/pdsl-paper.txt`` §VI):
 D-PSGD (Lian et al. 2017) whose local gradient is noised before it leaves the agent. Per
-round t, agent i with batch ξ^i_t of size B, in adapt-then-combine form like ``dsgd``:
+round t, agent i with its Poisson batch ξ^i_t of expected size B (:mod:`privaudit.sampling`;
+Σ_b runs over its realised examples), in adapt-then-combine form like ``dsgd``:
 
     ĝ^i_t = (1/B)(Σ_b clip_C(∇F_i(x^i_{t-1}; ξ_b)) + z^i_t),   z ~ N(0, σ²C² I)
     x̃^i_t = x^i_{t-1} − η ĝ^i_t,        x^i_t = Σ_j w_ij x̃^j_t
@@ -69,14 +70,10 @@ class DPDPSGD(Defense):
         xs, ys = batch
         g = ctx.grads.clipped_mean(x, xs, ys, p.clip)
         if p.sigma > 0:
-            g = g + ctx.gaussian(None, g.shape[1]) * (p.sigma * p.clip / xs.shape[1])
+            g = g + ctx.gaussian(None, g.shape[1]) * (p.sigma * p.clip / ctx.batch_size)
         return {"x": net.gossip("half-model", x - p.lr * g)}
 
-    def releases_per_round(self, adj: Tensor) -> int:
-        """One noised gradient per round, broadcast as the same x̃ to every neighbour."""
-        return 1
-
-    def privacy(self, p: DPDPSGDParams, kind: str, W: Tensor) -> Privacy:
+    def privacy(self, p: DPDPSGDParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """One Gaussian release per round: per-example clip C, std σC on the clipped sum."""
         if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
@@ -89,6 +86,7 @@ class DPDPSGD(Defense):
             formal=True,
             reason="per-example clip C + N(0, σ²C²) on the sum, one broadcast release per round",
             claimed_multiplier=p.sigma,
+            claimed_releases=1,
             paper="A(DP)²SGD's own σ(ε) rule is not in our sources (the DPDL and PDSL papers "
             "describe the baseline in one sentence)",
         )

@@ -1,7 +1,8 @@
 """DPDL (Yuan, Xiao, Wang, Li 2026) and its undefended "ND" baseline.
 
 Equations from ``seeds/dpdl-card.txt`` (the paper's own are stripped; numbers are the
-paper's, see ``notes/dpdl.md`` §1). Per round t, agent i with batch ξ^i_t of size B:
+paper's, see ``notes/dpdl.md`` §1). Per round t, agent i with its Poisson batch ξ^i_t of
+expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples):
 
     (8)(9)   ĝ^{ji}_{t,b} = clip_C(∇F_i(x^j_{t-1}; ξ_b))   for j ∈ N_i ∪ {i}
     (10)     g̈^{ji}_t = (1/B)(Σ_b ĝ^{ji}_{t,b} + z^{ji}_t),  z ~ N(0, σ²C² I), fresh per (j,i)
@@ -45,8 +46,8 @@ from .base import (
     Defense,
     Privacy,
     State,
+    degree,
     exchange_models,
-    max_degree,
     neighbours,
     register,
 )
@@ -114,7 +115,7 @@ class DPDL(Defense):
     ) -> State:
         x, v = state["x"], state["v"]
         xs, ys = batch
-        n, k, B = ctx.n, x.shape[0], xs.shape[1]
+        n, k, B = ctx.n, x.shape[0], ctx.batch_size  # B: the expected (Poisson) batch size
         models, owner = exchange_models(net, x)
         # (8)–(10), (14): clipped means for the self pairs then the out-edge pairs, fresh
         # noise per pair from the data owner's generator
@@ -141,24 +142,22 @@ class DPDL(Defense):
         x_half = x - p.lr * v_half
         return {"x": net.gossip("half-model", x_half), "v": net.gossip("mm", v_half)}
 
-    def releases_per_round(self, adj: Tensor) -> int:
-        """One noised cross-gradient per neighbour per round, all of the same batch."""
-        return int(adj.sum(1).max())
-
-    def privacy(self, p: DPDLParams, kind: str, W: Tensor) -> Privacy:
+    def privacy(self, p: DPDLParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """``cg``: a Gaussian mechanism per neighbour and round (per-example clip C, std σC
-        on the clipped sum, sensitivity C). Every other kind carries the un-noised ĝ^{ii}."""
+        on the clipped sum, add/remove sensitivity C: multiplier σ). Every other kind
+        carries the un-noised ĝ^{ii}: no finite ε."""
         if p.sigma <= 0 or p.clip is None:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0 or no clip)")
         common: dict[str, Any] = dict(
             mechanism="gaussian",
             noise_multiplier=p.sigma,
-            releases=max_degree(W),
+            releases=degree(W, agent),
             clip=p.clip,
             clip_unit="example",
             claimed_multiplier=p.sigma,
-            paper="Theorem 1 (moments accountant, σ ≥ c₂·…/ε): the formula and constants are "
-            "stripped from the source (notes/dpdl.md §2), so no numeric claim",
+            claimed_releases=degree(W, agent),
+            paper="Theorem 1 (moments accountant, σ ≥ c₂·…/ε, one release per neighbour and "
+            "round): its constants are not given, so no numeric claim beyond that count",
         )
         if kind == "cg":
             return Privacy(
@@ -264,6 +263,3 @@ class ND(DPDL):
             super().validate()
             if self.sigma != 0 or self.clip is not None:
                 raise PrivauditError("nd has no clipping and no noise; use --defense dpdl")
-
-    def releases_per_round(self, adj: Tensor) -> int:
-        return 0

@@ -1,36 +1,59 @@
 """MUFFLIATO (Cyffers, Even, Bellet, Massoulié, NeurIPS 2022) as the DPDL/PDSL baseline.
 
-The DPDL paper (``seeds/dpdl-paper.txt`` §VI-A): "MUFFLIATO adds Gaussian noises to the
-updated model parameters without clipping, followed by multi-rounds gossip averaging based
-on the spectral gap". Per round t, agent i with batch ξ^i_t (Muffliato-SGD: a local step,
-then the Muffliato noise-then-gossip averaging of the step's result):
+The DPDL paper (§VI-A): "MUFFLIATO adds Gaussian noises to the updated model parameters
+without clipping, followed by multi-rounds gossip averaging based on the spectral gap". Per
+round t, agent i with batch ξ^i_t (Muffliato-SGD: a local gradient step, then the Muffliato
+noise-then-gossip averaging of the step's result):
 
-    y^0_i = x^i_{t-1} − η ∇F_i(x^i_{t-1}; ξ^i_t) + z_i,    z_i ~ N(0, σ² s² I)
+    g_i   = (1/B) Σ_{b ∈ ξ^i_t} ∇ℓ(x^i_{t-1}; b)      (``enforce``: each ∇ℓ clipped to norm G)
+    y^0_i = x^i_{t-1} − η g_i + z_i,    z_i ~ N(0, σ² s² I)
     y^1   = W y^0
     y^k   = ω W y^{k-1} + (1 − ω) y^{k-2}      k = 2..K  (Chebyshev; plain: y^k = W y^{k-1})
     x^i_t = y^K_i
 
-with ω = 2(1 − √(γ(1 − γ/4)))/(1 − γ/2)² (the paper's Algorithm 1 and the authors' code,
-``gamma_tcheb``), γ the spectral gap of W. Both recursions keep the agents' average.
+with B the expected batch size, ω = 2(1 − √(γ(1 − γ/4)))/(1 − γ/2)² (the paper's
+Algorithm 1 and the authors' code, ``gamma_tcheb``), γ the spectral gap of W. Both
+recursions keep the agents' average.
 
 Messages on i→j: gossip step k sends y^{k-1}_i. Step 1's message — the freshly noised model
 y^0_i — is the registered kind ``model``; step k ≥ 2 is recorded under the kind ``model@k``
 (e.g. ``model@2`` = y^1_i); these extra kinds are captured but are not attack targets.
 
-Privacy: σ (set from ``--epsilon``, one release per round: y^0 is what every neighbour sees
-first) multiplies ``sensitivity`` s, by default η·G with G = ``grad_bound``. The paper's
-version does **not clip**, so the guarantee holds only if every per-example gradient norm is
-≤ G, which nothing enforces — implemented as written; the audit can show it. (If the bound
-held, one example would move the batch-mean step by at most 2ηG/B, so η·G is conservative.)
-The paper's own accounting is pairwise network DP with amplification by the later gossip
-steps; the simulator's accountant instead treats y^0 as a local release.
+Noise scale. The noise is calibrated to the sensitivity of the local gradient step: adding
+or removing one example b of i's batch changes y^0_i by η∇ℓ(x; b)/B, of norm ≤ ηG/B when
+every per-example gradient norm is ≤ G, so s = ηG/B (``calibration`` "add-remove", the
+accountant's adjacency): the noise shrinks as 1/B, the local batch. This is the authors'
+rule: their code (github.com/totilas/muffliato, ``private.py``, ``private_step_gd``) adds
+``rng.normal(scale=sigma*.5)`` to the node's mean gradient before the step ("max
+sensibility = .5"), on unit-norm features (``data.py``: ``Normalizer``; the logistic loss's
+per-example gradient norm is then ≤ L = 1) split so every node holds m = 4 examples
+(``train_size=.7755`` of the 20,640 houses is 16,006, ``gd.py``: 4,000 nodes): 0.5 = 2L/m,
+the replace-one sensitivity of a mean over the local data (hard-coded: the script's
+2,000-node run, m = 8, keeps 0.5), and its accounting (``ERsampled.py``, ``eps_random``)
+gives a direct neighbour the local Gaussian bound α/(2σ²) (Rényi), i.e. multiplier σ over
+that sensitivity. So the noise std is σ times the sensitivity of the local step, which falls
+as 1/(the examples one step averages): the local dataset m in the code's full-batch GD, the
+expected batch B here. ``calibration`` "replace-one" keeps the code's convention,
+s = 2ηG/B; under add/remove adjacency its multiplier is then 2σ.
+
+Privacy. Neither the paper nor the DPDL baseline clips: G is an assumed bound that nothing
+enforces (the per-example gradient norms of the models here exceed G = 1 by an order of
+magnitude at x_0), so one example can move y^0 arbitrarily far and ``privacy()`` is not
+formal (ε = ∞, with the reason); its claim — what the paper's accounting gives a direct
+neighbour: multiplier σ over s, one release per round — still sets σ from ``--epsilon``.
+``enforce`` = True (not the paper's choice, which is False) clips every per-example gradient
+at G before the mean, so the bound holds: y^0 is then a Gaussian mechanism of add/remove
+sensitivity ηG/B, formal, with multiplier σs/(ηG/B). y^0 is the one release per round that
+every neighbour sees; later gossip steps are post-processing. The paper's pairwise network
+DP amplification by those steps (for non-neighbours) is not modelled.
 
 Choices the sources leave open, as parameters: ``lr`` η = 0.05; ``grad_bound`` G = 1.0;
 ``chebyshev`` = True (the paper's accelerated gossip); ``gossip_steps`` K = None, meaning
 ⌈ln N / √γ⌉ with Chebyshev and ⌈ln N / γ⌉ without (the gossip's mixing time to 1/N; the
 paper takes K from the spectral gap, its constant is not in our sources); γ =
 ``privaudit.topology.spectral_gap(W)`` = 1 − max(|λ₂|, |λ_N|), which is the paper's λ_W
-(smallest non-zero eigenvalue of I − W) when W has no large negative eigenvalue, capped at 1.
+(smallest non-zero eigenvalue of I − W) when W has no large negative eigenvalue, capped at 1;
+``calibration`` = "add-remove"; ``enforce`` = False.
 """
 
 from __future__ import annotations
@@ -48,14 +71,17 @@ from privaudit.topology import spectral_gap
 
 from .base import Context, Defense, Privacy, State, mix, register
 
+CALIBRATIONS = {"add-remove": 1.0, "replace-one": 2.0}  # s in units of ηG/B
+
 
 @dataclass
 class MuffliatoParams:
     lr: float = 0.05  # η
     gossip_steps: int | None = None  # K; None: ⌈ln N/√γ⌉ (Chebyshev) or ⌈ln N/γ⌉
     chebyshev: bool = True  # Chebyshev-accelerated gossip (the paper's)
-    grad_bound: float = 1.0  # G: assumed (not enforced) bound on per-example gradient norms
-    sensitivity: float | None = None  # s; None: η·G
+    grad_bound: float = 1.0  # G: bound on per-example gradient norms (assumed unless enforce)
+    calibration: str = "add-remove"  # s = ηG/B ("add-remove") or 2ηG/B ("replace-one")
+    enforce: bool = False  # clip every per-example gradient at G (the paper does not)
     sigma: float = 0.0  # noise std is σ·s; set from --epsilon by the accountant
 
     def validate(self) -> None:
@@ -68,16 +94,27 @@ class MuffliatoParams:
             raise PrivauditError(f"chebyshev must be true or false, got {self.chebyshev!r}")
         if not self.grad_bound > 0:
             raise PrivauditError(f"grad_bound must be > 0, got {self.grad_bound}")
-        if self.sensitivity is not None and not self.sensitivity > 0:
-            raise PrivauditError(f"sensitivity must be > 0, got {self.sensitivity}")
+        if self.calibration not in CALIBRATIONS:
+            raise PrivauditError(
+                f"calibration must be one of {', '.join(CALIBRATIONS)}, got {self.calibration!r}"
+            )
+        if not isinstance(self.enforce, bool):
+            raise PrivauditError(f"enforce must be true or false, got {self.enforce!r}")
         if self.sigma < 0:
             raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
 
-    @property
-    def noise_std(self) -> float:
+    def sensitivity(self, batch_size: int) -> float:
+        """s: ηG/B ("add-remove") or 2ηG/B ("replace-one"), B the expected batch size."""
+        return CALIBRATIONS[self.calibration] * self.lr * self.grad_bound / batch_size
+
+    def noise_std(self, batch_size: int) -> float:
         """Per-coordinate std of the noise on y^0: σ · s."""
-        s = self.lr * self.grad_bound if self.sensitivity is None else self.sensitivity
-        return self.sigma * s
+        return self.sigma * self.sensitivity(batch_size)
+
+    @property
+    def multiplier(self) -> float:
+        """σs / (ηG/B): the noise std over y^0's add/remove sensitivity (with ``enforce``)."""
+        return self.sigma * CALIBRATIONS[self.calibration]
 
 
 def step_kind(k: int) -> str:
@@ -139,37 +176,59 @@ class Muffliato(Defense):
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x = state["x"]
-        y0 = x - p.lr * ctx.grads.mean(x, *batch)
-        if p.noise_std > 0:
-            y0 = y0 + ctx.gaussian(None, y0.shape[1]) * p.noise_std
+        if p.enforce:  # per-example clip at G: the bound the noise scale assumes holds
+            g = ctx.grads.clipped_mean(x, *batch, p.grad_bound)
+        else:
+            g = ctx.grads.mean(x, *batch)
+        y0 = x - p.lr * g
+        std = p.noise_std(ctx.batch_size)
+        if std > 0:
+            y0 = y0 + ctx.gaussian(None, y0.shape[1]) * std
         K = num_steps(p.gossip_steps, p.chebyshev, ctx.W)
         omega = chebyshev_omega(gap_of(ctx.W)) if p.chebyshev and K > 1 else None
         return {"x": gossip(net, y0, K, omega)}
 
-    def releases_per_round(self, adj: Tensor) -> int:
-        """y^0 is the one noised release per round; later gossip steps post-process it."""
-        return 1
-
-    def privacy(self, p: MuffliatoParams, kind: str, W: Tensor) -> Privacy:
-        """Gaussian with std σs, s = ηG resting on an assumed, unenforced bound G."""
-        if p.noise_std <= 0:
+    def privacy(
+        self, p: MuffliatoParams, kind: str, W: Tensor, agent: int | None = None
+    ) -> Privacy:
+        """y^0: one Gaussian release per round (every later gossip step post-processes it),
+        std σs over the add/remove sensitivity ηG/B of the local step — formal only with
+        ``enforce`` (per-example clip at G); without it G is assumed, nothing bounds it."""
+        if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
-        return Privacy(
+        common = dict(
             mechanism="gaussian",
-            noise_multiplier=p.sigma,
+            noise_multiplier=p.multiplier,
             releases=1,
-            formal=False,
-            reason="no clipping: the sensitivity ηG rests on an assumed, unenforced bound ‖∇F‖ ≤ G",
             claimed_multiplier=p.sigma,
-            paper="pairwise network DP with amplification by gossip (Cyffers et al. 2022); "
-            "its constants are not in our sources",
+            claimed_releases=1,
+            paper="pairwise network DP (Rényi) with amplification by gossip for non-neighbours;"
+            " a direct neighbour gets the local Gaussian bound at multiplier σ over the "
+            "step's sensitivity, one release per round (authors' code: ERsampled.eps_random)",
+        )
+        if p.enforce:
+            return Privacy(
+                **common,
+                clip=p.grad_bound,
+                clip_unit="example",
+                formal=True,
+                reason="per-example clip G, then N(0, σ²s²) on y⁰ = x − η·(clipped sum)/B: "
+                "add/remove sensitivity ηG/B, one release per round",
+            )
+        return Privacy(
+            **common,
+            formal=False,
+            reason="no clipping: the sensitivity ηG/B rests on a bound ‖∇ℓ‖ ≤ G on every "
+            "per-example gradient that nothing enforces, so one example can move y⁰ "
+            "arbitrarily far (enforce=true clips at G)",
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
         return [t - 1, t] if t > 1 else [t]
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        """(x^i_{t-1} − y^0_i)/η = ∇F_i(x^i_{t-1}) + N(0, (σs/η)²) at x^i_{t-1}, no clip.
+        """(x^i_{t-1} − y^0_i)/η = ∇F_i(x^i_{t-1}) + N(0, (σs/η)²) at x^i_{t-1}; the
+        per-example clip is G with ``enforce``, else none.
 
         x^i_{t-1} = y^K_i of round t−1 = ω Σ_j w_ij y^{K-1}_j + (1 − ω) y^{K-2}_i (Chebyshev;
         plain gossip: ω = 1): exact at t = 1 (x_0 is public) and when the View holds every
@@ -188,8 +247,10 @@ class Muffliato(Defense):
             if p["chebyshev"] and K > 1:
                 omega = chebyshev_omega(gap_of(pub["W"]))
                 prev = omega * prev + (1 - omega) * view.get(t - 1, src, dst, step_kind(K - 1))
-        std = MuffliatoParams(**p).noise_std / p["lr"]
+        std = MuffliatoParams(**p).noise_std(pub["batch_size"]) / p["lr"]
+        clip = p["grad_bound"] if p["enforce"] else None
         meta = {"exact": not unseen}
         if unseen:
             meta["approx"] = f"x_(t-1) mixes unseen gossip values of agents {unseen}"
-        return self.make_observation(view, prev, (prev - y0) / p["lr"], noise_std=std, meta=meta)
+        target = (prev - y0) / p["lr"]
+        return self.make_observation(view, prev, target, clip=clip, noise_std=std, meta=meta)

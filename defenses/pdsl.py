@@ -1,12 +1,12 @@
 """PDSL (Wang, Yuan, Wang, Li): Shapley-weighted cross-gradient momentum with DP noise.
 
-Equations from ``seeds/pdsl-paper.txt`` (Alg. 1, Alg. 2; notes/pdsl.md §1). Per round t,
-agent i with batch ξ_{i,t} of size B and players 𝓜_i = {i} ∪ neighbours (ω_{i,j} = W_ij):
+Equations of the paper's Alg. 1 and Alg. 2. Per round t, agent i with batch ξ_{i,t} and
+players 𝓜_i = {i} ∪ neighbours (ω_{i,j} = W_ij):
 
     (9)–(11)  ĝ_{i,i} = clip_C(∇F_i(x_i; ξ_{i,t})) + n_{i,i}
     (12)–(14) ĝ_{i,j} = clip_C(∇F_i(x_j; ξ_{i,t})) + n_{i,j},  same batch, fresh n per j
     (15)      x_{i,j} = x_i − γ ĝ_{j,i}                        candidate models, j ∈ 𝓜_i
-    (16)(17)  v(𝓜′) = accuracy of (1/|𝓜′|) Σ_{j∈𝓜′} x_{i,j} on i's validation set
+    (16)(17)  v(𝓜′) = accuracy of (1/|𝓜′|) Σ_{j∈𝓜′} x_{i,j} on the validation set 𝒬
     (18)/(26) φ_{i,j}: exact Shapley (subset form) or Monte-Carlo permutations (Alg. 2)
     (19)      φ̂_{i,j} = (φ_{i,j} − min_k φ_{i,k}) / (max_k φ_{i,k} − min_k φ_{i,k})
     (20)      π_{i,j} = φ̂_{i,j} / (ω_{i,j} Σ_k φ̂_{i,k})
@@ -15,32 +15,56 @@ agent i with batch ξ_{i,t} of size B and players 𝓜_i = {i} ∪ neighbours (�
 
 Clipping is flat, on the batch-mean gradient (eq. 10), not per example; the noise is
 n ~ N(0, σ²C² I): the paper's absolute std σ is written here as ``sigma`` · C, so ``sigma``
-is the noise multiplier the simulator derives from --epsilon.
+is the parameter the run sets from --epsilon.
 Orientation: ĝ_{i,j} is i's batch at j's model, computed by i and sent to j (first index =
-data owner). Messages on i→j per round: ``model`` x_i^{t-1}, ``cg`` ĝ_{i,j}, ``mm`` û_i,
-``half-model`` x̂_i. Only ``cg`` (and ĝ_{i,i} inside û_i) is noised.
+data owner). Messages on i→j per round:
+
+- ``model`` x_i^{t-1}: the previous round's gossip of half-models;
+- ``cg`` ĝ_{i,j}: the only message noised as it is sent;
+- ``mm`` û_i: the momentum, π-weighted noised gradients — ĝ_{i,i} (never sent alone) and
+  the neighbours' ĝ_{j,i};
+- ``half-model`` x̂_i = x_i − γ û_i.
+
+π (eqs. 16–20) is a function of the noised gradients and of 𝒬, so what ``mm``,
+``half-model`` and ``model`` reveal depends on 𝒬 (``validation``):
+
+- ``"public"`` (default, the paper's): 𝒬 is ``val_size`` examples of the dataset's *test*
+  split, drawn once by a seeded draw, shared by every agent and known to the adversary (the
+  paper's "global validation dataset": 2,000 random images, 20 % of the MNIST / CIFAR-10
+  test sets). π is then a function of noised releases and public data only, so every
+  message is post-processing of the Gaussian releases. ``val_size`` None is 20 % of the test
+  split: 2,000 on the full 10,000-image MNIST / CIFAR-10 test sets, as in the paper; 400 of
+  the 2,000 when MNIST is read from its t10k files only; 80 of ``photos``' 400. An explicit
+  ``val_size`` must leave at least one test example. The run takes 𝒬 out of the test split
+  before it measures test accuracy, which is over the remaining test examples only. Each
+  round evaluates one forward pass over 𝒬 per distinct Shapley coalition and agent
+  (≤ R(|𝓜_i| + 1) under "mc"), so the round's cost grows linearly with ``val_size``: lower
+  it (e.g. ``-p val_size=200``) for quick runs on a large test split.
+- ``"private"``: 𝒬_i is ``val_size`` (None: 32) seeded examples of agent i's own shard,
+  held out of its training batches (``holdout_size``) and kept in the state (``val``). π_i,
+  hence û_i, x̂_i and every later model, is an un-noised function of i's validation images:
+  no finite ε for those messages.
 
 Choices the paper leaves open, as parameters (paper values where it gives them):
 ``lr`` γ = 0.01 (paper: 0.01 CIFAR-10, 0.001 MNIST), ``momentum`` α = 0.7 (0.7 / 0.5),
 ``clip`` C = 1.0 (not given), ``shapley`` = "mc" (Alg. 2) or "exact" (eq. 18),
-``permutations`` R = 20 (not given), ``val_size`` = 32 (paper: 2,000 shared test images),
-``empty_value`` v(∅) = "zero" (Def. 3; "current" = accuracy of x_i^{t-1}, "chance" =
-1/classes; under exact Shapley v(∅) only shifts every φ_{i,j} by the same amount and cancels
-in eq. 19), ``tie_tol`` = 1e-9 (Shapley values are computed in float64): when
-max_k φ − min_k φ ≤ tie_tol, eq. 19 is 0/0 and every φ̂ is set to 1 (equal weights,
-π_{i,j} = 1/(ω_{i,j}|𝓜_i|)). u_0 = 0; all agents start at x_0.
+``permutations`` R = 20 (not given), ``empty_value`` v(∅) = "zero" (Def. 3; "current" =
+accuracy of x_i^{t-1}, "chance" = 1/classes; under exact Shapley v(∅) only shifts every
+φ_{i,j} by the same amount and cancels in eq. 19), ``tie_tol`` = 1e-9 (Shapley values are
+computed in float64): when max_k φ − min_k φ ≤ tie_tol, eq. 19 is 0/0 and every φ̂ is set to
+1 (equal weights, π_{i,j} = 1/(ω_{i,j}|𝓜_i|)). u_0 = 0; all agents start at x_0.
 
-Validation set: 𝒬_i is ``val_size`` seeded examples of agent i's own shard, held out of
-its training batches (``holdout_size``; the run splits them off before training) and kept
-in the state (``val``). Unlike the paper's public 𝒬 it is private: π_i, hence û_i and x̂_i,
-is an un-noised function of i's validation images.
+Privacy (:meth:`PDSL.privacy`): adding or removing one example moves a flat-clipped batch
+mean by up to 2C, so the std σC is a noise multiplier σ/2. Agent i's batch is released
+|𝓜_i| = deg + 1 times per round with fresh noise: the ``cg`` messages hold deg of them;
+with a public 𝒬, ``mm``/``half-model``/``model`` hold all deg + 1 (ĝ_{i,i} inside û_i, i's
+cross-gradients inside its neighbours' û_j). Theorem 1 instead states (ε, δ)-DP *per round*
+for σ ≥ max_i 2C(1/ω_min + Σ_j 1/ω_ij)√(2 ln(1.25/δ))/(φ̂_min ε √(Σ_j ω_ij⁻²)): one
+mechanism per round, no composition over rounds.
 
-Unsound as written (implemented literally, see notes §2, §6): π divides by ω_{i,j}, so
-Σ_j ω_{i,j} π_{i,j} = 1 and Σ_j π_{i,j} ≈ 1/ω (the step grows with the degree); the
-lowest-Shapley player always gets π = 0, so Theorem 1's φ̂_min is 0 and its σ bound is
-vacuous. The accountant here treats each of the |𝓜_i| same-batch releases per round as a
-sensitivity-C Gaussian release (σ·C noise); a flat-clipped batch mean has replace-one
-sensitivity 2C, so the reported ε is optimistic.
+Unsound as written (implemented literally): π divides by ω_{i,j}, so Σ_j ω_{i,j} π_{i,j} = 1
+and Σ_j π_{i,j} ≈ 1/ω (the step grows with the degree); the lowest-Shapley player always
+gets π = 0, so Theorem 1's φ̂_min is 0 and its σ bound is vacuous.
 """
 
 from __future__ import annotations
@@ -61,11 +85,14 @@ from privaudit.network import Network
 from privaudit.observation import Observation
 from privaudit.threat import View
 
-from .base import Context, Defense, Privacy, State, exchange_models, max_degree, register
+from .base import Context, Defense, Privacy, State, degree, exchange_models, register
 
 SHAPLEY = ("mc", "exact")
 EMPTY = ("zero", "current", "chance")
-_CHUNK = 128  # coalition models evaluated per vmap call
+VALIDATION = ("public", "private")
+PUBLIC_FRACTION = 0.2  # |𝒬| / test split when val_size is None (the paper: 2,000 of 10,000)
+PRIVATE_SIZE = 32  # |𝒬_i| per agent when val_size is None
+_IMAGES = 8192  # validation images × coalition models per vmap call
 EXACT_MAX = 16  # players; exact Shapley evaluates 2^m coalitions
 
 
@@ -77,7 +104,8 @@ class PDSLParams:
     sigma: float = 0.0  # noise std / C in (11)(14); set from --epsilon by the accountant
     shapley: str = "mc"  # "mc": Alg. 2 with R permutations; "exact": eq. (18)
     permutations: int = 20  # R in Alg. 2
-    val_size: int = 32  # |𝒬_i|, a fixed seeded subset of agent i's shard
+    validation: str = "public"  # 𝒬: "public" (test split, shared) or "private" (own shard)
+    val_size: int | None = None  # |𝒬|; None: 20 % of the test split / 32 per agent
     empty_value: str = "zero"  # v(∅): "zero" (Def. 3), "current", "chance"
     tie_tol: float = 1e-9  # max φ − min φ ≤ tie_tol → eq. (19) is 0/0 → all φ̂ = 1
 
@@ -94,7 +122,13 @@ class PDSLParams:
             raise PrivauditError(f"shapley must be one of {', '.join(SHAPLEY)}")
         if self.permutations < 1:
             raise PrivauditError(f"permutations must be ≥ 1, got {self.permutations}")
-        if self.val_size < 1:
+        if self.validation not in VALIDATION:
+            raise PrivauditError(f"validation must be one of {', '.join(VALIDATION)}")
+        if self.val_size is not None and (
+            isinstance(self.val_size, bool) or not isinstance(self.val_size, int)
+        ):
+            raise PrivauditError(f"val_size must be an integer, got {self.val_size!r}")
+        if self.val_size is not None and self.val_size < 1:
             raise PrivauditError(f"val_size must be ≥ 1, got {self.val_size}")
         if self.empty_value not in EMPTY:
             raise PrivauditError(f"empty_value must be one of {', '.join(EMPTY)}")
@@ -232,12 +266,36 @@ class PDSL(Defense):
     Params = PDSLParams
 
     def init(self, ctx: Context, p: PDSLParams) -> State:
+        """x_0 and u_0 = 0 per agent; with a private 𝒬, also ``val``: agent i's validation
+        indices into ``train_x`` (a public 𝒬 is ``ctx.val_x``, the same for all agents)."""
         x = super().init(ctx, p)["x"]
-        return {"x": x, "u": torch.zeros_like(x), "val": torch.stack(ctx.holdout).long()}
+        state = {"x": x, "u": torch.zeros_like(x)}
+        if p.validation == "private":
+            state["val"] = torch.stack(ctx.holdout).long()
+        elif ctx.val_x is None or ctx.val_y is None:
+            raise PrivauditError(
+                "PDSL's public validation set is missing (ctx.val_x): the run draws it from "
+                "the test split (public_validation_size)"
+            )
+        return state
 
     def holdout_size(self, p: PDSLParams) -> int:
-        """𝒬_i: ``val_size`` examples of agent i's shard, held out of its training batches."""
-        return p.val_size
+        """A private 𝒬_i: ``val_size`` examples of agent i's shard, held out of its
+        training batches; none with a public 𝒬."""
+        if p.validation != "private":
+            return 0
+        return PRIVATE_SIZE if p.val_size is None else p.val_size
+
+    def public_validation_size(self, p: PDSLParams, test_size: int) -> int:
+        """A public 𝒬: how many examples of the test split (of ``test_size``) the run draws,
+        once and shared by every agent, into ``ctx.val_x``/``ctx.val_y`` and leaves out of
+        its test accuracy; ``val_size``, or 20 % of the test split (the paper's 2,000 of
+        10,000) when None. 0 with a private 𝒬."""
+        if p.validation != "public":
+            return 0
+        if p.val_size is not None:
+            return p.val_size
+        return max(1, round(PUBLIC_FRACTION * test_size))
 
     def round(
         self,
@@ -247,7 +305,7 @@ class PDSL(Defense):
         net: Network,
         batch: tuple[Tensor, Tensor],
     ) -> State:
-        x, u, val = state["x"], state["u"], state["val"]
+        x, u, val = state["x"], state["u"], state.get("val")
         xs, ys = batch
         n, dev = x.shape[0], x.device  # held agents
         # L5–L11: models cross the links
@@ -279,7 +337,8 @@ class PDSL(Defense):
         u_half = p.momentum * u + g_bar
         x_half = x - p.lr * u_half
         x_new = net.gossip("half-model", x_half)
-        return {"x": x_new, "u": net.gossip("mm", u_half), "val": val}
+        out = {"x": x_new, "u": net.gossip("mm", u_half)}
+        return out if val is None else {**out, "val": val}
 
     @staticmethod
     def _permutations(ctx: Context, p: PDSLParams, real: Tensor) -> Tensor:
@@ -295,21 +354,30 @@ class PDSL(Defense):
 
     @staticmethod
     def _utility(
-        ctx: Context, p: PDSLParams, x: Tensor, G: Tensor, real: Tensor, val: Tensor
+        ctx: Context, p: PDSLParams, x: Tensor, G: Tensor, real: Tensor, val: Tensor | None
     ) -> Callable[[Tensor], Tensor]:
-        """v(codes) per agent, eqs. (16)(17): accuracy of x_i − γ·mean_{j∈S} ĝ_{j,i} on 𝒬_i.
+        """v(codes) per agent, eqs. (16)(17): accuracy of x_i − γ·mean_{j∈S} ĝ_{j,i} on 𝒬 —
+        the public ``ctx.val_x`` when ``val`` is None, else agent i's ``train_x[val[i]]``.
 
         Codes are restricted to real players (padding slots are null players, which leaves
         the real players' Shapley values unchanged), deduplicated across the whole round,
-        and evaluated by ``vmap`` over coalition models in chunks."""
+        and evaluated by ``vmap`` over coalition models in chunks of about ``_IMAGES``
+        (model, image) pairs; a public 𝒬 is one input shared by every model."""
         n, m, d = G.shape
-        vx, vy = ctx.train_x[val], ctx.train_y[val]
+        shared = val is None
+        if shared:
+            vx, vy = ctx.val_x, ctx.val_y
+        else:
+            vx, vy = ctx.train_x[val], ctx.train_y[val]
+        size_q = vy.shape[-1]
+        models = max(1, _IMAGES // size_q)  # coalition models per call
+        images = min(size_q, _IMAGES)  # validation images per call
 
-        def acc(flat: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+        def hits(flat: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
             out = functional_call(ctx.model, ctx.spec.unflatten(flat), (xb,))
-            return (out.argmax(-1) == yb).double().mean()
+            return (out.argmax(-1) == yb).sum()
 
-        accuracy = vmap(acc)
+        count = vmap(hits, in_dims=(0, None, None) if shared else 0)
 
         def value(masks: Tensor) -> Tensor:
             masks = masks & real[:, None, :]
@@ -321,52 +389,88 @@ class PDSL(Defense):
             coef = bits / size.clamp(min=1)[:, None]
             out = torch.empty(len(uniq), dtype=torch.float64, device=x.device)
             with torch.no_grad():
-                for s in range(0, len(uniq), _CHUNK):
-                    a, c = a_u[s : s + _CHUNK], coef[s : s + _CHUNK]
+                for s in range(0, len(uniq), models):
+                    a, c = a_u[s : s + models], coef[s : s + models]
                     mix = x.new_zeros(len(a), n, m)
                     mix[torch.arange(len(a), device=x.device), a] = c
                     cand = x[a] - p.lr * (mix.reshape(len(a), n * m) @ G.reshape(n * m, d))
-                    out[s : s + _CHUNK] = accuracy(cand, vx[a], vy[a])
+                    right = torch.zeros(len(a), dtype=torch.long, device=x.device)
+                    for v in range(0, size_q, images):
+                        if shared:
+                            right += count(cand, vx[v : v + images], vy[v : v + images])
+                        else:
+                            right += count(cand, vx[a, v : v + images], vy[a, v : v + images])
+                    out[s : s + models] = right.double() / size_q
                 if p.empty_value != "current":
-                    classes = functional_call(ctx.model, ctx.spec.unflatten(x[0]), (vx[0, :1],))
+                    probe = vx[:1] if shared else vx[0, :1]
+                    classes = functional_call(ctx.model, ctx.spec.unflatten(x[0]), (probe,))
                     empty = 0.0 if p.empty_value == "zero" else 1.0 / classes.shape[-1]
                     out = torch.where(size == 0, empty, out)
             return out[inv].reshape(masks.shape[:2])
 
         return value
 
-    def releases_per_round(self, adj: Tensor) -> int:
-        """|𝓜_i| noised releases of agent i's batch per round: one cross-gradient per
-        neighbour plus ĝ_{i,i} (sent inside û_i), all of the same batch."""
-        return int(adj.sum(1).max()) + 1
+    def privacy(self, p: PDSLParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
+        """Flat batch clip: adding or removing one example moves the clipped mean by up to
+        2C, so the std σC is a noise multiplier σ/2. Agent i's batch is released deg + 1
+        times per round (fresh noise each): ``cg`` holds the deg cross-gradients. An
+        adversary holding every ``mm`` message sees ĝ_{i,i} inside û_i and i's
+        cross-gradients inside its neighbours' û_j; with a public 𝒬, π (eqs. 16–20) is a
+        function of noised releases and public data, so ``mm``, ``half-model`` and ``model``
+        are post-processing of those deg + 1 releases. With a private 𝒬 they are un-noised
+        functions of the agents' validation images: no finite ε.
 
-    def privacy(self, p: PDSLParams, kind: str, W: Tensor) -> Privacy:
-        """Flat batch clip: adding one example moves the clipped mean by up to 2C, so the
-        std σC is a multiplier σ/2 (the run's accounting assumes σ). ``mm``/``half-model``/
-        ``model`` also carry π, an un-noised function of the private validation split."""
+        The claim is Theorem 1: (ε, δ)-DP in each round, one Gaussian mechanism per round
+        (the π-weighted aggregate; neither the deg + 1 same-batch releases nor the rounds
+        are composed), at std σC (multiplier σ)."""
         if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+        deg = degree(W, agent)
+        public = p.validation == "public"
+        caveats = [
+            "flat batch clipping has add/remove sensitivity 2C (multiplier σ/2); the claimed "
+            "accounting takes the std σC as multiplier σ (sensitivity C)",
+            "Theorem 1 is per round: it counts one release per round, not agent i's deg + 1 "
+            "same-batch releases, and does not compose rounds",
+            "Theorem 1's φ̂_min is 0 as defined (eq. 19): its σ bound is vacuous",
+        ]
+        if public:
+            caveats.append(
+                "the public validation set is test data known to the adversary: the run's test "
+                "accuracy leaves it out"
+            )
+        else:
+            caveats.append(
+                "private validation set: mm, half-model and model are un-noised functions of "
+                "each agent's validation images; only cg has a finite ε"
+            )
         common: dict[str, Any] = dict(
             mechanism="gaussian",
             noise_multiplier=p.sigma / 2,
-            releases=max_degree(W) + 1,
+            releases=deg if kind == "cg" else deg + 1,
             clip=p.clip,
             clip_unit="batch",
             claimed_multiplier=p.sigma,
+            claimed_releases=1,
             paper="Theorem 1, (ε, δ)-DP per round if σ ≥ max_i 2C(1/ω_min + Σ_j 1/ω_ij)"
             "√(2 ln(1.25/δ))/(φ̂_min ε √(Σ_j ω_ij⁻²)); as defined φ̂_min = 0 (eq. 19) and the "
             "bound is vacuous; evaluated at φ̂_min = 1/|𝓜_i| (equal Shapley weights, its "
             "largest value)",
             paper_epsilon=lambda delta, impact: theorem1_epsilon(p.sigma, W, delta),
-            caveats=(
-                "flat batch clipping has add/remove sensitivity 2C; the run's accounting assumes C",
-            ),
+            caveats=tuple(caveats),
         )
         if kind == "cg":
             return Privacy(
                 **common,
                 formal=True,
-                reason="batch-mean clip C + N(0, σ²C²), one release per neighbour plus ĝ_ii",
+                reason="batch-mean clip C + N(0, σ²C²), one cross-gradient per neighbour",
+            )
+        if public:
+            return Privacy(
+                **common,
+                formal=True,
+                reason="post-processing: π is a function of noised gradients and the public "
+                "validation set; ĝ_ii in û_i and i's cross-gradients in the neighbours' û_j",
             )
         return Privacy(
             **common,
@@ -392,9 +496,11 @@ class PDSL(Defense):
         - ``mm``: ḡ_i = û_i^t − α u_i^{t-1}, u_i^{t-1} = Σ_j w_ij û_j^{t-1}: exact when every
           neighbour's û_j^{t-1} is seen (else the consecutive-round approximation): a
           π-weighted sum of gradients at x_i^{t-1} of src's and its neighbours' batches.
-          π is data-dependent and unseen, so even a global observer cannot subtract the
-          neighbours' cross-gradients it intercepts; ``scale`` is the equal-Shapley weight
-          π_ii = 1/(ω_ii |𝓜_i|), ``noise_std`` the matching σC·√(Σ_j π_ij²).
+          π is unseen: it depends on ĝ_{i,i}, which is never sent alone, and on 𝒬 (known to
+          the adversary only when ``validation`` is "public"), so even a global observer
+          cannot subtract the neighbours' cross-gradients it intercepts; ``scale`` is the
+          equal-Shapley weight π_ii = 1/(ω_ii |𝓜_i|), ``noise_std`` the matching
+          σC·√(Σ_j π_ij²).
         - ``half-model``: û_i^t = (x_i^{t-1} − x̂_i^t)/γ exactly, then as ``mm``.
         - ``model``: (x_i^{t-1} − x_i^t)/γ at x_i^{t-1}; mixing and momentum ignored.
         """

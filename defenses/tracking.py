@@ -34,7 +34,7 @@ per agent and round, sent to every neighbour and kept in the agent's state (it e
 own mix and its θ step). ``inject="init"`` adds it to γ^0 only (Theorem 3's analysis).
 Noise accumulates in Σ_i γ_i (a random walk), which matches the paper's divergence report.
 
-Privacy accounting. None of the three is Gaussian DP: ``releases_per_round`` is 0, no σ is
+Privacy accounting. None of the three is Gaussian DP: ``privacy()`` is never formal, no σ is
 resolved from ``--epsilon`` and the run reports ε = ∞, meaning "not formally bounded"
 (for dp-dsgt: noised, but with no DP guarantee). The paper's own rule is
 ε = Δf/β (Laplace mechanism), with Theorems 2/3 giving Δf/(√2 W^t β) for LPPA and
@@ -262,6 +262,7 @@ class DSGT(Defense):
             gamma = gamma - prev
             terms = [(view.get(t - 1, src, dst, "model"), -1.0, p["old_grad"] == "recompute")]
             meta["difference"] = "∇L(θ^{t-1}; ξ_t) − ∇L(θ^{t-2}; ξ_{t-1})"
+            meta["term_rounds"] = [t if p["old_grad"] == "recompute" else t - 1]
         elif t > 1:
             meta["approx"] = "γ^{t-1} taken as one gradient (no γ^{t-2} seen)"
         if unseen:
@@ -295,6 +296,7 @@ class DSGT(Defense):
         meta = {
             "exact": True,
             "difference": "∇L(θ^{t-1}; ξ_t) − ∇L(θ^t; ξ_{t+1}), via round t+1 (offset cancels)",
+            "term_rounds": [t + 1],
         }
         return self.make_observation(
             view,
@@ -334,7 +336,7 @@ class LPPA(DSGT):
         shares = net.send("noise", noise)
         return net.sum_outgoing(noise) - net.sum_incoming(shares)
 
-    def privacy(self, p: LPPAParams, kind: str, W: Tensor) -> Privacy:
+    def privacy(self, p: LPPAParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """No formal DP: shares cancel, gradients are unclipped, rounds never compose."""
         return Privacy(
             mechanism="laplace",
@@ -389,7 +391,7 @@ class DPDSGT(DSGT):
             return None
         return laplace(ctx, p.beta, None, like.shape[1], dtype=like.dtype)
 
-    def privacy(self, p: DPDSGTParams, kind: str, W: Tensor) -> Privacy:
+    def privacy(self, p: DPDSGTParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """No formal DP: Laplace(β) on an unclipped gradient, no composition."""
         return Privacy(
             mechanism="laplace",

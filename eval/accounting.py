@@ -1,26 +1,41 @@
 """Privacy accounting with opacus (never hand-rolled): σ from ε and ε from σ.
 
-One round releases agent i's batch ``r`` times (e.g. DPDL: one noised cross-gradient per
-neighbour), each a Gaussian mechanism on the same clipped sum with independent noise of
-std σC. Their average is a sufficient statistic with std σC/√r, so the round is one
-sampled Gaussian mechanism with noise multiplier σ/√r; T rounds compose. The batch is a
-uniform draw of B of the agent's n_i examples, accounted as Poisson sampling at rate
-q = B/n_i (the DPDL paper's own Lemma 1 assumes Poisson sampling too).
+Every ε the tool prints comes from here, and every one of them from a defense's mechanism
+facts (:meth:`Defense.privacy`, a :class:`~privaudit.defenses.base.Privacy` per message
+kind and agent): the run's σ calibration (:func:`calibrate`), the ε a run reports per
+message kind and per agent (:func:`run_privacy`), and the audit's upper bounds
+(:func:`account`).
+
+The mechanism accounted: adjacency is adding or removing one example of an agent's shard;
+agent i's batch is Poisson sampled, each of its n_i examples independently with
+probability q_i = B/n_i (what the engine draws); one round releases that batch ``r`` times
+(e.g. DPDL: one noised cross-gradient per neighbour), each a Gaussian mechanism with noise
+multiplier z (noise std over add/remove sensitivity) and independent noise. The r releases
+together are one Gaussian mechanism with multiplier z/√r (their joint sensitivity is √r
+times one's), so a round is one sampled Gaussian mechanism at z/√r, and T rounds compose.
+Each agent has its own ε (its own q_i and degree); the run's ε is the worst agent's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from privaudit.errors import PrivauditError
+from privaudit.sampling import rate
 
 if TYPE_CHECKING:
-    from privaudit.defenses.base import Privacy
+    from torch import Tensor
 
+    from privaudit.defenses.base import Defense, Privacy
+
+ADJACENCY = "add/remove one example"
+SAMPLING = "Poisson, q_i = B / n_i per agent"
 ACCOUNTANTS = ("rdp", "prv")
 
 
@@ -88,58 +103,211 @@ def release_epsilon(noise_multiplier: float, delta: float, accountant: str = "pr
     return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, accountant)
 
 
-def run_epsilon(
+def kind_epsilon(
     privacy: Privacy,
     delta: float,
     sample_rate: float,
     rounds: int,
     accountant: str = "rdp",
-    multiplier: float | None = None,
+    claimed: bool = False,
 ) -> float:
-    """ε for one agent over ``rounds`` rounds of ``privacy.releases`` releases at rate q, at
-    ``multiplier`` (default: the correct ``privacy.noise_multiplier``); ∞ without a formal
-    guarantee. PRV can fail far from its grid (tiny σ): that is reported as ∞ only when the
-    RDP bound is ∞ as well, otherwise the RDP value is returned."""
-    z = privacy.noise_multiplier if multiplier is None else multiplier
-    if (multiplier is None and not privacy.formal) or z <= 0 or privacy.releases < 1:
+    """ε for one agent over ``rounds`` rounds of ``privacy.releases`` releases at rate q and
+    the correct multiplier; ∞ without a formal guarantee. ``claimed``: the paper's promise
+    instead (``claimed_multiplier``, ``claimed_releases``). PRV can fail far from its grid
+    (tiny σ): then the RDP bound is returned."""
+    if privacy.mechanism == "public":
+        return 0.0  # data-independent: nothing to account
+    if claimed:
+        z, r = privacy.claimed_multiplier, privacy.claimed_releases
+    else:
+        z, r = (privacy.noise_multiplier, privacy.releases) if privacy.formal else (0.0, 0)
+    if z <= 0 or r < 1:
         return math.inf
     try:
-        return epsilon_for_sigma(z, delta, sample_rate, rounds, privacy.releases, accountant)
+        return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant)
     except (ValueError, RuntimeError, OverflowError):
         if accountant == "rdp":
             raise
-        return epsilon_for_sigma(z, delta, sample_rate, rounds, privacy.releases, "rdp")
+        return epsilon_for_sigma(z, delta, sample_rate, rounds, r, "rdp")
+
+
+def sample_rates(shard_sizes: Sequence[int], batch_size: int) -> list[float]:
+    """Each agent's Poisson sampling rate q_i = min(1, B / n_i), as the engine draws it."""
+    return [rate(batch_size, n) for n in shard_sizes]
+
+
+def _with_sigma(params: Any, sigma: float) -> Any:
+    return dataclasses.replace(params, sigma=sigma)
+
+
+def _has_sigma(params: Any) -> bool:
+    return dataclasses.is_dataclass(params) and any(
+        f.name == "sigma" for f in dataclasses.fields(params)
+    )
+
+
+def calibrate(
+    defense: Defense,
+    params: Any,
+    W: Tensor,
+    rates: Sequence[float],
+    epsilon: float,
+    delta: float,
+    rounds: int,
+    accountant: str = "rdp",
+) -> float | None:
+    """The smallest ``params.sigma`` for which every agent's ε is at most ``epsilon``: over
+    the message kinds whose Privacy is formal (their largest ε), or, when none is, by the
+    paper's claimed accounting (the run then reports ε = ∞ beside the claim). The noise
+    multiplier is linear in σ, so σ = z / z(σ = 1) with z from opacus. None: this defense's
+    σ is never set from ε (no kind has a Gaussian multiplier, formal or claimed)."""
+    if not _has_sigma(params):
+        return None
+    unit = _with_sigma(params, 1.0)
+    kinds = list(defense.kinds)
+    per_agent = [[defense.privacy(unit, k, W, a) for k in kinds] for a in range(len(rates))]
+    formal = any(pr.formal and pr.noise_multiplier > 0 for row in per_agent for pr in row)
+    sigma, cache = 0.0, {}
+    for q, row in zip(rates, per_agent, strict=True):
+        for pr in row:
+            if formal:
+                z1, r = (pr.noise_multiplier, pr.releases) if pr.formal else (0.0, 0)
+            else:
+                z1, r = pr.claimed_multiplier, pr.claimed_releases
+            if z1 <= 0 or r < 1:
+                continue
+            key = (q, r)
+            if key not in cache:
+                cache[key] = sigma_for_epsilon(epsilon, delta, q, rounds, r, accountant)
+            sigma = max(sigma, cache[key] / z1)
+    return sigma if sigma > 0 else None
+
+
+def run_privacy(
+    defense: Defense,
+    params: Any,
+    W: Tensor,
+    rates: Sequence[float],
+    delta: float,
+    rounds: int,
+    accountant: str = "rdp",
+) -> dict[str, Any]:
+    """What a run reports: ε per message kind (worst agent), per agent (worst kind), the run's
+    ε (the worst agent's, over the formal kinds that carry data; ∞ when none is formal) and
+    the paper's claimed ε beside it, with the adjacency and the sampling stated."""
+    kinds: dict[str, Any] = {}
+    agents = [{"agent": a, "sample_rate": q, "epsilon": 0.0} for a, q in enumerate(rates)]
+    eps_cache: dict = {}
+
+    def eps(pr: Privacy, q: float, claimed: bool) -> float:
+        key = (
+            pr.noise_multiplier,
+            pr.releases,
+            pr.formal,
+            pr.claimed_multiplier,
+            pr.claimed_releases,
+            q,
+            claimed,
+        )
+        if key not in eps_cache:
+            eps_cache[key] = kind_epsilon(pr, delta, q, rounds, accountant, claimed)
+        return eps_cache[key]
+
+    formal_any = False
+    for k in defense.kinds:
+        worst, claim, first = 0.0, 0.0, None
+        for a, q in enumerate(rates):
+            pr = defense.privacy(params, k, W, a)
+            first = first or pr
+            e = eps(pr, q, False)
+            worst, claim = max(worst, e), max(claim, eps(pr, q, True))
+            if pr.formal and math.isfinite(e):
+                agents[a]["epsilon"] = max(agents[a]["epsilon"], e)
+        carries_data = first.mechanism != "public"
+        formal_any |= first.formal and carries_data
+        kinds[k] = {
+            "mechanism": first.mechanism,
+            "epsilon": worst,
+            "formal": first.formal,
+            "reason": first.reason,
+            "noise_multiplier": first.noise_multiplier,
+            "releases_per_round": first.releases,
+            "epsilon_claimed": claim,
+        }
+    for row in agents:
+        if not formal_any:
+            row["epsilon"] = math.inf
+    formal_eps = [
+        v["epsilon"] for v in kinds.values() if v["formal"] and v["mechanism"] != "public"
+    ]
+    claims = [v["epsilon_claimed"] for v in kinds.values()]
+    return {
+        "epsilon": max(formal_eps) if formal_eps else math.inf,
+        "epsilon_claimed": max(claims) if claims else math.inf,
+        "delta": delta,
+        "adjacency": ADJACENCY,
+        "sampling": SAMPLING,
+        "accountant": accountant,
+        "kinds": kinds,
+        "agents": agents,
+    }
 
 
 def account(
-    privacy: Privacy, delta: float, sample_rate: float, rounds: int, accountant: str = "rdp"
+    privacy: Privacy,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    accountant: str = "rdp",
+    copies: int = 1,
 ) -> dict:
     """Every upper bound side by side, for one agent and one message kind:
 
-    - ``release``: one release with the correct multiplier (PRV, sample rate 1) — what a
-      single-round white-box audit is compared with;
-    - ``release_claimed``: the same at the multiplier the run's own accounting assumes;
+    - ``release``: the ``copies`` releases one Observation combines (one Gaussian at
+      multiplier z/√copies; PRV, sample rate 1) — what a single-round white-box audit of
+      that Observation is compared with;
+    - ``release_claimed``: the same at the paper's claimed multiplier;
     - ``run`` / ``run_claimed``: over the whole run (``accountant``, rate q, every release);
     - ``paper``: the paper's own rule, filled in by the audit (it may need the canary's Δf).
     """
-    correct = release_epsilon(privacy.noise_multiplier, delta) if privacy.formal else math.inf
-    claimed = release_epsilon(privacy.claimed_multiplier, delta)
+    k = max(copies, 1)
+    if privacy.mechanism == "public":
+        correct = 0.0
+    elif privacy.formal:
+        correct = release_epsilon(privacy.noise_multiplier / math.sqrt(k), delta)
+    else:
+        correct = math.inf
+    claimed = release_epsilon(privacy.claimed_multiplier / math.sqrt(k), delta)
     return {
         "mechanism": privacy.mechanism,
         "formal": privacy.formal,
         "reason": privacy.reason,
+        "adjacency": ADJACENCY,
         "noise_multiplier": privacy.noise_multiplier,
         "claimed_multiplier": privacy.claimed_multiplier,
         "releases_per_round": privacy.releases,
+        "claimed_releases_per_round": privacy.claimed_releases,
+        "copies": k,
         "sample_rate": sample_rate,
         "rounds": rounds,
         "accountant": accountant,
         "release": correct,
         "release_claimed": claimed,
-        "run": run_epsilon(privacy, delta, sample_rate, rounds, accountant),
-        "run_claimed": run_epsilon(
-            privacy, delta, sample_rate, rounds, accountant, privacy.claimed_multiplier
-        ),
+        "run": kind_epsilon(privacy, delta, sample_rate, rounds, accountant),
+        "run_claimed": kind_epsilon(privacy, delta, sample_rate, rounds, accountant, True),
         "paper": privacy.paper,
         "caveats": list(privacy.caveats),
     }
+
+
+def noised(defense: Defense, params: Any, W: Tensor) -> bool:
+    """Whether ``params.sigma`` scales a Gaussian noise multiplier of some message kind
+    (formal or only claimed), i.e. whether ``--epsilon``/``--sigma`` set it."""
+    if not _has_sigma(params):
+        return False
+    unit = _with_sigma(params, 1.0)
+    for k in defense.kinds:
+        pr = defense.privacy(unit, k, W)
+        if pr.noise_multiplier > 0 and pr.formal or pr.claimed_multiplier > 0:
+            return True
+    return False

@@ -13,8 +13,10 @@ compute (``defense.observe``):
   coordinate of a Gaussian for a Gaussian channel: the most powerful test). Gradients are
   computed once and replayed (the state and batch are fixed), and a trial stops as soon as
   the messages the View needs have crossed the network, so thousands of trials are cheap.
-  Bounds: Clopper–Pearson at a threshold chosen on held-out trials, and a Gaussian-DP
-  estimate with a confidence interval for Gaussian channels (:mod:`privaudit.eval.bounds`).
+  Bounds: Clopper–Pearson at a threshold chosen on held-out trials, and, where the
+  Observation is exactly a Gaussian release (``meta["exact"]``), a Gaussian-DP estimate with
+  a confidence interval (:mod:`privaudit.eval.bounds`); each at 1 − α/2, so the larger holds
+  at 1 − α. The upper bound is the ε of the ``copies`` releases the Observation combines.
 - **one run** (:func:`one_run`, Steinke, Nasr & Jagielski 2023): m Dirac canary gradients on
   distinct coordinates, each included with probability ½; an included canary joins the
   victim's batch in each round with the run's sampling rate q (Poisson, as accounted). One
@@ -42,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from privaudit import sampling
 from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
 from privaudit.messages import CaptureSpec, Tap
@@ -64,12 +67,15 @@ CANARY_NORM = 1.0  # canary norm where nothing is clipped
 class CanaryGrads:
     """A stand-in for ``ctx.grads`` that adds canary gradients to the victim's pairs.
 
-    Rows whose batch equals ``victim_x`` get ``canaries (k, D)`` as k extra examples of the
-    batch with the defense's fixed normalisation B: ``clipped_mean`` adds Σ clip_C(c)/B
+    Rows whose (padded) batch equals ``victim_x`` get ``canaries (k, D)`` as k extra
+    examples of the batch with the defense's fixed normalisation B, the expected batch size
+    (``inner.denominator``; :mod:`privaudit.sampling`): ``clipped_mean`` adds Σ clip_C(c)/B
     (each canary clipped by the defense's own C), ``mean`` adds Σ c/B (a flat clip applies
     after), ``per_example`` adds them to the first example (the add-one batch, normalised
-    by B). With ``replay`` the k-th call of a trial returns the k-th result of the first
-    trial when its inputs match (same state, same batch), so trials pay for noise only."""
+    by B). Batches come from :func:`audit_batch`, whose padded slots tell the agents apart
+    even when the victim's batch is empty. With ``replay`` the k-th call of a trial returns
+    the k-th result of the first trial when its inputs match (same state, same batch), so
+    trials pay for noise only."""
 
     inner: Any
     victim_x: Tensor
@@ -118,7 +124,7 @@ class CanaryGrads:
 
     def mean(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
         out, rows = self._call("mean", self.inner.mean, flat, x, y)
-        return self._add(out, rows, x.shape[1], lambda c: c)
+        return self._add(out, rows, self.inner.denominator(x), lambda c: c)
 
     def clipped_mean(
         self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None, owner: Tensor | None = None
@@ -126,7 +132,8 @@ class CanaryGrads:
         out, rows = self._call(
             "clipped_mean", self.inner.clipped_mean, flat, x, y, clip, owner=owner
         )
-        return self._add(out, rows, x.shape[1], lambda c: c if clip is None else clip_rows(c, clip))
+        B = self.inner.denominator(x)
+        return self._add(out, rows, B, lambda c: c if clip is None else clip_rows(c, clip))
 
     def per_example(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
         out, rows = self._call("per_example", self.inner.per_example, flat, x, y)
@@ -142,6 +149,16 @@ class CanaryGrads:
         out = out.clone()
         out[rows] += clip(self.canaries.to(out.dtype)).sum(0) / B
         return out
+
+
+def audit_batch(ctx: Any, index: Tensor) -> tuple[Tensor, Tensor]:
+    """The padded batches of ``index`` (:meth:`Context.gather`) with every padded input set
+    to its row's number + 1: a padded slot's gradient is 0 whatever it holds, and an empty
+    batch is then told apart from every other by its inputs (:class:`CanaryGrads`)."""
+    x, y = ctx.gather(index)
+    pad = ~sampling.real(index).view(*index.shape, *[1] * (x.dim() - 2))
+    row = torch.arange(1, len(index) + 1, dtype=x.dtype, device=x.device)
+    return torch.where(pad, row.view(-1, *[1] * (x.dim() - 1)), x), y
 
 
 class _Done(Exception):
@@ -237,7 +254,7 @@ def _setting(
         else:
             th = build_threat(threat, attackers=attackers or [])
         dst = th.receiver(src, receivers, f"{kind!r} message in round {t}")
-    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu())
+    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), src)
     D = run.ctx.spec.numel
     B = run.cfg.batch_size
     rng = np.random.default_rng(seed)
@@ -302,8 +319,8 @@ def white_box(
     """Distinguish "canary in" from "canary out" on ``trials`` re-runs of round ``round``;
     returns the scores, the bounds and the accounting side by side (see :func:`verdicts`)."""
     delta = run.cfg.delta
-    bounds._check(confidence, delta)
-    need = bounds.trials_needed(delta, confidence, HELD_OUT)
+    bounds.check_levels(confidence, delta)
+    need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT)
     if trials < need:
         raise PrivauditError(
             f"--trials {trials} is too few for any bound at confidence {confidence} "
@@ -320,13 +337,16 @@ def white_box(
         fixed = dict(run.messages(CaptureSpec.of(rounds=earlier, links=links), progress=progress))
     state0 = run.train(until=t - 1, progress=progress) if t > 1 else run._restore(0)
     idx = ctx.sample()  # the victim's (and everyone's) real batch of round t
-    batch = (ctx.train_x[idx], ctx.train_y[idx])
+    batch = audit_batch(ctx, idx)
     grads = CanaryGrads(ctx.grads, batch[0][s.src])
     actx = dataclasses.replace(ctx, grads=grads)
     tap = Tap(CaptureSpec.of(rounds=range(t, max(rounds) + 1), links=links))
     net = AuditNetwork(ctx.adj, ctx.W, tap).to(ctx.device)
     public = run.public()
     names = ctx.spec.names
+    # the victim's releases the Observation combines, and whether it is exactly (an affine
+    # function of) them: only then are the scores Gaussian and the GDP estimate sound
+    combined: dict[str, Any] = {"copies": 1, "exact": False}
 
     def trial(i: int, canary: Tensor | None, record: bool = False) -> float:
         _reseed(actx, seed * 1_000_003 + i + 2)  # trial i's noise, whatever ran before
@@ -341,14 +361,16 @@ def white_box(
         grads.start(None)
         for r in range(t + 1, max(rounds) + 1):
             net.round = r
-            j = actx.sample()
-            state = defense.round(actx, run.params, state, net, (ctx.train_x[j], ctx.train_y[j]))
+            batch_r = audit_batch(actx, actx.sample())
+            state = defense.round(actx, run.params, state, net, batch_r)
         msgs = {**fixed, **{k: m.payload for k, m in tap.messages.items()}}
         view = s.threat.view(msgs, public)
         if record:
             view.messages = _Recorder(view.messages)
         obs = defense.observe(view, s.kind, t, s.src, s.dst)
         if record:
+            combined["copies"] = int(obs.meta.get("copies", 1))
+            combined["exact"] = bool(obs.meta.get("exact", False))
             used = view.messages.used & set(tap.messages)  # looked up and on the wire
             net.needed = {(a, b, k) for (r, a, b, k) in used if r == t}
             if max(rounds) > t:
@@ -382,7 +404,8 @@ def white_box(
             "run the same command again"
         )
     scores, coins = scores[:done], coins[:done]
-    result = _white_box_bounds(scores, coins, s, delta, confidence)
+    gaussian = s.privacy.mechanism == "gaussian" and combined["exact"]
+    result = _white_box_bounds(scores, coins, gaussian, delta, confidence)
     result.update(
         mode="white-box",
         target=target,
@@ -392,6 +415,7 @@ def white_box(
         threat=s.threat.describe(),
         victim=s.src,
         receiver=s.dst,
+        copies=combined["copies"],
         canary={
             "norm": float(canary.norm()),
             "kind": "opposite" if s.privacy.clip_unit == "batch" else "dirac",
@@ -403,16 +427,20 @@ def white_box(
 
 
 def _white_box_bounds(
-    scores: np.ndarray, coins: np.ndarray, s: Setting, delta: float, confidence: float
+    scores: np.ndarray, coins: np.ndarray, gaussian: bool, delta: float, confidence: float
 ) -> dict[str, Any]:
+    """Clopper–Pearson (any channel) and, where the scores are a Gaussian shift (``gaussian``),
+    the Gaussian-DP estimate; the larger lower bound holds at ``confidence``."""
     n = len(scores)
+    # two bounds, each at 1 − α/2, so that the larger of them holds at 1 − α (Bonferroni)
+    level = 1 - (1 - confidence) / 2 if gaussian else confidence
     cut = int(n * (1 - HELD_OUT))
     sel_in, sel_out = scores[:cut][coins[:cut]], scores[:cut][~coins[:cut]]
     sign = 1.0 if sel_in.mean() >= sel_out.mean() else -1.0
-    thr = bounds.best_threshold(sign * sel_in, sign * sel_out, delta, confidence)
+    thr = bounds.best_threshold(sign * sel_in, sign * sel_out, delta, level)
     ev_in, ev_out = sign * scores[cut:][coins[cut:]], sign * scores[cut:][~coins[cut:]]
-    cp = bounds.clopper_pearson_epsilon(ev_in, ev_out, thr, delta, confidence)
-    cap = bounds.max_cp_epsilon(len(ev_in), len(ev_out), delta, confidence)
+    cp = bounds.clopper_pearson_epsilon(ev_in, ev_out, thr, delta, level)
+    cap = bounds.max_cp_epsilon(len(ev_in), len(ev_out), delta, level)
     out: dict[str, Any] = {
         "clopper_pearson": {
             "epsilon_lo": cp,
@@ -420,12 +448,13 @@ def _white_box_bounds(
             "capped": cp >= cap - 1e-9,
             "cap": cap,
             "evaluated": len(ev_in) + len(ev_out),
+            "confidence": level,
         }
     }
     lower = cp
-    if s.privacy.mechanism == "gaussian":
-        g = bounds.gdp_estimate(scores[coins], scores[~coins], delta, confidence)
-        out["gdp"] = {k: float(v) for k, v in g.items()}
+    if gaussian:
+        g = bounds.gdp_estimate(scores[coins], scores[~coins], delta, level)
+        out["gdp"] = {**{k: float(v) for k, v in g.items()}, "confidence": level}
         lower = max(lower, g["epsilon_lo"])
     out["epsilon_lo"] = lower
     out["confidence"] = confidence
@@ -451,7 +480,7 @@ def one_run(
     """Steinke et al.'s one-run audit over the run's ``rounds`` (a fresh training run with
     the run's configuration and seed, plus the canaries; the run directory is not touched)."""
     delta = run.cfg.delta
-    bounds._check(confidence, delta)
+    bounds.check_levels(confidence, delta)
     need = bounds.one_run_canaries_needed(delta, confidence)
     if canaries < need:
         raise PrivauditError(
@@ -467,7 +496,7 @@ def one_run(
     coords = torch.as_tensor(rng.choice(D, size=canaries, replace=False))
     included = rng.random(canaries) < 0.5
     norm = float(s.canary.norm())
-    q = run.resolved["sample_rate"]
+    q = run.resolved["agents"][s.src]["sample_rate"]  # the victim's own Poisson rate
     state = run._restore(0)  # the run's own seeds: the same training, plus the canaries
     grads = CanaryGrads(ctx.grads, ctx.train_x[:0], replay=False)
     actx = dataclasses.replace(ctx, grads=grads)
@@ -484,14 +513,13 @@ def one_run(
         try:
             for t in range(1, T + 1):
                 net.round = t
-                idx = actx.sample()
-                xb = ctx.train_x[idx]
+                xb, yb = audit_batch(actx, actx.sample())
                 grads.victim_x = xb[s.src]
                 now = included & (rng.random(canaries) < q)
                 rows = torch.zeros(int(now.sum()), D)
                 rows[torch.arange(len(rows)), coords[now]] = norm
                 grads.start(rows.to(ctx.device) if len(rows) else None)
-                state = defense.round(actx, run.params, state, net, (xb, ctx.train_y[idx]))
+                state = defense.round(actx, run.params, state, net, (xb, yb))
                 history.update({k: m.payload for k, m in tap.messages.items()})
                 tap.clear()
                 for r in range(1, t + 1):  # rounds whose observation is now complete
@@ -567,9 +595,11 @@ def audit(
         kw["canaries"] = kw.pop("trials", 1000)
         res = one_run(run, target, **kw)
     defense, kind = parse_target(target)
-    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu())
+    victim = res["victim"]
+    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), victim)
+    q = run.resolved["agents"][victim]["sample_rate"]
     acc = account(
-        privacy, run.cfg.delta, run.resolved["sample_rate"], run.cfg.rounds, run.cfg.accountant
+        privacy, run.cfg.delta, q, run.cfg.rounds, run.cfg.accountant, res.get("copies", 1)
     )
     impact = res["canary"]["impact"]
     acc["paper_epsilon"] = (
@@ -578,7 +608,7 @@ def audit(
     unit = "release" if mode == "white-box" else "run"
     uppers = {
         "accountant": acc[unit],
-        "run's accounting": acc[f"{unit}_claimed"],
+        "paper's count": acc[f"{unit}_claimed"],
     }
     if acc["paper_epsilon"] is not None and mode == "white-box":  # the rules are per round
         uppers["paper"] = acc["paper_epsilon"]

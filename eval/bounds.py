@@ -28,7 +28,8 @@ from scipy import optimize, stats
 from privaudit.errors import PrivauditError
 
 
-def _check(confidence: float, delta: float) -> None:
+def check_levels(confidence: float, delta: float) -> None:
+    """One error line for a confidence outside (0, 1) or a δ outside (0, 1)."""
     if not 0 < confidence < 1:
         raise PrivauditError(f"--confidence must be in (0, 1), got {confidence}")
     if not 0 < delta < 1:
@@ -62,7 +63,7 @@ def clopper_pearson_epsilon(
     """ε lower bound of the test "canary in iff score ≥ threshold", at ``confidence``.
 
     The two rates' bounds each take half of 1 − confidence (Bonferroni)."""
-    _check(confidence, delta)
+    check_levels(confidence, delta)
     alpha = (1 - confidence) / 2
     n_in, n_out = len(scores_in), len(scores_out)
     if n_in == 0 or n_out == 0:
@@ -98,7 +99,7 @@ def max_cp_epsilon(n_in: int, n_out: int, delta: float, confidence: float) -> fl
 
 def trials_needed(delta: float, confidence: float, held_out: float = 0.5) -> int:
     """Fewest trials (half of them in, ``held_out`` of them evaluated) for any bound > 0."""
-    _check(confidence, delta)
+    check_levels(confidence, delta)
     n = 4
     while n < 1 << 30:
         m = max(1, int(n * held_out) // 2)
@@ -142,7 +143,7 @@ def gdp_estimate(
     μ_hi = Δ_hi/s_lo.
     Valid when both score distributions are Gaussian with one variance — exactly so for a
     Gaussian mechanism scored by a fixed projection."""
-    _check(confidence, delta)
+    check_levels(confidence, delta)
     a, b = np.asarray(scores_in, float), np.asarray(scores_out, float)
     n_a, n_b = len(a), len(b)
     if n_a < 3 or n_b < 3:
@@ -225,7 +226,7 @@ def one_run_audit(
     """Guess "in" for the k/2 highest and "out" for the k/2 lowest scores, for every
     fraction k/m in ``guesses``; the best bound, with the level split over the choices
     (Bonferroni), so picking the best k does not inflate it."""
-    _check(confidence, delta)
+    check_levels(confidence, delta)
     scores, included = np.asarray(scores, float), np.asarray(included, bool)
     m = len(scores)
     order = np.argsort(scores)
@@ -244,7 +245,7 @@ def one_run_audit(
 
 def one_run_canaries_needed(delta: float, confidence: float, guesses: int = 6) -> int:
     """Fewest canaries for which all-correct guessing of every canary gives a bound > 0."""
-    _check(confidence, delta)
+    check_levels(confidence, delta)
     m = 2
     while m < 1 << 20:
         if one_run_epsilon(m, m, m, delta, (1 - confidence) / guesses) > 0:

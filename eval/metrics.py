@@ -311,7 +311,13 @@ def score(
     unavailable; ``lpips_note`` says why), ``label_acc`` (pairs after matching) and
     ``label_acc_set`` (order-free; both None without labels), ``perm`` (from
     :func:`match`; ``recon[perm]`` is in true order) and ``per_image`` lists in true order.
+    An empty batch (no true and no reconstructed image: an empty Poisson batch) scores None
+    everywhere, with ``empty`` True, and :func:`aggregate` leaves it out.
     """
+    if len(_batch(true_images, "true")) == 0 and len(_batch(recon_images, "recon")) == 0:
+        per = {k: [] for k in ("mse", "psnr", "ssim", "lpips", "label_match")}
+        empty = {"lpips_note": None, "perm": [], "per_image": per, "empty": True}
+        return {**dict.fromkeys(METRICS), **empty}
     t, _ = _pair(true_images, recon_images)
     perm = match(true_images, recon_images)
     r = _batch(recon_images, "recon")[perm]

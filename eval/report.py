@@ -198,7 +198,10 @@ def _write_text(path: Path, text: str) -> Path:
 
 
 def _pm(s: dict[str, Any], m: str, digits: int) -> str:
+    """Mean ± spread; "—" for a cell without scores (every victim's batch was empty)."""
     spread = s[f"{m}_spread"]
+    if s[m] is None:
+        return "—"
     return f"{s[m]:.{digits}f}" + ("" if spread is None else f" ± {spread:.{digits}f}")
 
 
@@ -351,7 +354,11 @@ def sweep_figure(
     for ax, m, label in zip(axes, ("psnr", "ssim"), ("PSNR (dB)", "SSIM"), strict=True):
         for t in targets:
             pts = [
-                s for s in summary if s["target"] == t and all(s[k] == v for k, v in fixed.items())
+                s
+                for s in summary
+                if s["target"] == t
+                and s[m] is not None  # None: every victim's batch was empty
+                and all(s[k] == v for k, v in fixed.items())
             ]
             if not pts:
                 continue
@@ -428,6 +435,8 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
     axes = fig.subplots(1, 2 if audited else 1, squeeze=False)[0]
     ax = axes[0]
     for s in pts:
+        if s["psnr"] is None:  # every victim's batch was empty: nothing was reconstructed
+            continue
         _, marker = style[s["target"]]
         c = "0.55" if s["epsilon"] is None else cmap(norm(s["epsilon"]))
         ax.errorbar(
@@ -521,6 +530,8 @@ def write_report(
                 if r is None:
                     continue
                 tens = load(Path(r["dir"]))
+                if len(tens["truth"]) == 0:  # every victim's Poisson batch was empty
+                    continue
                 label = f"{t}\nε = {_eps(r['epsilon'])}"
                 blocks.append(
                     (

@@ -110,9 +110,9 @@ def table3_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         keys = {(r["topology"], r["agents"]) for r in rows if r["target"] == target}
         for topo, n in keys:
             rs = [r for r in rows if (r["topology"], r["agents"], r["target"]) == (topo, n, target)]
-            ours[(topo, n, sc)] = {
-                m: SCALE[m] * sum(r["metrics"][m] for r in rs) / len(rs) for m in SCALE
-            }
+            # a result whose victims' batches were all empty (Poisson) has no metrics
+            mine = {m: _mean([r["metrics"][m] for r in rs]) for m in SCALE}
+            ours[(topo, n, sc)] = {m: SCALE[m] * v for m, v in mine.items()}
             ours[(topo, n, sc)]["epsilon"] = rs[0]["epsilon"]
     table = []
     for topo, n, sc in sorted(
@@ -169,6 +169,12 @@ def _dir_text(d: dict[str, bool] | None) -> str:
         return ""
     arrows = {"mse": "MSE↑", "psnr": "PSNR↓", "ssim": "SSIM↓"}
     return " ".join(f"{arrows[m]}{'✓' if ok else '✗'}" for m, ok in d.items())
+
+
+def _mean(values: list[float | None]) -> float:
+    """Mean of the values that are not None; NaN when none is."""
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else math.nan
 
 
 def _f(v: float | None, digits: int) -> str:

@@ -8,8 +8,8 @@ everything that determines their content, so re-running the same sweep reuses ev
 finished run and result (and reproduces the same numbers), an interrupted sweep resumes
 where it stopped, and sweeps with other settings can share one ``OUT``.
 
-A defense that adds no accountable noise (``releases_per_round == 0``: dsgd, nd, lppa,
-adad2p, …) has no ε: it is run once per seed and reported with ε = ∞ at every ε.
+A defense whose σ is not set from ε (no Gaussian noise multiplier: dsgd, nd, lppa,
+adad2p, …) is run once per seed and reported with ε = ∞ at every ε.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .metrics import from_jsonable, to_jsonable
 
 __all__ = ["Sweep", "Cell", "plan", "execute", "run_dir", "result_dir"]
 
-RESULT_VERSION = 1  # bump when the content of a cached result changes
+RESULT_VERSION = 2  # bump when the content of a cached result changes
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,16 @@ def _digest(obj: Any) -> str:
 
 
 def noised(defense_name: str, topology: str, agents: int) -> bool:
-    """Whether the defense's ε is accounted (it makes noised releases of a batch)."""
+    """Whether ``--epsilon`` sets the defense's σ (it makes Gaussian releases of a batch)."""
     from privaudit.defenses import get_defense
+    from privaudit.defenses.base import params_of
+    from privaudit.topology import metropolis_hastings
+
+    from .accounting import noised as sigma_noised
 
     d = get_defense(defense_name)
-    return d.releases_per_round(build_topology(topology, agents)) > 0
+    W = metropolis_hastings(build_topology(topology, agents)).double()
+    return sigma_noised(d, params_of(d.Params, {}), W)
 
 
 def _topology(sweep: Sweep, defense: str) -> str:
@@ -148,6 +153,13 @@ def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], 
                 ).validate()
                 cells += [Cell(t, r, eps, seed) for t in targets for r in sweep.rounds]
     return runs, cells
+
+
+def _psnr_ssim(metrics: dict[str, Any]) -> str:
+    """A result's PSNR and SSIM, or why it has none (every victim's batch was empty)."""
+    if metrics["psnr"] is None:
+        return "empty batches, nothing to reconstruct"
+    return f"PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.3f}"
 
 
 def _eps_tag(eps: float | None) -> str:
@@ -301,8 +313,8 @@ def execute(
                 write_json(rd / "result.json", to_jsonable(result))  # last: marks it done
                 say(
                     f"[{len(rows) + len(done) + 1}/{len(cells)}] {c.target} round {c.round} "
-                    f"ε={_eps_tag(eps)} seed {seed}: PSNR {result['metrics']['psnr']:.2f} dB, "
-                    f"SSIM {result['metrics']['ssim']:.3f} ({result['threat']})"
+                    f"ε={_eps_tag(eps)} seed {seed}: {_psnr_ssim(result['metrics'])} "
+                    f"({result['threat']})"
                 )
             row = _load_json(rd / "result.json")
             row.update(dir=str(rd), test_acc=test_acc)

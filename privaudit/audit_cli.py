@@ -108,7 +108,7 @@ def _check_trials(mode: str, trials: int, delta: float, confidence: float) -> No
     from .eval import bounds
 
     if mode == "white-box":
-        need = bounds.trials_needed(delta, confidence)
+        need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2)
         what = "trials"
     else:
         need = bounds.one_run_canaries_needed(delta, confidence)
@@ -123,7 +123,13 @@ def _check_trials(mode: str, trials: int, delta: float, confidence: float) -> No
 def _report(r: dict[str, Any]) -> str:
     acc = r["accounting"]
     lo = r["epsilon_lo"]
-    unit = "one release (sample rate 1)" if r["mode"] == "white-box" else "the whole run"
+    k = acc["copies"]
+    unit = (
+        f"{'one release' if k == 1 else f'the {k} releases the observation combines'} "
+        "(sample rate 1)"
+        if r["mode"] == "white-box"
+        else "the whole run"
+    )
     where = f"round {r['round']}" if r["mode"] == "white-box" else f"{r['rounds']} rounds"
     lines = [
         f"{r['target']} · {r['mode']} audit · {where} · {r['threat']} · victim {r['victim']} · "
@@ -133,7 +139,7 @@ def _report(r: dict[str, Any]) -> str:
     ]
     if not acc["formal"]:
         lines.append(f"ε upper = ∞: no formal DP ({acc['reason']})")
-    lines.append(f"ε lower ≥ {lo:.3g} at confidence {r['confidence']:g}")
+    lines.append(f"ε lower ≥ {lo:.3g} at confidence {r['confidence']:g} ({acc['adjacency']})")
     if "gdp" in r:
         g = r["gdp"]
         lines.append(
@@ -157,7 +163,7 @@ def _report(r: dict[str, Any]) -> str:
     lines.append(
         f"ε over the run ({acc['rounds']} rounds, q = {acc['sample_rate']:.3g}, "
         f"{acc['releases_per_round']} release(s)/round, {acc['accountant']}): "
-        f"{_fmt(run_eps)} (the run's own accounting: {_fmt(acc['run_claimed'])})"
+        f"{_fmt(run_eps)} (the paper's count: {_fmt(acc['run_claimed'])})"
     )
     lines.append(f"paper: {acc['paper']}")
     for c in acc["caveats"]:

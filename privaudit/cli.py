@@ -200,13 +200,35 @@ def cmd_train(a: argparse.Namespace) -> int:
     else:
         raise PrivauditError(f"--backend must be sim or torch.distributed, got {a.backend!r}")
     acc = run.test_accuracy(state)
-    eps = run.resolved["epsilon"]
+    if a.json:
+        from .eval.metrics import to_jsonable
+
+        out = {"defense": a.defense, "run": str(a.out), "test_accuracy": acc, **run.resolved}
+        print(json.dumps(to_jsonable(out), indent=2))
+        return 0
     print(
         f"{a.defense}: {run.cfg.rounds} rounds, {run.cfg.agents} agents on {run.cfg.topology}, "
-        f"σ = {getattr(run.params, 'sigma', 0.0):.3g}, ε = {eps:.3g} (δ = {run.cfg.delta:g}); "
-        f"test accuracy of the average model {acc:.3f}; run in {a.out}"
+        f"σ = {run.resolved['sigma']:.3g}; test accuracy of the average model {acc:.3f}; "
+        f"run in {a.out}"
     )
+    print(privacy_lines(run.resolved))
     return 0
+
+
+def privacy_lines(resolved: dict[str, Any]) -> str:
+    """The ε a run's messages have, kind by kind (worst agent), with the reason for each
+    ∞ and the paper's claim where it differs; adjacency and sampling stated."""
+    lines = [
+        f"privacy (δ = {resolved['delta']:g}, {resolved['adjacency']}, "
+        f"{resolved['sampling']}, worst agent):"
+    ]
+    for kind, k in resolved["kinds"].items():
+        eps, claim = k["epsilon"], k["epsilon_claimed"]
+        text = f"ε = {eps:.3g}" if math.isfinite(eps) else f"ε = ∞ ({k['reason']})"
+        if math.isfinite(claim) and not math.isclose(claim, eps, rel_tol=1e-3):
+            text += f"; the paper's accounting claims ε = {claim:.3g}"
+        lines.append(f"  {kind}: {text}")
+    return "\n".join(lines)
 
 
 def cmd_attack(a: argparse.Namespace) -> int:
@@ -264,6 +286,13 @@ def cmd_attack(a: argparse.Namespace) -> int:
         )
     m = result["metrics"]
     eps = result["epsilon"]
+    if m["mse"] is None:
+        print(
+            f"{a.target} round {a.round}: every victim's batch is empty (Poisson sampling, "
+            f"realised sizes {result['batch_sizes']}): nothing to reconstruct; "
+            f"wrote {out / 'result.json'}"
+        )
+        return 0
     lp = f"{m['lpips']:.3f}" if m["lpips"] is not None else "n/a"
     print(
         f"{a.target} round {a.round}, {result['attack']} under "
@@ -289,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a defense over N agents, with checkpoints")
     tr.add_argument("--defense", required=True, help="dsgd | nd | dpdl (privaudit targets)")
     tr.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    tr.add_argument(
+        "--json", action="store_true", help="print σ, ε per message kind and per agent as JSON"
+    )
     _training_options(tr, DEFAULTS.rounds)
     sc = tr.add_argument_group("engine (README, Scale-out)")
     sc.add_argument(
@@ -361,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .compare_cli import add_parser as add_compare
 
     add_compare(sub, _training_options)
+    from .claims_cli import add_parser as add_claims
+
+    add_claims(sub, _training_options)
     return p
 
 

@@ -247,7 +247,8 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
     table = table3_rows(rows)
     first = next((r for r in rows if r["sigma"]), rows[0])  # a DPDL row: its σ
     setting = (
-        f"ours: {first['batch_size']} image(s) per victim, {a.victims} victims, round "
+        f"ours: Poisson batches of {first['batch_size']} image(s) per victim on average, "
+        f"{a.victims} victims, round "
         f"{a.rounds}, ε = {a.epsilon:g} (σ = {first['sigma']:.3g} in the first DPDL run), "
         f"{first['attack']} "
         f"{a.iterations} iterations, dataset {a.dataset}, seeds {','.join(map(str, a.seeds))}"

@@ -340,6 +340,35 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
     return DATASETS[name](root, download)
 
 
+def validation_indices(n_test: int, size: int, seed: int) -> Tensor:
+    """The ``size`` test-split indices (sorted) of a public validation set, drawn uniformly
+    without replacement by a generator seeded apart from the run's own streams."""
+    if not 0 < size < n_test:
+        raise PrivauditError(
+            f"a public validation set of {size} examples needs a test split of more than "
+            f"{size} (this one has {n_test}), so that some are left to measure test accuracy; "
+            f"lower the defense's val_size"
+        )
+    gen = torch.Generator().manual_seed(seed + 7927)
+    return torch.randperm(n_test, generator=gen)[:size].sort().values
+
+
+def split_validation(
+    data: ImageData, size: int, seed: int
+) -> tuple[ImageData, Tensor | None, Tensor | None]:
+    """Take a public validation set of ``size`` examples out of ``data``'s test split
+    (:func:`validation_indices`): returns ``data`` whose test split keeps only the other
+    examples (in their order), and the validation images (in [0, 1]) and labels; ``size``
+    0 returns ``data`` unchanged and no validation set."""
+    if size <= 0:
+        return data, None, None
+    idx = validation_indices(len(data.test_y), size, seed)
+    keep = torch.ones(len(data.test_y), dtype=torch.bool)
+    keep[idx] = False
+    rest = replace(data, test_x=data.test_x[keep], test_y=data.test_y[keep])
+    return rest, data.test_x[idx], data.test_y[idx]
+
+
 # --------------------------------------------------------------------------- partitions
 
 

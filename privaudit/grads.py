@@ -7,6 +7,11 @@ round costs a handful of kernel launches instead of a Python loop over agents. O
 per-example clipping of a plain conv/linear net runs on :mod:`privaudit.pairnet` instead
 (one stacked forward and backward; 1.5–1.7× faster than the nested ``vmap`` at 96 pairs,
 same results to float rounding); other models and devices use ``vmap``.
+
+Batches are padded (:mod:`privaudit.sampling`): a padded slot has label
+:data:`~privaudit.sampling.IGNORE`, so losses are summed (never averaged: a batch may have no
+real example) and a padded slot's gradient is exactly 0; every mean is the sum over real
+examples divided by the expected batch size B (``PairGrads(batch_size=B)``).
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ from torch.func import functional_call, grad, vmap
 
 from . import pairnet
 from .params import ParamSpec
+from .sampling import IGNORE
 
 
 def batch_loss_fn(model: nn.Module, spec: ParamSpec) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """``loss(flat, x, y)``: mean cross-entropy of the batch ``x`` at flat parameters."""
+    """``loss(flat, x, y)``: summed cross-entropy of the batch ``x`` at flat parameters;
+    padded slots (label :data:`~privaudit.sampling.IGNORE`) add exactly 0."""
 
     def loss(flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(functional_call(model, spec.unflatten(flat), (x,)), y)
+        logits = functional_call(model, spec.unflatten(flat), (x,))
+        return F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
 
     return loss
 
@@ -42,10 +50,15 @@ def clip_rows(g: Tensor, clip: float) -> Tensor:
 
 
 class PairGrads:
-    """Gradients for stacked pairs: ``flat (P, D)``, ``x (P, B, ...)``, ``y (P, B)``."""
+    """Gradients for stacked pairs: ``flat (P, D)``, ``x (P, W, ...)``, ``y (P, W)``, padded
+    batches of width W (:mod:`privaudit.sampling`).
 
-    def __init__(self, model: nn.Module, spec: ParamSpec):
+    ``batch_size``: the denominator B of every batch mean — the expected size of a Poisson
+    batch; None: the width W (fixed-size batches without padding)."""
+
+    def __init__(self, model: nn.Module, spec: ParamSpec, batch_size: int | None = None):
         self.spec = spec
+        self.batch_size = batch_size
         self._stacked = pairnet.build(model)  # None: not a plain conv/linear net
         loss = batch_loss_fn(model, spec)
         self._mean = vmap(grad(loss), in_dims=(0, 0, 0))
@@ -56,24 +69,35 @@ class PairGrads:
         per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
         self._per_example = vmap(per_example, in_dims=(0, 0, 0))
 
+    def denominator(self, x: Tensor) -> int:
+        """B of the batch means of ``x`` (P, W, …): ``batch_size``, else W."""
+        return x.shape[1] if self.batch_size is None else self.batch_size
+
     def mean(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """Batch-mean gradient of each pair, ``(P, D)``."""
-        return self._mean(flat, x, y)
+        """Batch-mean gradient of each pair, ``(1/B) Σ_{b real} g_b``, ``(P, D)``; 0 for a
+        batch without examples."""
+        if x.shape[1] == 0:
+            return torch.zeros_like(flat)
+        return self._mean(flat, x, y) / self.denominator(x)
 
     def per_example(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """Per-example gradients, ``(P, B, D)``."""
+        """Per-example gradients, ``(P, W, D)``; 0 in padded slots."""
+        if x.shape[1] == 0:
+            return flat.new_zeros(flat.shape[0], 0, flat.shape[1])
         return self._per_example(flat, x, y)
 
     def clipped_mean(
         self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None, owner: Tensor | None = None
     ) -> Tensor:
-        """``(1/B) Σ_b g_b · min(1, C/‖g_b‖)`` per pair; the plain mean when ``clip`` is None.
-        With ``owner`` (P,), ``x``/``y`` are the batches (N, B, …) and pair p's is
+        """``(1/B) Σ_{b real} g_b · min(1, C/‖g_b‖)`` per pair; the plain mean when ``clip``
+        is None. With ``owner`` (P,), ``x``/``y`` are the batches (N, W, …) and pair p's is
         ``owner[p]``: the stacked engine then reads each batch once (DPDL's 3 pairs per batch
         on a ring share one first-layer convolution)."""
-        b, stacked = x.shape[1], self._stacked
+        b, stacked = self.denominator(x), self._stacked
+        if x.shape[1] == 0:
+            return torch.zeros_like(flat)
         if clip is not None and stacked is not None and flat.device.type == "cpu":
-            out = stacked.clipped_mean(flat, x, y, clip, owner)
+            out = stacked.clipped_mean(flat, x, y, clip, owner, b)
             if out is not None:
                 return out
         if owner is not None:
@@ -81,5 +105,5 @@ class PairGrads:
         if clip is None:
             return self.mean(flat, x, y)
         g = self.per_example(flat, x, y)
-        # Σ_b f_b g_b / B as one batched matmul: no (P, B, D) temporary for the scaled rows
+        # Σ_b f_b g_b / B as one batched matmul: no (P, W, D) temporary for the scaled rows
         return torch.bmm(clip_factors(g, clip).transpose(1, 2), g).squeeze(1) / b

@@ -22,10 +22,14 @@ class Observation:
     model:        architecture (its own parameter values are ignored; ``params`` are used).
     params:       parameter point the gradient was computed at, ``{name: tensor}``.
     target:       the observed gradient-like message, same keys/shapes as ``params``.
-    batch_size:   number of private examples behind ``target`` (B).
+    batch_size:   number of private examples behind ``target``: the realised size b of the
+                  victim's Poisson batch when the attacker is told it
+                  (:func:`privaudit.pipeline.given_batch_size`), else the expected size B.
     input_shape:  shape of one example, e.g. ``(3, 32, 32)``.
     num_classes:  output classes of ``model``.
-    scale:        ``target`` is ``scale`` times the batch-mean gradient (plus noise).
+    scale:        ``target`` is ``scale`` times the mean gradient over the ``batch_size``
+                  examples (plus noise); a defense's message is (1/B) Σ over the b real
+                  examples, so a realised ``batch_size`` b comes with a factor b/B.
     clip:         per-example clip norm C if the examples were clipped, else None.
     noise_std:    std of the Gaussian noise per coordinate of ``target`` (0 if none).
     labels:       the true labels when the threat model reveals them, else None.
@@ -35,7 +39,8 @@ class Observation:
                   same_batch_s)``: ``target ≈ scale · (∇L(params; x) + Σ_s coef_s ·
                   ∇L(params_s; x_s)) + noise`` where ``x_s`` is ``x`` itself when
                   ``same_batch_s``, else another unknown batch of ``batch_size`` (e.g. a
-                  gradient-tracking difference ∇L(θ^t; ξ_{t+1}) − ∇L(θ^{t−1}; ξ_t)).
+                  gradient-tracking difference ∇L(θ^t; ξ_{t+1}) − ∇L(θ^{t−1}; ξ_t));
+                  ``meta["term_rounds"]`` names each term's round (whose batch it is).
     meta:         provenance (target name, round, src, dst, threat) — never secrets.
     """
 

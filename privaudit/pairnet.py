@@ -20,11 +20,14 @@ gradient 17.7 → 7.7 ms at 96 pairs, one thread), with 12 channels per pair zer
 the only layout copies are one per activation into the one-image-per-example layout. Pairs
 that share a batch (``owner``: DPDL's self and cross pairs of one data owner) read it once,
 and their first convolution is one group with all their filters. Large calls run in chunks
-of pairs (``CHUNK_FLOATS``) so each chunk's tensors stay in cache.
+of pairs (``CHUNK_FLOATS``) so each chunk's tensors stay in cache; Poisson batches of
+different sizes run in chunks of similar sizes, each padded only to its own widest batch.
 
-The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`) weight
-one batched sum per layer. Same mathematics as the ``vmap`` path; float rounding differs
-(relative 1e-6 on the default LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured,
+The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`), B the
+expected batch size, weight one batched sum per layer; the padded slots of a Poisson batch
+(:mod:`privaudit.sampling`) have ignored labels, so their gradients, and their terms, are 0.
+Same mathematics as the ``vmap`` path; float rounding differs (relative 1e-6 on the default
+LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured,
 DPDL's clipped means of a 32-agent round (LeNet, B = 8, 96 pairs, 3 per batch): nested
 ``vmap`` 116 ms on one thread, 60 ms on two; this engine 67 ms on one, 33–42 ms on two.
 
@@ -47,6 +50,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from .params import ParamSpec
+from .sampling import IGNORE
 
 # parameter-free modules that act per channel or per element, so stacking pairs along the
 # channel dimension does not mix them
@@ -70,6 +74,10 @@ CHECK_TOL = 1e-4  # relative agreement of the first call's logits with the model
 # chunks, whose activations and per-example gradients stay in cache between the layers'
 # kernels (DPDL, 96 pairs, 2 threads: 40 → 38 ms in 3 chunks)
 CHUNK_FLOATS = 1 << 20
+# (pair, example) slots of padding worth a chunk of its own: a chunk costs about a dozen
+# per-example gradients (LeNet, DPDL pairs, one thread), so Poisson batches of different
+# sizes run in chunks of similar sizes rather than all padded to the largest
+WIDEN_SLOTS = 12
 
 
 def padded_channels(c: int) -> int:
@@ -218,29 +226,65 @@ class PairNet:
         return self.checked[key]
 
     def clipped_mean(
-        self, flat: Tensor, x: Tensor, y: Tensor, clip: float, owner: Tensor | None = None
+        self,
+        flat: Tensor,
+        x: Tensor,
+        y: Tensor,
+        clip: float,
+        owner: Tensor | None = None,
+        batch_size: int | None = None,
     ) -> Tensor | None:
         """``(1/B) Σ_b clip_C(∇ CE(f(x_pb; θ_p), y_pb))`` per pair p, (P, D) in the flat
         layout of ``flat`` (P, D) (:class:`~privaudit.params.ParamSpec` of the model); ``x``
-        (N, B, …), ``y`` (N, B) the batches, pair p's being ``owner[p]`` (default p). None
-        when the stacked forward does not reproduce the model (:meth:`agrees`): the caller
-        falls back. In chunks of pairs when the stacked activations would exceed
-        ``CHUNK_FLOATS``."""
+        (N, W, …), ``y`` (N, W) the padded batches (:mod:`privaudit.sampling`: a padded
+        slot's label is ignored, its gradient exactly 0), pair p's being ``owner[p]``
+        (default p); B is ``batch_size`` (default W). None when the stacked forward does not
+        reproduce the model (:meth:`agrees`): the caller falls back. In chunks of pairs whose
+        batches need similar widths (:meth:`_chunks`), each within ``CHUNK_FLOATS``."""
         owner = torch.arange(len(x), device=x.device) if owner is None else owner
         order, m = self._grouping(owner)
         if not self.agrees(flat, x, owner, order, m):
             return None
-        p, b = len(owner), x.shape[1]
-        per_pair = b * self.example_floats[(*x.shape[2:], m)]
-        step = -(-p // max(1, -(-per_pair * p // CHUNK_FLOATS)))  # ⌈P / chunks⌉
-        step = -(-step // m) * m  # whole batches per chunk
-        if m > 1:  # the pairs of a batch side by side
+        denom = x.shape[1] if batch_size is None else batch_size
+        # the slots each batch needs: up to its last real example (all W without padding)
+        rank = torch.arange(1, x.shape[1] + 1, device=y.device)
+        need = ((y != IGNORE) * rank).amax(1)[owner[order]]
+        by_need = torch.argsort(need, stable=True)  # keeps a batch's pairs side by side
+        need = need[by_need].tolist()
+        order = order[by_need]
+        moved = m > 1 or need[0] != need[-1]
+        if moved:
             flat, owner = flat.index_select(0, order), owner[order]
         out = torch.empty_like(flat)
-        for s in range(0, p, step):
-            chunk = slice(s, s + step)
-            self._clipped_mean(flat[chunk], x, y, owner[chunk], m, clip, out[chunk])
-        return out if m == 1 else torch.empty_like(out).index_copy_(0, order, out)
+        for s, e, w in self._chunks(need, m, self.example_floats[(*x.shape[2:], m)]):
+            if w == 0:  # empty batches: no example, a zero sum
+                out[s:e] = 0
+                continue
+            xs, ys = x[:, :w], y[:, :w]
+            self._clipped_mean(flat[s:e], xs, ys, owner[s:e], m, clip, denom, out[s:e])
+        return torch.empty_like(out).index_copy_(0, order, out) if moved else out
+
+    @staticmethod
+    def _chunks(need: list[int], m: int, example_floats: int) -> list[tuple[int, int, int]]:
+        """``(start, end, width)`` chunks of the pairs, sorted by the slots ``need`` of their
+        batches (``m`` pairs per batch): a new chunk wherever widening the current one to the
+        next batch would pad more than ``WIDEN_SLOTS`` (pair, example) slots, then each such
+        run in equal chunks of whole batches whose stacked activations stay within
+        ``CHUNK_FLOATS``. Each chunk is padded only to its own widest batch, not to the
+        round's."""
+        runs, start, p = [], 0, len(need)
+        for end in range(m, p + 1, m):
+            if end == p or (end - start) * (need[end] - need[end - 1]) > WIDEN_SLOTS:
+                runs.append((start, end))
+                start = end
+        out = []
+        for start, end in runs:
+            width, pairs = need[end - 1], end - start
+            chunks = max(1, -(-pairs * width * example_floats // CHUNK_FLOATS))
+            step = -(-pairs // chunks)  # ⌈pairs / chunks⌉ ...
+            step = -(-step // m) * m  # ... in whole batches
+            out += [(s, min(s + step, end), width) for s in range(start, end, step)]
+        return out
 
     def _clipped_mean(
         self,
@@ -250,13 +294,16 @@ class PairNet:
         owner: Tensor,
         m: int,
         clip: float,
+        denom: int,
         out: Tensor,
     ) -> None:
         p, b = len(owner), x.shape[1]
         with torch.enable_grad():
             logits = self._forward(self.spec.unflatten(flat), x, owner[::m], m)
             labels = y.index_select(0, owner).t().reshape(-1)
-            loss = F.cross_entropy(logits.reshape(b * p, -1), labels, reduction="sum")
+            loss = F.cross_entropy(
+                logits.reshape(b * p, -1), labels, ignore_index=IGNORE, reduction="sum"
+            )
             records = self.tape.records
             self.tape.records = []
             grads = torch.autograd.grad(loss, [z for _, _, z, _ in records])
@@ -265,7 +312,7 @@ class PairNet:
             for (layer, a, _, groups), g in zip(records, grads, strict=True)
         ]
         sq = sum(part.sq for part in parts)
-        factor = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0) / b
+        factor = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0) / denom
         named = self.spec.unflatten(out)
         for (layer, *_), part in zip(records, parts, strict=True):
             part.weighted(factor, named[f"{layer.name}.weight"], named.get(f"{layer.name}.bias"))

@@ -6,6 +6,7 @@ This is the Python API behind ``privaudit attack``; notebooks call it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -44,7 +45,11 @@ def observe(
     ``neighbor`` is the victim's first receiver, the default ``coalition`` all of them. With
     ``threat=None`` the weakest adversary that can observe the target is used (``link``,
     then ``neighbor`` — the receiver — then ``global``; with ``attackers`` given: ``neighbor``
-    for one, ``coalition`` for several); ``obs.meta["threat"]`` names it."""
+    for one, ``coalition`` for several); ``obs.meta["threat"]`` names it.
+
+    The attacker is told the realised size of each batch behind the message (the usual
+    known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
+    B): :func:`given_batch_size`."""
     defense, kind = parse_target(target)
     if defense.name != run.defense.name:
         raise PrivauditError(
@@ -82,8 +87,27 @@ def observe(
     for th, src, dst in plan:
         obs = defense.observe(th.view(messages, public), kind, round, src, dst)
         obs.meta.update(target=target, round=round, src=src, dst=dst, threat=th.describe())
-        out.append(obs)
+        out.append(given_batch_size(run, obs, round))
     return out
+
+
+def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
+    """``obs`` for an attacker told the realised size b of the victim's batch of round ``t``
+    (from the run's secrets): ``batch_size`` b, and ``scale`` × b/B, because a defense's
+    batch mean is (1/B) Σ over the b real examples = (b/B) × their mean (B the expected size,
+    :mod:`privaudit.sampling`). A term on another batch (``meta["term_rounds"]``, else
+    round ``t``) of b' examples gets its coefficient × b'/b: the attack models that batch
+    with b dummies too. b = 0 leaves nothing to reconstruct (scale 0)."""
+    B = run.cfg.batch_size
+    src = obs.meta["src"]
+    b = run.batch_sizes(t)[src]
+    rounds = obs.meta.get("term_rounds", [t] * len(obs.terms))
+    terms = []
+    for (params, coef, same), r in zip(obs.terms, rounds, strict=True):
+        if not same and b > 0:
+            coef = coef * run.batch_sizes(r)[src] / b
+        terms.append((params, coef, same))
+    return dataclasses.replace(obs, batch_size=b, scale=obs.scale * b / B, terms=terms)
 
 
 def _plan(
@@ -150,7 +174,9 @@ def reconstruct(
     progress: bool = True,
 ) -> Attempt:
     """Observe ``target`` at ``round`` (see :func:`observe`), attack every observation as one
-    batch and score each against its secret batch.
+    batch (one per run of equal realised batch sizes) and score each against its secret
+    batch; an empty batch has nothing to reconstruct and scores None (left out of
+    ``metrics``).
 
     ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG)."""
     from privaudit.attacks import DEFAULT_ATTACK, run_attack
@@ -170,7 +196,9 @@ def reconstruct(
         for (ti, tl), r in zip(truths, recons, strict=True)
     ]
     summary = aggregate(scores)
-    eps = run.resolved["epsilon"]
+    _, kind = parse_target(target)
+    privacy = run.resolved["kinds"][kind]  # the attacked message kind's ε (worst agent)
+    eps = privacy["epsilon"]
     metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
     result = {
         "target": target,
@@ -182,9 +210,12 @@ def reconstruct(
         "threat_chosen": threat is None and not attackers,
         "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
         "epsilon": eps if math.isfinite(eps) else None,
+        "epsilon_reason": None if math.isfinite(eps) else privacy["reason"],
+        "epsilon_claimed": privacy["epsilon_claimed"],
         "delta": run.cfg.delta,
         "sigma": run.resolved["sigma"],
-        "batch_size": run.cfg.batch_size,
+        "batch_size": run.cfg.batch_size,  # expected (Poisson); realised: batch_sizes
+        "batch_sizes": [o.batch_size for o in obs],
         "metrics": {m: summary[m]["mean"] for m in metrics},
         "spread": {m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
         "lpips_note": summary["lpips_note"],
@@ -206,7 +237,8 @@ def attack(
     **kw: Any,
 ) -> dict[str, Any]:
     """:func:`reconstruct`, then write ``result.json`` and a figure grid to ``out``; returns
-    the result (with ``figure``, its path, when written). ``kw``: :func:`reconstruct`'s."""
+    the result (with ``figure``, its path, when written: not when every victim's batch was
+    empty). ``kw``: :func:`reconstruct`'s."""
     from privaudit.eval.metrics import to_jsonable
 
     a = reconstruct(run, target, round, **kw)
@@ -214,7 +246,9 @@ def attack(
     if out is not None:
         out = Path(out)
         write_json(out / "result.json", to_jsonable(result))
-        result["figure"] = str(_figure(out / "grid.png", a.truths, a.recons, a.scores, result))
+        if any(len(images) for images, _ in a.truths):  # else every batch was empty
+            grid = _figure(out / "grid.png", a.truths, a.recons, a.scores, result)
+            result["figure"] = str(grid)
     return result
 
 

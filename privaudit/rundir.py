@@ -3,7 +3,7 @@
     RUN/config.json                        the RunConfig plus the resolved σ and ε
     RUN/checkpoints/round-000200.safetensors   agents' state + RNG state after that round
     RUN/messages/round-000200.safetensors      captured messages, key "src-dst-kind"
-    RUN/secrets/round-000200.safetensors       true batch indices and labels per agent
+    RUN/secrets/round-000200.safetensors       realised batches (privaudit.sampling.secrets)
 
 Only safetensors and JSON are ever read (no pickle), every write is atomic (temporary file,
 then ``os.replace``), and a file that does not parse is reported with the fix.

@@ -13,7 +13,6 @@ The round loop (:meth:`Run._simulate`) is shared by both engines.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,10 @@ from torch import Tensor
 from privaudit.defenses import Context, Defense, get_defense
 from privaudit.defenses.base import State, agent_seed, params_of
 
+from . import sampling
 from .allocator import keep_freed_memory
 from .config import RunConfig
-from .data import ImageData, dirichlet_partition, load_dataset
+from .data import ImageData, dirichlet_partition, load_dataset, split_validation
 from .errors import PrivauditError
 from .grads import PairGrads
 from .messages import CaptureSpec, Tap
@@ -54,24 +54,35 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_privacy(cfg: RunConfig, defense: Defense, adj: Tensor, shard_sizes: list[int]) -> dict:
-    """σ for the run: ``--sigma`` as given, else from ``--epsilon`` with an opacus accountant
-    over ``rounds`` rounds of ``releases_per_round`` releases at rate q = B/min_i n_i."""
-    from privaudit.eval.accounting import epsilon_for_sigma, sigma_for_epsilon
+def resolve_privacy(
+    cfg: RunConfig, defense: Defense, W: Tensor, shard_sizes: list[int]
+) -> tuple[Any, dict[str, Any]]:
+    """The defense's parameters with σ resolved, and what the run reports about privacy.
 
-    releases = defense.releases_per_round(adj)
-    q = min(1.0, cfg.batch_size / min(shard_sizes))
-    out: dict[str, Any] = {"releases_per_round": releases, "sample_rate": q, "delta": cfg.delta}
-    if releases == 0:
-        return {**out, "sigma": 0.0, "epsilon": math.inf}
-    if cfg.sigma is not None:
-        sigma = cfg.sigma
-    elif cfg.epsilon is not None:
-        sigma = sigma_for_epsilon(cfg.epsilon, cfg.delta, q, cfg.rounds, releases, cfg.accountant)
-    else:
-        raise PrivauditError(f"{defense.name} adds noise: pass --epsilon or --sigma")
-    eps = epsilon_for_sigma(sigma, cfg.delta, q, cfg.rounds, releases, cfg.accountant)
-    return {**out, "sigma": sigma, "epsilon": eps}
+    σ is ``--sigma`` as given, else calibrated from ``--epsilon`` on the defense's own
+    mechanism facts (:func:`privaudit.eval.accounting.calibrate`: the worst agent, each at
+    its own Poisson rate q_i = B/n_i); a defense whose σ is not a noise multiplier keeps
+    its parameter. The ε reported per message kind and per agent then comes from the same
+    facts at that σ (:func:`privaudit.eval.accounting.run_privacy`)."""
+    from privaudit.eval.accounting import calibrate, noised, run_privacy, sample_rates
+
+    base = params_of(defense.Params, cfg.params)
+    W = W.cpu()
+    rates = sample_rates(shard_sizes, cfg.batch_size)
+    p = base
+    if noised(defense, base, W):
+        if cfg.sigma is not None:
+            sigma = cfg.sigma
+        elif cfg.epsilon is not None:
+            sigma = calibrate(
+                defense, base, W, rates, cfg.epsilon, cfg.delta, cfg.rounds, cfg.accountant
+            )
+        else:
+            raise PrivauditError(f"{defense.name} adds noise: pass --epsilon or --sigma")
+        p = params_of(defense.Params, {**cfg.params, "sigma": sigma})
+    report = run_privacy(defense, p, W, rates, cfg.delta, cfg.rounds, cfg.accountant)
+    report.update(sigma=float(getattr(p, "sigma", 0.0) or 0.0), sample_rate=max(rates))
+    return p, report
 
 
 @dataclass
@@ -123,7 +134,12 @@ class Run:
         W = metropolis_hastings(adj).to(torch.float64)
         validate_mixing(W)
         data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
-        held = defense.holdout_size(params_of(defense.Params, cfg.params))
+        given = params_of(defense.Params, cfg.params)
+        held = defense.holdout_size(given)
+        # a public validation set shared by all agents (PDSL's 𝒬), drawn from the test split
+        # and so left out of test_accuracy
+        public = defense.public_validation_size(given, len(data.test_y))
+        data, val_x, val_y = split_validation(data, public, cfg.seed)
         parts = dirichlet_partition(
             data.train_y,
             cfg.agents,
@@ -132,8 +148,7 @@ class Run:
             min_size=cfg.batch_size + held,
         )
         parts, holdout = split_holdout(parts, held, cfg.seed)
-        resolved = resolve_privacy(cfg, defense, adj, [len(q) for q in parts])
-        p = params_of(defense.Params, {**cfg.params, **_sigma(defense, resolved)})
+        p, resolved = resolve_privacy(cfg, defense, W, [len(q) for q in parts])
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed).to(device)
         spec = ParamSpec.of(model)
         if not normalizes_inputs(model):
@@ -147,7 +162,7 @@ class Run:
         ctx = Context(
             model=model,
             spec=spec,
-            grads=PairGrads(model, spec),
+            grads=PairGrads(model, spec, batch_size=cfg.batch_size),
             x0=flat_params(model),
             train_x=((data.train_x - mean) / std).to(device),
             train_y=data.train_y.to(device),
@@ -158,6 +173,8 @@ class Run:
             generators=gens,
             device=device,
             holdout=[holdout[a].to(device) for a in held] if holdout else [],
+            val_x=None if val_x is None else ((val_x - mean) / std).to(device),
+            val_y=None if val_y is None else val_y.to(device),
             agents=held,
         )
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
@@ -286,10 +303,10 @@ class Run:
                     rng = self._rng_states()
                     net.round = t
                     idx = ctx.sample()
-                    batch = (ctx.train_x[idx], ctx.train_y[idx])
+                    batch = ctx.gather(idx)
                     state = self.defense.round(ctx, self.params, state, net, batch)
                     if tap.spec.wants_round(t):
-                        store.save_secrets(t, {"batch": idx, "labels": batch[1]})
+                        store.save_secrets(t, sampling.secrets(idx, ctx.train_y))
                         payloads = {k: m.payload for k, m in tap.messages.items()}
                         store.save_messages(t, payloads, links)
                         tap.clear()
@@ -328,11 +345,30 @@ class Run:
             out = load()
         return out
 
+    def secret_index(self, t: int, agent: int) -> Tensor:
+        """Agent's realised batch of round ``t``: its examples' indices into the training set
+        (Poisson, so 0 or more; eval only)."""
+        try:
+            return sampling.secret_index(self.dir.load_secrets(t), agent)[0]
+        except KeyError:
+            raise PrivauditError(
+                f"the secrets of round {t} in {self.dir.path} were written by an older "
+                "privaudit (fixed-size batches); delete its secrets and messages folders and "
+                "capture again"
+            ) from None
+
     def secret_batch(self, t: int, agent: int) -> tuple[Tensor, Tensor]:
-        """Agent's true batch of round ``t``: images in [0, 1] and labels (eval only)."""
-        s = self.dir.load_secrets(t)
-        idx = s["batch"][agent].long()
+        """Agent's true batch of round ``t``: images in [0, 1] and labels (eval only), as
+        many as it realised (:meth:`secret_index`)."""
+        idx = self.secret_index(t, agent)
         return self.data.train_x[idx], self.data.train_y[idx]
+
+    def batch_sizes(self, t: int) -> list[int]:
+        """Every agent's realised batch size in round ``t`` (from the secrets)."""
+        s = self.dir.load_secrets(t)
+        if "sizes" not in s:
+            self.secret_index(t, 0)  # the older-format error
+        return [int(v) for v in s["sizes"]]
 
     def test_accuracy(self, state: State) -> float:
         """Test accuracy of the agents' average model."""
@@ -367,8 +403,3 @@ def split_holdout(parts: list[Tensor], size: int, seed: int) -> tuple[list[Tenso
         held.append(part[perm[:size]].sort().values)
         train.append(part[perm[size:]].sort().values)
     return train, held
-
-
-def _sigma(defense: Defense, resolved: dict[str, Any]) -> dict[str, float]:
-    fields = {f.name for f in dataclasses.fields(defense.Params)}
-    return {"sigma": resolved["sigma"]} if "sigma" in fields and resolved["sigma"] > 0 else {}

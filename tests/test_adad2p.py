@@ -91,17 +91,20 @@ def test_run_schedule_mixing_and_mass(tmp_path):
 
 
 def clean_grads(run: Run, agent: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-example gradients (B, D) and their mean of ``agent``'s round-t batch at x_0."""
-    idx = run.dir.load_secrets(t)["batch"][agent]
+    """Per-example gradients (b, D) of ``agent``'s realised round-t batch at x_0, and their
+    sum over the expected batch size B (the batch mean of Poisson sampling)."""
+    idx = run.secret_index(t, agent)
     x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
     per = run.ctx.grads.per_example(run.ctx.x0[None], x, y)[0]
-    return per, per.mean(0)
+    return per, per.sum(0) / run.cfg.batch_size
 
 
 CASES = {
     "adad2p-example": ("adad2p", {"sigma": 0.5}, None),
     "adad2p-batch": ("adad2p", {"sigma": 0.5, "unit": "batch"}, None),
     "constd2p-example": ("constd2p", {"G": 3.0}, 2.0),
+    "constd2p-enforced": ("constd2p", {"G": 0.05, "enforce": True}, 2.0),
+    "constd2p-enforced-batch": ("constd2p", {"G": 0.05, "enforce": True, "unit": "batch"}, 2.0),
     "clipd2p-example": ("clipd2p", {"clip": 0.05}, 2.0),
     "clipd2p-batch": ("clipd2p", {"clip": 0.05, "unit": "batch"}, 2.0),
 }
@@ -118,7 +121,8 @@ def test_noise_std_and_exact_first_round_observation(tmp_path, case):
     if defense == "adad2p":  # --epsilon (default 1) does not override the paper's σ
         assert run.resolved["epsilon"] == math.inf and p.sigma == params["sigma"]
     else:
-        assert run.resolved["releases_per_round"] == 1 and p.sigma == sigma
+        assert run.resolved["kinds"]["half-model"]["releases_per_round"] == 1
+        assert p.sigma == sigma
     obs = observe(run, f"{defense}-half-model", 1, links=[(a, a + 1) for a in range(3)])
     tol = 5 / math.sqrt(2 * D)  # 5 standard errors of a sample std
     for o in obs:
@@ -127,12 +131,14 @@ def test_noise_std_and_exact_first_round_observation(tmp_path, case):
         if defense == "adad2p":
             S = mean.norm() if batch else per.norm(dim=1).max()
             g = mean
-        elif defense == "constd2p":
+        elif defense == "constd2p" and not p.enforce:
             S, g = p.G, mean
-        else:
-            S = p.clip
-            g = clip_rows(mean, p.clip) if batch else clip_rows(per, p.clip).mean(0)
-            assert g.norm() <= p.clip * (1 + 1e-5)
+        else:  # clipd2p, or constd2p clipping at G
+            S = p.clip if defense == "clipd2p" else p.G
+            g = clip_rows(mean, S) if batch else clip_rows(per, S).sum(0) / B
+            assert g.norm() <= S * (1 if batch else len(per) / B) * (1 + 1e-5)
+            if len(per):  # the clip did bind (per-example norms at x_0 are far above S)
+                assert (mean - g).norm() > 0.5 * mean.norm()
         want = p.sigma * float(S) / (1 if batch else B)
         target = torch.cat([v.flatten() for v in o.target.values()])
         params_at = torch.cat([v.flatten() for v in o.params.values()])
@@ -170,8 +176,7 @@ def test_gradient_is_taken_at_the_debiased_point(tmp_path):
     ctx, n = run.ctx, 4
     net = SimNetwork(ctx.adj, ctx.W, Tap(CaptureSpec.of(rounds=[1])))
     net.round = 1
-    idx = ctx.sample()
-    batch = (ctx.train_x[idx], ctx.train_y[idx])
+    batch = ctx.gather(ctx.sample())
     x0 = ctx.x0.expand(n, -1).contiguous()
     state = {"x": 2 * x0, "w": torch.full((n, 1), 2.0)}
     out = run.defense.round(ctx, run.params, state, net, batch)
@@ -219,9 +224,16 @@ def test_bad_params_are_refused(name, params, match):
 
 
 def test_wrong_topology_is_refused(tmp_path):
+    """privacy() refuses a graph the defense cannot run on, so a run is refused before
+    anything is written; on its own graph: one release per round, to one peer."""
     for name in ("adad2p", "constd2p", "clipd2p"):
+        d = get_defense(name)
+        p = params_of(d.Params, {"sigma": 1.0})
         with pytest.raises(PrivauditError, match="needs --topology exponential.*torus"):
-            get_defense(name).releases_per_round(build_topology("torus", 6))
-        assert get_defense(name).releases_per_round(exponential(6)) == int(name != "adad2p")
+            d.privacy(p, "half-model", metropolis_hastings(build_topology("torus", 6)))
+        pr = d.privacy(p, "half-model", metropolis_hastings(exponential(6)), agent=2)
+        assert pr.releases == 1 and pr.formal == (name == "clipd2p")
+        assert pr.claimed_releases == 1 and pr.claimed_multiplier == (name != "adad2p")
     with pytest.raises(PrivauditError, match="needs --topology exponential.*ring"):
         Run.create(tiny("adad2p", topology="ring"), tmp_path / "r")
+    assert not (tmp_path / "r").exists()

@@ -27,7 +27,7 @@ def tiny(defense: str, **kw) -> RunConfig:
 
 def batch_grad(run: Run, flat: torch.Tensor, agent: int, t: int) -> torch.Tensor:
     """Plain batch-mean gradient of ``agent``'s round-t batch at ``flat``."""
-    idx = run.dir.load_secrets(t)["batch"][agent]
+    idx = run.secret_index(t, agent)
     x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
     return run.ctx.grads.mean(flat[None], x, y)[0]
 
@@ -48,10 +48,10 @@ def test_dp_dpsgd_noise_is_sigma_c_over_b_on_the_clipped_mean(tmp_path):
     sigma, clip, B = 2.0, 0.5, 4
     cfg = tiny("dp-dpsgd", rounds=1, sigma=sigma, batch_size=B, params={"clip": clip})
     run = Run.create(cfg, tmp_path / "r")
-    assert run.resolved["releases_per_round"] == 1
+    assert run.resolved["kinds"]["half-model"]["releases_per_round"] == 1
     msgs = run.messages(CaptureSpec.of(rounds=[1]), progress=False)
     x0, lr = run.ctx.x0, run.params.lr
-    idx = run.dir.load_secrets(1)["batch"]
+    idx = [run.secret_index(1, a) for a in range(run.cfg.agents)]
     noises = []
     for src, dst in one_link_per_agent(run).items():
         x, y = run.ctx.train_x[idx[src]][None], run.ctx.train_y[idx[src]][None]
@@ -60,18 +60,23 @@ def test_dp_dpsgd_noise_is_sigma_c_over_b_on_the_clipped_mean(tmp_path):
     assert_std(noises, sigma * clip / B)
 
 
-def test_muffliato_noise_is_sigma_times_lr_g_on_the_parameters(tmp_path):
-    sigma, lr, G = 1.5, 0.1, 2.0
-    params = {"lr": lr, "grad_bound": G, "gossip_steps": 2}
-    run = Run.create(tiny("muffliato", rounds=1, sigma=sigma, params=params), tmp_path / "r")
-    assert run.resolved["releases_per_round"] == 1
+@pytest.mark.parametrize("calibration,factor", [("add-remove", 1.0), ("replace-one", 2.0)])
+def test_muffliato_noise_is_sigma_lr_g_over_b_on_the_parameters(tmp_path, calibration, factor):
+    """y⁰ − (x_0 − η ĝ) is N(0, σ²s²) with s = ηG/B, the add/remove sensitivity of the step
+    (2ηG/B for replace-one): the noise shrinks with the batch, as in the authors' code."""
+    sigma, lr, G, B = 1.5, 0.1, 2.0, 4
+    params = {"lr": lr, "grad_bound": G, "gossip_steps": 2, "calibration": calibration}
+    cfg = tiny("muffliato", rounds=1, sigma=sigma, batch_size=B, params=params)
+    run = Run.create(cfg, tmp_path / "r")
+    assert run.resolved["kinds"]["model"]["releases_per_round"] == 1
+    assert run.params.noise_std(B) == pytest.approx(factor * sigma * lr * G / B)
     msgs = run.messages(CaptureSpec.of(rounds=[1]), progress=False)
     x0 = run.ctx.x0
     noises = [
         msgs[(1, s, d, "model")] - (x0 - lr * batch_grad(run, x0, s, 1))
         for s, d in one_link_per_agent(run).items()
     ]
-    assert_std(noises, sigma * lr * G)
+    assert_std(noises, factor * sigma * lr * G / B)
 
 
 def test_muffliato_gossip_keeps_the_average_and_records_every_step(tmp_path):
@@ -151,7 +156,7 @@ def test_dp_cga_clips_the_batch_mean_and_aggregates_what_it_received(tmp_path):
     run = Run.create(cfg, tmp_path / "r")
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2]), progress=False)
     assert {k[3] for k in msgs} == {"model", "cg", "half-model"}
-    idx = run.dir.load_secrets(2)["batch"]
+    idx = [run.secret_index(2, a) for a in range(run.cfg.agents)]
     for src, dst in run.edges():
         at = msgs[(2, dst, src, "model")]  # the receiver's model
         mean = batch_grad(run, at, src, 2)
@@ -174,11 +179,13 @@ def test_dp_cga_clips_the_batch_mean_and_aggregates_what_it_received(tmp_path):
         torch.testing.assert_close(got, want[0], rtol=1e-3, atol=1e-6)
 
 
-def test_dp_cga_noise_is_sigma_c_and_counts_one_release_per_neighbour(tmp_path):
+def test_dp_cga_noise_is_sigma_c_and_counts_the_self_gradient_release(tmp_path):
     sigma, clip = 1.5, 0.5
     cfg = tiny("dp-cga", rounds=1, sigma=sigma, params={"clip": clip})
     run = Run.create(cfg, tmp_path / "r")
-    assert run.resolved["releases_per_round"] == 2  # ring: two neighbours
+    kinds = run.resolved["kinds"]
+    assert kinds["cg"]["releases_per_round"] == 2  # ring: one per neighbour
+    assert kinds["half-model"]["releases_per_round"] == 3  # and ĝ^{ii} through x̃
     msgs = run.messages(CaptureSpec.of(rounds=[1]), progress=False)
     x0 = run.ctx.x0
     noises = [
@@ -207,7 +214,13 @@ def test_bad_params_are_refused(defense, params, match):
 
 
 def test_releases_per_round():
-    adj = ring(6)
-    assert get_defense("dp-dpsgd").releases_per_round(adj) == 1
-    assert get_defense("muffliato").releases_per_round(adj) == 1
-    assert get_defense("dp-cga").releases_per_round(adj) == 2
+    W = metropolis_hastings(ring(6))
+
+    def privacy(name: str, kind: str):
+        d = get_defense(name)
+        return d.privacy(params_of(d.Params, {"sigma": 1.0}), kind, W)
+
+    assert privacy("dp-dpsgd", "half-model").releases == 1
+    assert privacy("muffliato", "model").releases == 1  # y⁰; later gossip post-processes it
+    assert privacy("muffliato", "model").claimed_releases == 1
+    assert privacy("dp-cga", "cg").releases == 2  # ring: two neighbours

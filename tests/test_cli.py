@@ -29,11 +29,12 @@ def test_targets_lists_every_message(capsys):
 
 def test_attack_end_to_end_writes_result_and_grid(tmp_path, capsys):
     out = tmp_path / "out"
-    code, stdout, err = run_cli(
-        capsys, "attack", "--target", "dpdl-cg", "--round", "2", "--out", str(out), "--json", *TINY
-    )
+    args = ["--target", "dpdl-cg", "--round", "2", "--out", str(out), "--json", *TINY]
+    args += ["--batch-size", "2"]  # Poisson: victim 0's batch of round 2 holds 2 images
+    code, stdout, err = run_cli(capsys, "attack", *args)
     assert code == 0, err
     result = json.loads(stdout)
+    assert result["batch_size"] == 2 and result["batch_sizes"] == [2]
     assert result == json.loads((out / "result.json").read_text()) | {"figure": result["figure"]}
     assert result["target"] == "dpdl-cg" and result["round"] == 2 and result["attack"] == "ig"
     assert result["epsilon"] == pytest.approx(1.0, abs=0.02) and result["sigma"] > 0
@@ -43,10 +44,21 @@ def test_attack_end_to_end_writes_result_and_grid(tmp_path, capsys):
     png = (out / "grid.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     # attacking again reuses the run and gives the same numbers
-    code, stdout2, _ = run_cli(
-        capsys, "attack", "--target", "dpdl-cg", "--round", "2", "--out", str(out), "--json", *TINY
-    )
+    code, stdout2, _ = run_cli(capsys, "attack", *args)
     assert json.loads(stdout2)["metrics"] == result["metrics"]
+
+
+def test_attack_on_an_empty_batch_says_so(tmp_path, capsys):
+    """B = 1: victim 0's Poisson batch of round 2 is empty; the CLI says there is nothing
+    to reconstruct, writes result.json with null scores, and draws no grid."""
+    out = tmp_path / "out"
+    args = ["--target", "dpdl-cg", "--round", "2", "--out", str(out), *TINY]
+    code, stdout, err = run_cli(capsys, "attack", *args)
+    assert code == 0, err
+    assert "batch is empty" in stdout and "nothing to reconstruct" in stdout
+    result = json.loads((out / "result.json").read_text())
+    assert result["batch_sizes"] == [0] and result["metrics"]["psnr"] is None
+    assert not (out / "grid.png").exists()
 
 
 def test_train_then_attack_an_existing_run(tmp_path, capsys):

@@ -16,7 +16,18 @@ from privaudit.eval.report import write_report
 from privaudit.eval.reproduce import PAPER_TABLE3, SCALE, format_table3, table3_rows
 from privaudit.eval.sweeps import Sweep, execute, load_tensors, plan
 
-TINY = ["--agents", "3", "--victims", "2", "--iterations", "3", "--no-progress"]
+# B = 2: every cell has a victim whose Poisson batch is not empty
+TINY = [
+    "--agents",
+    "3",
+    "--victims",
+    "2",
+    "--iterations",
+    "3",
+    "--no-progress",
+    "--batch-size",
+    "2",
+]
 ARGS = ["compare", "--targets", "nd-cg,dpdl-cg", "--rounds", "1,2", "--epsilons", "1", *TINY]
 
 
@@ -57,7 +68,9 @@ def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
     assert all(c["victims"] == "2" and float(c["psnr"]) > 0 for c in cells)
     assert (out / "summary.md").read_text().count("| `dpdl-cg` |") == 2
     images = list(csv.DictReader((out / "images.csv").open()))
-    assert len(images) == 4 * 2  # one row per image shown under a grid (B = 1, 2 victims)
+    results = [json.loads(p.read_text()) for p in (out / "results").rglob("result.json")]
+    shown = sum(sum(r["batch_sizes"]) for r in results)  # the victims' realised batches
+    assert len(results) == 4 and len(images) == shown > 4  # one row per image under a grid
     runs = sorted(p.name for p in (out / "runs").iterdir() if p.is_dir())
     assert len(runs) == 2 and runs[0].startswith("dpdl-eps1-seed0-")
 
@@ -81,7 +94,7 @@ def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
         [1, 2],
         [1.0],
         [0],
-        RunConfig(agents=3, batch_size=1),
+        RunConfig(agents=3, batch_size=2),
         victims=2,
         iterations=3,
     )  # the CLI's sweep, through the Python API

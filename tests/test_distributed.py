@@ -68,7 +68,8 @@ def test_distributed_run_sends_the_simulators_messages(tmp_path, name):
     assert "noise" in kinds or name != "lppa"
     for t in every.rounds:
         s, d = sim.dir.load_secrets(t), dist_run.dir.load_secrets(t)
-        assert torch.equal(s["batch"], d["batch"]) and torch.equal(s["labels"], d["labels"])
+        assert s.keys() == d.keys() == {"index", "labels", "sizes"}
+        assert all(torch.equal(s[k], d[k]) for k in s)
     # the merged checkpoints hold every agent's rows and generator state: each agent drew
     # exactly as many random numbers as in the simulator
     assert dist_run.dir.checkpoint_rounds() == sim.dir.checkpoint_rounds() == [2, 3]

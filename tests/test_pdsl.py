@@ -1,5 +1,6 @@
 """PDSL: Shapley values (exact and Monte-Carlo), the weights π of eq. (20), message
-orientation and noise, and one round recomputed from the secrets."""
+orientation and noise, one round recomputed from the secrets, the public and private
+validation sets, and the privacy facts each implies."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ import pytest
 import torch
 
 from privaudit.config import RunConfig
+from privaudit.data import load_dataset, validation_indices
+from privaudit.defenses import get_defense
+from privaudit.defenses.base import params_of
 from privaudit.defenses.pdsl import (
     code_bits,
     exact_shapley,
     shapley,
     shapley_weights,
 )
+from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
 from privaudit.messages import CaptureSpec
 from privaudit.pipeline import observe
 from privaudit.simulator import Run
+from privaudit.topology import metropolis_hastings
 
 
 def tiny(**kw) -> RunConfig:
@@ -116,7 +122,7 @@ def test_weights_are_min_max_normalised_and_divided_by_omega():
 
 
 def secret_batch(run: Run, agent: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = run.dir.load_secrets(t)["batch"][agent]
+    idx = run.secret_index(t, agent)
     return run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
 
 
@@ -125,12 +131,14 @@ def clipped(run: Run, flat: torch.Tensor, agent: int, t: int, clip: float) -> to
     return clip_rows(run.ctx.grads.mean(flat[None], *secret_batch(run, agent, t)), clip)[0]
 
 
-def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path):
+@pytest.mark.parametrize("validation", ["public", "private"])
+def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path, validation):
     """σ = 0: cg on i→j is clip_C(∇F_i(x_j; ξ_i)); û_i = α u_i + Σ_j π_ij ĝ_{j,i} with π
-    from an independent exact-Shapley recomputation (eq. 7) on the agent's validation set."""
+    from an independent exact-Shapley recomputation (eq. 7) on the validation set: the
+    public one (the same images for every agent) or the agent's own held-out examples."""
     clip, lr = 0.2, 5.0  # gradients have norm ≈ 25: clipping is active; big steps break ties
-    cfg = tiny(sigma=0.0, params={"clip": clip, "shapley": "exact", "lr": lr})
-    run = Run.create(cfg, tmp_path / "r")
+    params = {"clip": clip, "shapley": "exact", "lr": lr, "validation": validation}
+    run = Run.create(tiny(sigma=0.0, params=params), tmp_path / "r")
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2]), progress=False)
     assert {k[3] for k in msgs} == {"model", "cg", "mm", "half-model"}
     for src, dst in run.edges():
@@ -142,7 +150,12 @@ def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path):
         u = (msgs[(2, src, dst, "model")] - msgs[(2, src, dst, "half-model")]) / lr
         torch.testing.assert_close(u, msgs[(2, src, dst, "mm")], rtol=1e-3, atol=1e-5)
 
-    val = run.dir.load_checkpoint(2)["state.val"]  # fixed at init, carried in the state
+    state = run.dir.load_checkpoint(2)
+    if validation == "private":
+        val = state["state.val"]  # fixed at init, carried in the state
+        assert run.ctx.val_x is None
+    else:
+        assert "state.val" not in state and run.ctx.holdout == []
     W, p, n = run.ctx.W, run.params, run.cfg.agents
     model, spec = run.ctx.model, run.ctx.spec
     nbrs = [[j for j in range(n) if run.ctx.adj[i, j]] for i in range(n)]
@@ -150,12 +163,15 @@ def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path):
     untied = 0
     for t in (1, 2):
         for i in range(n):
-            assert set(val[i].tolist()) == set(run.ctx.holdout[i].tolist())
+            if validation == "private":
+                assert set(val[i].tolist()) == set(run.ctx.holdout[i].tolist())
+                vx, vy = run.ctx.train_x[val[i]], run.ctx.train_y[val[i]]
+            else:
+                vx, vy = run.ctx.val_x, run.ctx.val_y
             players = [i, *nbrs[i]]
             x = msgs[(t, i, nbrs[i][0], "model")]
             g = {j: msgs[(t, j, i, "cg")] for j in nbrs[i]}
             g[i] = clipped(run, x, i, t, clip)
-            vx, vy = run.ctx.train_x[val[i]], run.ctx.train_y[val[i]]
 
             @functools.cache
             def v(s: frozenset, x=x, g=g, players=players, vx=vx, vy=vy) -> float:
@@ -179,7 +195,8 @@ def test_cg_noise_has_the_documented_std_and_observations_build(tmp_path):
     """ĝ − clip_C(g) = n ~ N(0, σ²C²), fresh per link: std over D ≈ 16k coordinates is σC."""
     sigma, clip = 2.0, 0.5
     run = Run.create(tiny(sigma=sigma, params={"clip": clip}), tmp_path / "r")
-    assert run.resolved["releases_per_round"] == 3  # ring: two neighbours + ĝ_{i,i}
+    kinds = run.resolved["kinds"]  # ring: two neighbours, + ĝ_{i,i} inside û_i
+    assert kinds["cg"]["releases_per_round"] == 2 and kinds["mm"]["releases_per_round"] == 3
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2, 3]), progress=False)  # all observe needs
     D = run.ctx.spec.numel
     noises = []
@@ -202,13 +219,102 @@ def test_cg_noise_has_the_documented_std_and_observations_build(tmp_path):
             )
 
 
-def test_validation_split_is_held_out_of_training(tmp_path):
-    run = Run.create(tiny(rounds=4, params={"val_size": 8}), tmp_path / "r")
+def test_private_validation_split_is_held_out_of_training(tmp_path):
+    run = Run.create(
+        tiny(rounds=4, params={"validation": "private", "val_size": 8}), tmp_path / "r"
+    )
+    assert run.ctx.val_x is None and len(run.data.test_y) == len(load_dataset("photos").test_y)
     assert len(run.ctx.holdout) == run.cfg.agents
     for part, held in zip(run.ctx.parts, run.ctx.holdout, strict=True):
         assert len(held) == 8 and not set(held.tolist()) & set(part.tolist())
     run.messages(CaptureSpec.of(rounds=[1, 2, 3, 4]), progress=False)
     for t in range(1, 5):
-        batch = run.dir.load_secrets(t)["batch"]
         for i, held in enumerate(run.ctx.holdout):
-            assert not set(batch[i].tolist()) & set(held.tolist())
+            assert not set(run.secret_index(t, i).tolist()) & set(held.tolist())
+
+
+def test_public_validation_set_is_test_data_shared_and_out_of_test_accuracy(tmp_path):
+    """The default 𝒬: 20 % of the test split by a seeded draw (80 of photos' 400), one set
+    for every agent, in no agent's shard nor its training batches, and not counted in the
+    run's test accuracy, which is over the remaining test examples exactly."""
+    run = Run.create(tiny(rounds=2), tmp_path / "r")
+    full = load_dataset("photos")
+    idx = validation_indices(len(full.test_y), 80, run.cfg.seed)
+    assert len(idx) == len(set(idx.tolist())) == 80
+    mean = torch.tensor(run.data.mean).view(-1, 1, 1)
+    std = torch.tensor(run.data.std).view(-1, 1, 1)
+    torch.testing.assert_close(run.ctx.val_x, (full.test_x[idx] - mean) / std)
+    assert torch.equal(run.ctx.val_y, full.test_y[idx])
+    assert run.ctx.holdout == [] and run.defense.holdout_size(run.params) == 0
+    # the rest of the test split, in order, is what test accuracy measures
+    rest = torch.ones(len(full.test_y), dtype=torch.bool)
+    rest[idx] = False
+    assert torch.equal(run.data.test_x, full.test_x[rest])
+    assert torch.equal(run.data.test_y, full.test_y[rest])
+    # no validation image is a training image (of any shard)
+    flat_val = full.test_x[idx].flatten(1)
+    for part in run.ctx.parts:
+        train = full.train_x[part.cpu()].flatten(1)
+        assert not (torch.cdist(flat_val, train) == 0).any()
+    state = run.train(progress=False)
+    assert set(state) == {"x", "u"}
+    with torch.no_grad():
+        out = torch.func.functional_call(
+            run.ctx.model,
+            run.ctx.spec.unflatten(state["x"].mean(0)),
+            ((full.test_x[rest] - mean) / std,),
+        )
+    expected = float((out.argmax(1) == full.test_y[rest]).double().mean())
+    assert run.test_accuracy(state) == pytest.approx(expected)
+    # the draw is seeded: another seed, another set; an explicit size is taken as given
+    assert not torch.equal(validation_indices(400, 80, 1), idx)
+    pdsl = get_defense("pdsl")
+    assert pdsl.public_validation_size(params_of(pdsl.Params, {"val_size": 123}), 400) == 123
+
+
+def test_a_validation_set_too_large_for_the_test_split_is_refused(tmp_path):
+    with pytest.raises(PrivauditError, match="lower the defense's val_size"):
+        Run.create(tiny(params={"val_size": 400}), tmp_path / "r")  # photos: 400 test images
+    with pytest.raises(PrivauditError, match="validation must be one of"):
+        Run.create(tiny(params={"validation": "shared"}), tmp_path / "s")
+    with pytest.raises(PrivauditError, match="val_size must be an integer"):
+        Run.create(tiny(params={"val_size": 0.5}), tmp_path / "t")
+
+
+@pytest.mark.parametrize("validation", ["public", "private"])
+def test_privacy_follows_the_validation_set(validation):
+    """cg: deg releases, formal; mm / half-model / model: post-processing of the deg + 1
+    releases with a public 𝒬, no finite ε with a private one. Flat clip: multiplier σ/2;
+    the claim is Theorem 1's σ, one mechanism per round."""
+    star = torch.zeros(5, 5, dtype=torch.bool)
+    star[0, 1:] = star[1:, 0] = True
+    W = metropolis_hastings(star).double()  # hub 0: degree 4, leaves 1
+    pdsl = get_defense("pdsl")
+    p = params_of(pdsl.Params, {"sigma": 3.0, "validation": validation})
+    for agent, deg in ((None, 4), (0, 4), (1, 1)):
+        for kind in pdsl.kinds:
+            pr = pdsl.privacy(p, kind, W, agent)
+            assert pr.noise_multiplier == 1.5 and pr.clip_unit == "batch"
+            assert pr.claimed_multiplier == 3.0 and pr.claimed_releases == 1
+            assert pr.releases == (deg if kind == "cg" else deg + 1)
+            assert pr.formal == (kind == "cg" or validation == "public"), (kind, pr.reason)
+    assert not pdsl.privacy(params_of(pdsl.Params, {}), "mm", W).formal  # σ = 0: no noise
+
+
+def test_default_run_reports_a_finite_epsilon_for_every_kind(tmp_path):
+    """--epsilon with the public 𝒬: every kind is formal, σ is calibrated on the worst one
+    (deg + 1 releases), which then spends exactly the target; with a private 𝒬 only cg."""
+    run = Run.create(tiny(epsilon=2.0, rounds=2), tmp_path / "pub")
+    kinds = run.resolved["kinds"]
+    assert all(k["formal"] and math.isfinite(k["epsilon"]) for k in kinds.values())
+    assert max(k["epsilon"] for k in kinds.values()) == pytest.approx(2.0, rel=0.02)
+    assert kinds["cg"]["epsilon"] < kinds["mm"]["epsilon"]
+    state = run.train(progress=False)
+    assert torch.isfinite(state["x"]).all() and 0.0 <= run.test_accuracy(state) <= 1.0
+    private = Run.create(
+        tiny(epsilon=2.0, rounds=2, params={"validation": "private"}), tmp_path / "p"
+    )
+    kinds = private.resolved["kinds"]
+    assert kinds["cg"]["formal"] and kinds["cg"]["epsilon"] == pytest.approx(2.0, rel=0.02)
+    assert not kinds["mm"]["formal"] and math.isinf(kinds["mm"]["epsilon"])
+    assert private.params.sigma < run.params.sigma  # fewer releases to cover

@@ -22,8 +22,7 @@ def tiny(defense: str = "nd", **kw) -> RunConfig:
 
 def grad_at(run: Run, flat: torch.Tensor, agent: int, t: int, clip: float | None) -> torch.Tensor:
     """Batch-mean (optionally per-example clipped) gradient of ``agent``'s round-t batch."""
-    s = run.dir.load_secrets(t)
-    idx = s["batch"][agent]
+    idx = run.secret_index(t, agent)
     x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
     return run.ctx.grads.clipped_mean(flat[None], x, y, clip)[0]
 
@@ -116,7 +115,7 @@ def test_epsilon_sigma_round_trip_and_composition():
 def test_dpdl_sigma_comes_from_epsilon(tmp_path):
     run = Run.create(tiny("dpdl", epsilon=1.0), tmp_path / "r")
     r = run.resolved
-    assert r["releases_per_round"] == 2  # ring: two neighbours, one cross-gradient each
+    assert r["kinds"]["cg"]["releases_per_round"] == 2  # ring: one cross-gradient per neighbour
     assert r["epsilon"] == pytest.approx(1.0, abs=0.02)
     assert run.params.sigma == pytest.approx(r["sigma"]) and r["sigma"] > 1
 

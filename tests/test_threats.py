@@ -35,7 +35,7 @@ def flat(obs_dict: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def batch_grad(run: Run, at: torch.Tensor, agent: int, t: int) -> torch.Tensor:
     """Batch-mean gradient of ``agent``'s round-t batch at the flat model ``at``."""
-    idx = run.dir.load_secrets(t)["batch"][agent]
+    idx = run.secret_index(t, agent)
     x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
     return run.ctx.grads.mean(at[None].float(), x, y)[0]
 
@@ -53,8 +53,13 @@ def test_every_target_under_every_threat_runs_or_names_one_that_can(defense, tmp
                 continue
             (o,) = obs
             assert o.meta["threat"].split()[0] == threat and o.meta["src"] == 0
+            # the attacker is told the realised size of the victim's Poisson batch
+            b = len(run.secret_index(2, 0))
+            assert o.batch_size == b
+            if b == 0:  # an empty batch: nothing to reconstruct
+                assert o.scale == 0
             (rec,) = run_attack("ig", obs, iterations=1)
-            assert rec.images.shape == (2, *run.data.input_shape)
+            assert rec.images.shape == (b, *run.data.input_shape)
 
 
 def test_global_sees_more_exactly_than_a_link(tmp_path):
@@ -93,9 +98,11 @@ def test_momentum_difference_is_exact_under_global_and_isolates_the_self_gradien
 def test_tracking_difference_is_exact_with_every_neighbour_seen(tmp_path):
     """dsgt round 3 under global: γ_i^2 − Σ_j w_ij γ_j^1 = ∇L(θ_i^2; ξ_3) − ∇L(θ_i^1; ξ_2), a
     two-batch Observation whose second term sits at θ_i^1; IG's batched gradient of the true
-    batches in both slots reproduces the target."""
-    run = Run.create(tiny("dsgt"), tmp_path / "r")
+    batches in both slots reproduces the target (seed 1: agent 0's Poisson batches of rounds
+    2 and 3 have the same size, so both fit the attack's slots)."""
+    run = Run.create(tiny("dsgt", seed=1), tmp_path / "r")
     (o,) = observe(run, "dsgt-gt", 3, threat="global", victims=[0], progress=False)
+    assert len(run.secret_index(3, 0)) == len(run.secret_index(2, 0)) > 0
     assert o.meta["exact"] is True and len(o.terms) == 1
     theta2, theta1 = flat(o.params), flat(o.terms[0][0])
     want = batch_grad(run, theta2, 0, 3) - batch_grad(run, theta1, 0, 2)
@@ -106,6 +113,47 @@ def test_tracking_difference_is_exact_with_every_neighbour_seen(tmp_path):
     labels = [run.secret_batch(t, 0)[1] for t in (3, 2)]
     g = prob.gradient(gradient_fn(prob.stack), images, one_hot(labels, prob.stack, 1))
     torch.testing.assert_close(g[0], prob.target[0], rtol=1e-3, atol=1e-5)
+
+
+def test_the_attacker_is_told_the_realised_batch_sizes(tmp_path):
+    """dsgt round 3 under global, agent 0's batches of 1 (round 3) and 5 (round 2) examples
+    (B = 2): the Observation reconstructs 1 image at scale 1/2 and the round-2 term's
+    coefficient is −5/1, so that target = scale · (mean gradient of ξ_3 + coef · mean
+    gradient of ξ_2), each mean over its own realised batch."""
+    run = Run.create(tiny("dsgt", seed=0), tmp_path / "r")
+    (o,) = observe(run, "dsgt-gt", 3, threat="global", victims=[0], progress=False)
+    b3, b2 = len(run.secret_index(3, 0)), len(run.secret_index(2, 0))
+    assert (b3, b2) == (1, 5)
+    assert o.batch_size == b3 and o.scale == pytest.approx(b3 / 2)
+    (theta1, coef, same), theta2 = o.terms[0], flat(o.params)
+    assert coef == pytest.approx(-b2 / b3) and same is False
+    assert o.meta["term_rounds"] == [2]
+    mean3 = batch_grad(run, theta2, 0, 3) * 2 / b3  # batch_grad is (1/B) Σ over the batch
+    mean2 = batch_grad(run, flat(theta1), 0, 2) * 2 / b2
+    want = o.scale * (mean3 + coef * mean2)
+    torch.testing.assert_close(flat(o.target), want, rtol=1e-3, atol=1e-5)
+
+
+def test_an_empty_victim_batch_has_nothing_to_reconstruct(tmp_path):
+    """dsgd round 1, seed 4: agent 3's Poisson batch is empty. Its message carries a zero
+    gradient, the Observation has batch size 0 and scale 0, and the attack pipeline answers
+    it with an empty reconstruction, scored None, not a crash."""
+    from privaudit.pipeline import reconstruct
+
+    run = Run.create(tiny("dsgd", seed=4), tmp_path / "r")
+    (o,) = observe(run, "dsgd-half-model", 1, threat="link", victims=[3], progress=False)
+    assert len(run.secret_index(1, 3)) == 0
+    assert o.batch_size == 0 and o.scale == 0
+    assert float(flat(o.target).abs().max()) == 0  # (x_0 − x̃)/η with x̃ = x_0 − η · 0
+    (rec,) = run_attack("ig", [o], iterations=1)
+    assert rec.images.shape == (0, *run.data.input_shape) and rec.meta["empty"]
+    kw = dict(threat="link", iterations=1, lpips=False, progress=False)
+    a = reconstruct(run, "dsgd-half-model", 1, victims=[3, 0], **kw)
+    sizes = a.result["batch_sizes"]
+    assert sizes == [0, len(run.secret_index(1, 0))] and sizes[1] > 0
+    assert a.recons[1].images.shape[0] == sizes[1]
+    assert a.result["per_observation"][0]["psnr"] is None
+    assert a.result["metrics"]["psnr"] == a.result["per_observation"][1]["psnr"]
 
 
 def test_push_sum_debiasing_is_exact_when_both_pairs_are_seen(tmp_path):

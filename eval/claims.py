@@ -1,0 +1,705 @@
+"""The claims ledger: the promise, the truth and the evidence, per defense and message kind.
+
+For every message kind of every defense (``privaudit targets``) on one run configuration,
+one row puts side by side
+
+- **the promise**: the paper's privacy claim as stated (:attr:`Privacy.paper`), the ε its
+  own accounting gives over the run (``claimed_multiplier``, ``claimed_releases``: the
+  run's ``epsilon_claimed``), and for the one release the audit observes, the ε of that
+  count and of the paper's own σ(ε) rule where it states one;
+- **the truth**: the ε a correct accounting gives over the run at the calibrated σ
+  (``run.resolved``; ∞ with the reason when the kind has no formal guarantee), and for the
+  one release the audit observes;
+- **the evidence**: a white-box canary audit of round 1 (:func:`privaudit.eval.audit.audit`),
+  whose ε lower bound holds at the stated confidence whatever the accounting says;
+- **the verdicts**: the lower bound against the claim's per-release ε (a "violated" claim
+  is refuted by the evidence: its count or its rule promises less than is proven) and
+  against the correct per-release bound (a "violated" accounting would be a bug in the
+  accounting); a violation is re-audited at a Bonferroni level (:func:`row`).
+
+Everything is accounted the way the tool accounts everything (:mod:`privaudit.eval.accounting`):
+adjacency is adding or removing one example, each agent's batch is Poisson sampled at
+q_i = B/n_i, and the run's ε is the worst agent's. Per-release bounds are at sample rate 1,
+which is what a single-round white-box audit measures.
+
+Rows are cached under ``OUT/rows`` as they finish, keyed by everything that determines them
+(the run's configuration, the mechanism facts, the audit's setting), so an interrupted
+ledger resumes where it stopped and a changed defense is re-audited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from privaudit.config import RunConfig
+from privaudit.errors import PrivauditError, unknown
+
+TRIALS = 1000  # white-box trials per row
+ROW_SECONDS = 10.0  # a row whose trials would take longer runs fewer (at least a bound's worth)
+CONFIDENCE = 0.95
+ROUND = 1  # the audited round: white-box audits of round 1 need no training
+THREAT = "link"  # the weakest adversary: one curious link, the victim's first receiver
+CLAIM_WIDTH = 44  # characters of the paper's claim shown in the table (the rest: a note)
+COLUMNS = (
+    "target",
+    "paper's claim",
+    "claimed ε, run",
+    "claimed ε, release: count",
+    "claimed ε, release: rule",
+    "accounted ε, run",
+    "accounted ε, release",
+    "audit ε ≥, release",
+    "claim",
+    "accounting",
+)
+
+
+# -- the plan -------------------------------------------------------------------------------
+def select(defenses: list[str] | None = None, targets: list[str] | None = None) -> list[str]:
+    """The ledger's targets in registry order: every kind of the ``defenses`` plus the
+    ``targets`` (entries may hold several names, comma-separated); all when both are empty."""
+    from privaudit.defenses import DEFENSES
+    from privaudit.targets import all_targets
+
+    def names(entries: list[str] | None) -> list[str]:
+        return [n.strip() for e in entries or [] for n in e.split(",") if n.strip()]
+
+    every = all_targets()
+    ds, ts = names(defenses), names(targets)
+    for d in ds:
+        if d not in DEFENSES:
+            raise unknown("defense", d, DEFENSES)
+    for t in ts:
+        if t not in every:
+            raise unknown("target", t, every)
+    if (defenses or targets) and not (ds or ts):
+        raise PrivauditError("--defense/--target need at least one name")
+    if not (ds or ts):
+        return list(every)
+    return [t for t, (d, _, _) in every.items() if d.name in ds or t in ts]
+
+
+def run_config(base: RunConfig, defense: str) -> RunConfig:
+    """``base`` for ``defense``: its own topology when the base keeps the default one (the
+    push-sum defenses need theirs), and enough rounds for every kind's round-1 audit."""
+    from privaudit.defenses import get_defense
+
+    d = get_defense(defense)
+    own = d.topology
+    topology = own if own and base.topology == RunConfig.topology else base.topology
+    need = max(max(d.rounds_needed(k, ROUND, base.agents)) for k in d.kinds)
+    cfg = dataclasses.replace(
+        base, defense=defense, topology=topology, rounds=max(base.rounds, need)
+    )
+    return cfg.validate()
+
+
+def _digest(obj: Any) -> str:
+    from privaudit.eval.metrics import to_jsonable
+
+    text = json.dumps(to_jsonable(obj), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _facts(privacy: Any) -> dict[str, Any]:
+    """A Privacy's fields as data (its σ(ε) rule, a function, is left out)."""
+    return {
+        f.name: getattr(privacy, f.name)
+        for f in dataclasses.fields(privacy)
+        if f.name != "paper_epsilon"
+    }
+
+
+# -- one row ------------------------------------------------------------------------------------
+def short_claim(text: str, width: int = CLAIM_WIDTH) -> str:
+    """The head of a paper's claim: up to its first clause break, at most ``width``
+    characters, cut at a word."""
+    head = text
+    for stop in (";", ":", ",", " ("):
+        i = head.find(stop)
+        if i > 0:
+            head = head[:i]
+    if len(head) <= width:
+        return head
+    cut = head[: width - 1].rsplit(" ", 1)[0]
+    return cut + "…"
+
+
+SEVERITY = ("violated", "consistent", "loose", "no claim")
+
+
+def _claim(upper: dict[str, float], verdicts: dict[str, str]) -> dict[str, Any]:
+    """The paper's promises for the one audited release — its count of releases at its
+    multiplier, and its own σ(ε) rule where it states one — and the evidence against each;
+    ``verdict`` is the most severe (a claim is refuted when any of its promises is)."""
+    out: dict[str, Any] = {}
+    found = []
+    for key, name in (("paper's count", "count"), ("paper", "rule")):
+        eps = upper.get(key)
+        v = None if eps is None else "no claim" if math.isinf(eps) else verdicts[key]
+        out[name] = {"epsilon": eps, "verdict": v}
+        if v is not None:
+            found.append((SEVERITY.index(v), name, v))
+    _, _, worst = min(found)
+    out["verdict"] = worst
+    out["refuted_by"] = [n for _, n, v in sorted(found) if v == "violated"]
+    return out
+
+
+def row(
+    run: Any,
+    kind: str,
+    trials: int = TRIALS,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+    progress: bool = False,
+    row_seconds: float | None = ROW_SECONDS,
+    family: int = 1,
+) -> dict[str, Any]:
+    """The ledger's row of ``kind`` on ``run`` (a row with ``error`` set when the audit
+    cannot be made, e.g. the link adversary does not observe the kind in round 1).
+
+    With ``row_seconds``, a probe audit of the fewest trials that give a bound times one
+    trial first; when ``trials`` of them would take longer than ``row_seconds``, the row
+    runs as many as fit (kinds whose observation needs a whole round, or the next one,
+    cost a hundred times more per trial than a single message).
+
+    A lower bound at ``confidence`` exceeds a correct upper bound with probability up to
+    1 − confidence, so among many rows some would read "violated" by chance. A row whose
+    audit finds any bound violated is therefore audited again, on fresh noise and a fresh
+    canary (seed + 1), at confidence 1 − (1 − confidence)/``family`` (Bonferroni over the
+    ledger's ``family`` rows); that second audit is the row's evidence, so every
+    "violated" of a ledger holds together at ``confidence``."""
+    from privaudit.eval import bounds
+    from privaudit.eval.audit import HELD_OUT, audit
+
+    defense = run.defense
+    target = f"{defense.name}-{kind}"
+    rep = run.resolved["kinds"][kind]
+    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), 0)
+    out: dict[str, Any] = {
+        "target": target,
+        "defense": defense.name,
+        "kind": kind,
+        "message": defense.kinds[kind],
+        "paper": privacy.paper,
+        "paper_short": short_claim(privacy.paper),
+        "mechanism": privacy.mechanism,
+        "formal": rep["formal"],
+        "reason": rep["reason"],
+        "caveats": list(privacy.caveats),
+        "sigma": run.resolved["sigma"],
+        "epsilon_claimed": rep["epsilon_claimed"],
+        "epsilon": rep["epsilon"],
+        "noise_multiplier": rep["noise_multiplier"],
+        "releases_per_round": rep["releases_per_round"],
+        "claimed_multiplier": privacy.claimed_multiplier,
+        "claimed_releases_per_round": privacy.claimed_releases,
+        "error": None,
+    }
+    t0 = time.perf_counter()
+
+    def run_audit(n: int, level: float = confidence, offset: int = 0) -> dict[str, Any]:
+        res = audit(
+            run,
+            target,
+            mode="white-box",
+            round=ROUND,
+            trials=n,
+            confidence=level,
+            threat=THREAT,
+            seed=seed + offset,
+            progress=progress,
+        )
+        if res["interrupted"]:  # Ctrl-C between trials: the row is not finished
+            raise KeyboardInterrupt
+        return res
+
+    need = bounds.trials_needed(run.cfg.delta, 1 - (1 - confidence) / 2, HELD_OUT)
+    try:
+        if row_seconds and trials > need:
+            res = run_audit(need)
+            per_trial = res["seconds"] / need
+            n = trials if trials * per_trial <= row_seconds else int(row_seconds / per_trial)
+            if n > need:
+                res = run_audit(n)
+        else:
+            res = run_audit(trials)
+        first = None
+        if family > 1 and "violated" in res["verdicts"].values():
+            level = 1 - (1 - confidence) / family
+            again = bounds.trials_needed(run.cfg.delta, 1 - (1 - level) / 2, HELD_OUT)
+            first = {k: res[k] for k in ("epsilon_lo", "trials", "confidence", "verdicts")}
+            res = run_audit(max(res["trials"], again), level, offset=1)
+    except PrivauditError as e:
+        out["error"] = str(e)
+        return out
+    cp = res["clopper_pearson"]
+    out.update(
+        audit={
+            "epsilon_lo": res["epsilon_lo"],
+            "capped": bool(cp["capped"]) and cp["epsilon_lo"] >= res["epsilon_lo"],
+            "clopper_pearson": cp["epsilon_lo"],
+            "gdp": res.get("gdp", {}).get("epsilon_lo"),
+            "trials": res["trials"],
+            "trials_asked": trials,
+            "confidence": res["confidence"],
+            "screening": first,  # the first audit, when a violation sent the row to a second
+            "round": res["round"],
+            "threat": res["threat"],
+            "victim": res["victim"],
+            "receiver": res["receiver"],
+            "copies": res["copies"],
+            "canary": res["canary"],
+            "seconds": res["seconds"],
+        },
+        upper=res["upper"],
+        verdicts=res["verdicts"],
+        claim=_claim(res["upper"], res["verdicts"]),
+        accounting={
+            "epsilon": res["upper"]["accountant"],
+            "verdict": res["verdicts"]["accountant"],
+            "sample_rate": res["accounting"]["sample_rate"],
+        },
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+    return out
+
+
+# -- the ledger ---------------------------------------------------------------------------------
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the ledger; ``ledger`` holds the rows finished before it."""
+
+    def __init__(self, ledger: dict[str, Any]) -> None:
+        super().__init__()
+        self.ledger = ledger
+
+
+@contextmanager
+def _watch_interrupt() -> Iterator[list[bool]]:
+    """Notes a Ctrl-C in ``flag[0]`` before raising KeyboardInterrupt as usual: the audit
+    catches Ctrl-C between trials and returns what it has, and a row made of fewer trials
+    than asked must neither be cached nor be followed by the next row."""
+    flag = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        flag[0] = True
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def setting(
+    base: RunConfig,
+    trials: int,
+    confidence: float,
+    seed: int,
+    row_seconds: float | None,
+    family: int,
+) -> dict[str, Any]:
+    """What every row was computed on, stated in the output."""
+    from privaudit.eval.accounting import ADJACENCY, SAMPLING
+
+    return {
+        "agents": base.agents,
+        "topology": base.topology,
+        "dataset": base.dataset,
+        "model": base.model,
+        "batch_size": base.batch_size,
+        "rounds": base.rounds,
+        "epsilon": base.epsilon,
+        "sigma": base.sigma,
+        "delta": base.delta,
+        "accountant": base.accountant,
+        "params": dict(base.params),
+        "seed": base.seed,
+        "adjacency": ADJACENCY,
+        "sampling": SAMPLING,
+        "audit": {
+            "mode": "white-box",
+            "round": ROUND,
+            "threat": THREAT,
+            "victim": 0,
+            "trials": trials,
+            "row_seconds": row_seconds,
+            "confidence": confidence,
+            "family": family,
+            "seed": seed,
+        },
+    }
+
+
+def ledger(
+    base: RunConfig,
+    out: str | Path,
+    targets: list[str] | None = None,
+    trials: int = TRIALS,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+    row_seconds: float | None = ROW_SECONDS,
+    fresh: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """A row per target (default: every target, :func:`select`) on ``base``'s configuration
+    (each defense with :func:`run_config`). Runs live in ``OUT/runs``, finished rows in
+    ``OUT/rows`` (reused unless ``fresh``). Ctrl-C raises :class:`Interrupted` carrying the
+    rows finished so far (each already cached)."""
+    from privaudit.eval import bounds
+    from privaudit.eval.audit import HELD_OUT
+    from privaudit.eval.metrics import to_jsonable
+    from privaudit.rundir import write_json
+    from privaudit.simulator import Run
+    from privaudit.targets import parse_target
+
+    targets = targets or select()
+    bounds.check_levels(confidence, base.delta)
+    need = bounds.trials_needed(base.delta, 1 - (1 - confidence) / 2, HELD_OUT)
+    if trials < need:
+        raise PrivauditError(
+            f"--trials {trials} is too few for any bound at confidence {confidence} "
+            f"(δ = {base.delta:g}); use at least {need}"
+        )
+    if row_seconds is not None and row_seconds < 0:
+        raise PrivauditError(f"--row-seconds must be ≥ 0, got {row_seconds}")
+    by_defense: dict[str, list[str]] = {}
+    for t in targets:
+        d, kind = parse_target(t)
+        by_defense.setdefault(d.name, []).append(kind)
+    configs = {n: run_config(base, n) for n in by_defense}
+    out = Path(out)
+    doc: dict[str, Any] = {
+        "setting": setting(base, trials, confidence, seed, row_seconds, len(targets)),
+        "topologies": {n: c.topology for n, c in configs.items()},
+        "sigma": {},
+        "rows": [],
+        "complete": False,
+    }
+    t0 = time.perf_counter()
+    bar, task = _bar(len(targets), progress)
+    with bar, _watch_interrupt() as interrupted:
+        try:
+            for name, kinds in by_defense.items():
+                cfg = configs[name]
+                try:
+                    run = Run.create(cfg, out / "runs" / f"{name}-{_digest(cfg.identity())}")
+                except PrivauditError as e:
+                    raise PrivauditError(f"{name}: {e}") from None
+                doc["sigma"][name] = run.resolved["sigma"]
+                for kind in kinds:
+                    target = f"{name}-{kind}"
+                    bar.update(task, description=f"claims {target}")
+                    privacy = run.defense.privacy(run.params, kind, run.ctx.W.cpu(), 0)
+                    facts = [
+                        cfg.identity(),
+                        run.resolved["kinds"][kind],
+                        _facts(privacy),
+                        doc["setting"]["audit"],
+                    ]
+                    path = out / "rows" / f"{target}-{_digest(facts)}.json"
+                    r = None if fresh else _load(path)
+                    if r is None:
+                        # the audit's own bar per trial, under the row bar: on a terminal only
+                        # (elsewhere each nested bar leaves an empty line on stdout)
+                        inner = progress and sys.stdout.isatty()
+                        r = row(
+                            run, kind, trials, confidence, seed, inner, row_seconds, len(targets)
+                        )
+                        if interrupted[0]:
+                            raise KeyboardInterrupt
+                        if r["error"] is None:
+                            write_json(path, to_jsonable(r))
+                    else:
+                        r = {**_revive(r), "cached": True}
+                    doc["rows"].append(r)
+                    bar.advance(task)
+        except KeyboardInterrupt:
+            doc["seconds"] = round(time.perf_counter() - t0, 1)
+            raise Interrupted(doc) from None
+    doc["complete"] = True
+    doc["seconds"] = round(time.perf_counter() - t0, 1)
+    return doc
+
+
+def _bar(total: int, enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not enabled,
+        transient=True,
+    )
+    return bar, bar.add_task("claims", total=total)
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    """A cached row, or None when there is none or it does not parse (it is then redone)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _revive(obj: Any) -> Any:
+    """Undo :func:`to_jsonable`'s strings for ∞ in a cached row."""
+    if isinstance(obj, dict):
+        return {k: _revive(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_revive(v) for v in obj]
+    if obj in ("inf", "-inf", "nan"):
+        return float(obj)
+    return obj
+
+
+def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None = None) -> None:
+    """``OUT/ledger.json`` and ``OUT/claims.md``, and the markdown at ``markdown_path``."""
+    from privaudit.eval.metrics import to_jsonable
+    from privaudit.rundir import atomic_write, write_json
+
+    out = Path(out)
+    write_json(out / "ledger.json", to_jsonable(doc))
+    text = markdown(doc)
+    for path in [out / "claims.md", *([Path(markdown_path)] if markdown_path else [])]:
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+# -- presentation -------------------------------------------------------------------------------
+def fmt(x: float | None) -> str:
+    """3 significant digits, ∞, or — for nothing."""
+    if x is None:
+        return "—"
+    return "∞" if math.isinf(x) else f"{x:.3g}"
+
+
+class _Notes:
+    """Numbered notes, one per distinct text, prefixed (P: claims, R: reasons, E: errors)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.texts = prefix, {}
+
+    def ref(self, text: str) -> str:
+        if text not in self.texts:
+            self.texts[text] = f"{self.prefix}{len(self.texts) + 1}"
+        return self.texts[text]
+
+    def lines(self) -> list[str]:
+        return [f"- **{ref}** {text}" for text, ref in self.texts.items()]
+
+
+def _verdict(v: str) -> str:
+    return "**violated**" if v == "violated" else v
+
+
+def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) -> list[str]:
+    """One table row's cells (see :data:`COLUMNS`)."""
+    run_eps = fmt(r["epsilon"])
+    if math.isinf(r["epsilon"]):
+        run_eps += f" ({reasons.ref(r['reason'])})"
+    first = [
+        f"`{r['target']}`",
+        f"{r['paper_short']} ({claims.ref(r['paper'])})",
+        fmt(r["epsilon_claimed"]),
+    ]
+    if r["error"] is not None:
+        ref = errors.ref(r["error"])
+        return [*first, "—", "—", run_eps, "—", f"no audit ({ref})", "—", "—"]
+    c, a = r["claim"], r["audit"]
+    lo = fmt(a["epsilon_lo"])
+    notes = (["capped"] if a["capped"] else []) + (
+        [f"{a['trials']} trials"] if a["trials"] < a["trials_asked"] else []
+    )
+    if a.get("screening"):
+        notes.append(f"rechecked at {a['confidence']:.4g}")
+    if notes:
+        lo += f" ({', '.join(notes)})"
+    verdict = _verdict(c["verdict"])
+    if c["refuted_by"] and len([k for k in ("count", "rule") if c[k]["verdict"]]) > 1:
+        verdict += f" ({' + '.join(c['refuted_by'])})"
+    return [
+        *first,
+        fmt(c["count"]["epsilon"]),
+        fmt(c["rule"]["epsilon"]),
+        run_eps,
+        fmt(r["accounting"]["epsilon"]),
+        lo,
+        verdict,
+        _verdict(r["accounting"]["verdict"]),
+    ]
+
+
+def _names(targets: list[str], none: str = "none") -> str:
+    return ", ".join(f"`{t}`" for t in targets) or none
+
+
+def headline(doc: dict[str, Any]) -> list[str]:
+    """The findings in a few lines: claims refuted, accounting violations, ∞ kinds."""
+    rows = doc["rows"]
+    audited = [r for r in rows if r["error"] is None]
+    refuted = [r["target"] for r in audited if r["claim"]["verdict"] == "violated"]
+    broken = [r["target"] for r in audited if r["accounting"]["verdict"] == "violated"]
+    informal = [r["target"] for r in rows if not r["formal"]]
+    claimed_inf = [r for r in rows if not r["formal"] and math.isfinite(r["epsilon_claimed"])]
+    under = [
+        r["target"]
+        for r in rows
+        if r["formal"] and r["epsilon_claimed"] < r["epsilon"] * (1 - 1e-3)
+    ]
+    out = [
+        f"- {len(rows)} message kinds of {len({r['defense'] for r in rows})} defenses; "
+        f"{len(rows) - len(informal)} have a formal guarantee, {len(informal)} have none (∞).",
+        "- Claims the evidence refutes (audit lower bound > the claim's ε for one release): "
+        f"{_names(refuted, 'none at this setting')}.",
+        f"- Kinds with no formal guarantee whose paper still claims a finite ε over the run: "
+        f"{_names([r['target'] for r in claimed_inf])}.",
+        f"- Formal kinds whose paper's accounting claims less ε than a correct one: "
+        f"{_names(under)}.",
+        f"- Accounted bounds the evidence violates (a bug in the accounting if any): "
+        f"{_names(broken)}.",
+    ]
+    errs = [r["target"] for r in rows if r["error"] is not None]
+    if errs:
+        out.append(f"- Not audited (see the E-notes): {_names(errs)}.")
+    return out
+
+
+def describe(doc: dict[str, Any]) -> str:
+    """The setting in one paragraph."""
+    s = doc["setting"]
+    a = s["audit"]
+    own = [f"{n}: {t}" for n, t in doc["topologies"].items() if t != s["topology"]]
+    topo = s["topology"] + (f" ({', '.join(own)})" if own else "")
+    if s["sigma"] is not None:
+        noise = f"σ = {s['sigma']:g} (--sigma) wherever σ is a noise multiplier"
+    else:
+        noise = (
+            f"σ calibrated so that every formal kind has ε ≤ {s['epsilon']:g} over the run "
+            "(by the paper's accounting where no kind is formal)"
+        )
+    sig = ", ".join(f"{n} {v:.3g}" for n, v in doc["sigma"].items() if v)
+    m = a.get("family", 1)
+    recheck = (
+        f"; a row whose bound violates a claim or the accounting is audited again on fresh "
+        f"noise at {1 - (1 - a['confidence']) / m:.4g} (Bonferroni over the {m} rows), so "
+        f"that the ledger's violations hold together at {a['confidence']:g}"
+        if m > 1
+        else ""
+    )
+    budget = (
+        f" (fewer where they would take over {a['row_seconds']:g} s: shown in the row)"
+        if a.get("row_seconds")
+        else ""
+    )
+    return (
+        f"{s['agents']} agents on {topo}, {s['dataset']}, {s['model']}, B = {s['batch_size']}, "
+        f"{s['rounds']} rounds, δ = {s['delta']:g}, {s['accountant']} accountant; {noise}"
+        f"{f' (σ: {sig})' if sig else ''}. Adjacency: {s['adjacency']}; sampling: "
+        f"{s['sampling']}; the run's ε is the worst agent's. Evidence: {a['mode']} canary "
+        f"audit of round {a['round']}, {a['threat']} threat (victim {a['victim']} → its first "
+        f"receiver), {a['trials']} trials per row{budget}, confidence {a['confidence']:g} per "
+        f"row{recheck}; per-release bounds at sample rate 1 (PRV)."
+    )
+
+
+LEGEND = [
+    "- **paper's claim**: the paper's privacy statement, abridged (full text in the P-notes).",
+    "- **claimed ε, run**: the ε the paper's own accounting (its noise multiplier and its "
+    "count of releases per round) gives over the run, worst agent.",
+    "- **claimed ε, release: count**: the paper's accounting for the one release the audit "
+    "observes (its noise multiplier; sample rate 1).",
+    "- **claimed ε, release: rule**: the paper's own σ(ε) rule for that release (or round), "
+    "where it states one (stated in Δf: evaluated at the canary's change of the message).",
+    "- **accounted ε, run**: the correct ε over the run at the calibrated σ (add/remove one "
+    "example, Poisson sampling q_i = B/n_i, every release of the batch composed), worst "
+    "agent; ∞ when the kind has no formal guarantee (why: the R-notes).",
+    "- **accounted ε, release**: the correct ε of that one release (sample rate 1).",
+    "- **audit ε ≥, release**: the white-box audit's ε lower bound for that release "
+    "(Clopper–Pearson, or Gaussian DP for Gaussian channels); capped: at the most the trial "
+    "count can show, more trials raise it; rechecked: the bound of the second audit a "
+    "violation triggers (see Setting).",
+    "- **claim**: the lower bound against the claimed ε for one release (count and rule; "
+    "the more severe verdict); violated = the evidence refutes the claim; no claim = the "
+    "paper promises nothing finite.",
+    "- **accounting**: the lower bound against the accounted ε for one release; consistent "
+    "(lower bound ≥ half the upper bound), loose (below half: more trials or a stronger "
+    "adversary could tighten it), no guarantee (∞), violated (a bug in the accounting).",
+]
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The ledger as markdown: setting, headline, table, legend, notes."""
+    claims, reasons, errors = _Notes("P"), _Notes("R"), _Notes("E")
+    body = [cells(r, claims, reasons, errors) for r in doc["rows"]]
+    lines = ["# Claims ledger", ""]
+    if not doc.get("complete", True):
+        done = len(doc["rows"])
+        lines += [f"**Partial: {done} row{'s' * (done != 1)} done; rerun to finish.**", ""]
+    lines += [
+        "The promise (the paper's claim), the truth (a correct accounting) and the evidence "
+        "(a white-box canary audit) for every defense and message kind, written by "
+        "`privaudit claims`.",
+        "",
+        f"Setting: {describe(doc)}",
+        "",
+        *headline(doc),
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+        *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body),
+        "",
+        "Columns:",
+        "",
+        *LEGEND,
+        "",
+        "Paper claims:",
+        "",
+        *claims.lines(),
+        "",
+    ]
+    if reasons.texts:
+        lines += ["Why ∞ (no formal guarantee):", "", *reasons.lines(), ""]
+    if errors.texts:
+        lines += ["Not audited:", "", *errors.lines(), ""]
+    return "\n".join(lines)
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The ledger for a terminal: setting, table, headline, notes (plain text)."""
+    claims, reasons, errors = _Notes("P"), _Notes("R"), _Notes("E")
+    body = [
+        [c.replace("**", "").replace("`", "") for c in cells(r, claims, reasons, errors)]
+        for r in doc["rows"]
+    ]
+    head = list(COLUMNS)
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+
+    def line(cs: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cs, widths, strict=True)).rstrip()
+
+    out = [f"claims ledger · {describe(doc)}", "", line(head), line(["-" * w for w in widths])]
+    out += [line(b) for b in body]
+    out += ["", *[h[2:].replace("`", "") for h in headline(doc)], ""]
+    for title, notes in (("paper claims", claims), ("why ∞", reasons), ("not audited", errors)):
+        if notes.texts:
+            out.append(f"{title}:")
+            out += [f"  {ref}  {text}" for text, ref in notes.texts.items()]
+    return "\n".join(out)
