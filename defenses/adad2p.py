@@ -80,7 +80,7 @@ from privaudit.observation import Observation
 from privaudit.threat import View
 from privaudit.topology import TOPOLOGIES, exponential
 
-from .base import PUBLIC, Context, Defense, Privacy, State, dwork_roth_epsilon, register
+from .base import Context, Defense, Privacy, State, dwork_roth_epsilon, register
 
 UNITS = ("example", "batch")
 
@@ -247,11 +247,9 @@ class _D2P(Defense):
         batch mean flat-clipped to S (``unit`` "batch": sensitivity 2S, multiplier σ/2).
         Formal only when a clip ``enforced`` the bound (else ``unenforced`` is the reason);
         the paper's claim is multiplier σ, one release per round, either way. ``W`` must be
-        the exponential graph's (the run refuses any other before it starts). The ``weight``
-        message is a function of the graph only."""
+        the exponential graph's (the run refuses any other before it starts). A ``weight``
+        target is observed with the half-step model it travels with: the same facts."""
         self._check_graph(W)
-        if kind == "weight":
-            return PUBLIC
         if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
         sym, S = bound
@@ -411,8 +409,6 @@ class AdaD2P(_D2P):
         """No formal DP and no claimed multiplier (so σ is never set from ε): the noise std
         σ‖g‖ is a function of the private data."""
         self._check_graph(W)
-        if kind == "weight":
-            return PUBLIC
         if p.sigma <= 0:
             return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
         return Privacy(

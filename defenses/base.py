@@ -199,13 +199,6 @@ class Privacy:
     caveats: tuple[str, ...] = ()
 
 
-PUBLIC = Privacy(
-    mechanism="public",
-    formal=True,
-    reason="a function of public values only (the graph), never of any agent's data: ε = 0",
-)
-
-
 def degree(W: Tensor, agent: int | None = None) -> int:
     """Neighbours of ``agent`` (off-diagonal non-zeros of its row of W); the largest over
     all agents when ``agent`` is None (the worst agent)."""

@@ -115,8 +115,6 @@ def kind_epsilon(
     the correct multiplier; ∞ without a formal guarantee. ``claimed``: the paper's promise
     instead (``claimed_multiplier``, ``claimed_releases``). PRV can fail far from its grid
     (tiny σ): then the RDP bound is returned."""
-    if privacy.mechanism == "public":
-        return 0.0  # data-independent: nothing to account
     if claimed:
         z, r = privacy.claimed_multiplier, privacy.claimed_releases
     else:
@@ -193,8 +191,8 @@ def run_privacy(
     accountant: str = "rdp",
 ) -> dict[str, Any]:
     """What a run reports: ε per message kind (worst agent), per agent (worst kind), the run's
-    ε (the worst agent's, over the formal kinds that carry data; ∞ when none is formal) and
-    the paper's claimed ε beside it, with the adjacency and the sampling stated."""
+    ε (the worst agent's, over the formal kinds; ∞ when none is formal) and the paper's
+    claimed ε beside it, with the adjacency and the sampling stated."""
     kinds: dict[str, Any] = {}
     agents = [{"agent": a, "sample_rate": q, "epsilon": 0.0} for a, q in enumerate(rates)]
     eps_cache: dict = {}
@@ -223,8 +221,7 @@ def run_privacy(
             worst, claim = max(worst, e), max(claim, eps(pr, q, True))
             if pr.formal and math.isfinite(e):
                 agents[a]["epsilon"] = max(agents[a]["epsilon"], e)
-        carries_data = first.mechanism != "public"
-        formal_any |= first.formal and carries_data
+        formal_any |= first.formal
         kinds[k] = {
             "mechanism": first.mechanism,
             "epsilon": worst,
@@ -237,12 +234,12 @@ def run_privacy(
     for row in agents:
         if not formal_any:
             row["epsilon"] = math.inf
-    formal_eps = [
-        v["epsilon"] for v in kinds.values() if v["formal"] and v["mechanism"] != "public"
-    ]
+    formal_eps = [v["epsilon"] for v in kinds.values() if v["formal"]]
     claims = [v["epsilon_claimed"] for v in kinds.values()]
+    informal = [v["reason"] for v in kinds.values() if not v["formal"]]
     return {
         "epsilon": max(formal_eps) if formal_eps else math.inf,
+        "epsilon_reason": None if formal_eps else (informal[0] if informal else None),
         "epsilon_claimed": max(claims) if claims else math.inf,
         "delta": delta,
         "adjacency": ADJACENCY,
@@ -271,9 +268,7 @@ def account(
     - ``paper``: the paper's own rule, filled in by the audit (it may need the canary's Δf).
     """
     k = max(copies, 1)
-    if privacy.mechanism == "public":
-        correct = 0.0
-    elif privacy.formal:
+    if privacy.formal:
         correct = release_epsilon(privacy.noise_multiplier / math.sqrt(k), delta)
     else:
         correct = math.inf
