@@ -17,6 +17,7 @@ import json
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 from privaudit.config import RunConfig
 from privaudit.pipeline import attack
@@ -47,9 +48,9 @@ def measure(defense: str, args: argparse.Namespace, root: str) -> dict:
         out=f"{root}/{defense}-out",
     )
     res["total_s"] = time.perf_counter() - t0
-    if args.figures:
-        dest = f"{args.figures}/{defense}-cg-b1-r{args.round}.png"
-        shutil.copy(res["figure"], dest)
+    if args.figures and res.get("figure"):  # no grid when every victim's batch is empty
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
+        shutil.copy(res["figure"], Path(args.figures) / f"{defense}-cg-b1-r{args.round}.png")
     return res
 
 
