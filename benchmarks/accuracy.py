@@ -4,10 +4,10 @@ Trains each registered defense (or ``--defenses``) with the same data, partition
 rounds and ε, and prints the test accuracy of the agents' average model next to the
 non-private baselines (dsgd, nd, dsgt: no noise). The push-sum defenses (adad2p family) run
 on their own time-varying exponential graph whatever the column says; the cell names it.
-Real MNIST is read from ``--data-root`` (e.g. ``../shared/data``, whose t10k-only split
-privaudit divides 8,000/2,000).
+Real MNIST is read from ``--data-root DIR`` (torchvision's layout, ``DIR/MNIST/raw``; a
+t10k-only copy is divided 8,000/2,000).
 
-    python benchmarks/accuracy.py --data-root ../shared/data [--rounds 200 --agents 10
+    python benchmarks/accuracy.py --data-root DIR [--rounds 200 --agents 10
         --epsilon 1 --topologies ring,complete --model cnn --defenses dpdl,pdsl,...] [--json]
 """
 

@@ -36,7 +36,8 @@ def timed(engine: str, cfg: RunConfig, root: str) -> tuple[float, float]:
         Run.create(cfg, path).train(progress=False)
     else:
         launch(cfg, path, progress=False)
-    half, end = (RunDir(path)._file("checkpoints", t) for t in (cfg.checkpoint_every, cfg.rounds))
+    rd = RunDir(path)
+    half, end = (rd.round_file("checkpoints", t) for t in (cfg.checkpoint_every, cfg.rounds))
     rate = cfg.checkpoint_every / (end.stat().st_mtime - half.stat().st_mtime)
     return rate, half.stat().st_mtime - t0 - cfg.checkpoint_every / rate
 

@@ -1,6 +1,6 @@
 """DPDL written as a straightforward per-agent Python loop: the simulator's speed baseline.
 
-The equations are those of ``defenses/dpdl.py`` (``seeds/dpdl-card.txt``, eqs. (8)–(22)),
+The equations are those of ``defenses/dpdl.py`` (the paper's eqs. (8)–(22)),
 written the way one would from the paper: every agent in turn, every neighbour in turn,
 every example in turn (one ``torch.autograd.grad`` per example, the micro-batch form of
 per-example clipping in Abadi et al. 2016), one ``nn.Module`` whose parameters are loaded

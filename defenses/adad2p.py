@@ -1,5 +1,5 @@
-"""AdaD²P and its fixed-noise counterparts ConstD²P and ClipD²P (anonymous submission,
-``seeds/adad2p-paper.txt``; digest ``notes/adad2p.md``).
+"""AdaD²P and its fixed-noise counterparts ConstD²P and ClipD²P (an anonymous
+submission; its Algorithm 1 and Propositions 1–2).
 
 Stochastic Gradient Push (Assran et al. 2019) with Gaussian noise on the local gradient.
 Agent i holds the push-sum numerator x_i, the scalar weight w_i (x_i⁰ = x_0, w_i⁰ = 1) and

@@ -2,7 +2,8 @@
 
 A defense is a small object with no per-run state of its own: ``init`` makes the agents'
 stacked state, ``round`` advances it one round while talking through the Network, and
-``observe`` turns an adversary's View into Observations (DESIGN.md, "The flow").
+``observe`` turns an adversary's View into Observations (defense → messages → threat view →
+observation → attack, README "What it does").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DP-CGA: Cross-Gradient Aggregation (Esfandiari et al., ICML 2021) with the Gaussian
 mechanism, the baseline of the DPDL and PDSL papers.
 
-DPDL (``seeds/dpdl-paper.txt`` §VI-A): "each agent first computes the average
+The DPDL paper (§VI-A): "each agent first computes the average
 cross-gradient (or self-gradient) over its local data batch, and then conducts clipping
 operation and adds Gaussian noise". Per round t, agent i with its Poisson batch ξ^i_t of
 expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples):
@@ -17,8 +17,8 @@ expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples
     4. ṽ^i_t = β v^i_{t-1} + g̃^i_t,  x̃^i_t = x^i_{t-1} − η ṽ^i_t            (``half-model``)
     5. x^i_t = Σ_j w_ij x̃^j_t;  v^i_t = ṽ^i_t (CGA keeps the momentum local)
 
-Orientation as in DPDL (notes/dpdl.md §6E): the ``cg`` message on link i→j is ĝ^{ji}, i's
-batch at j's model. Every message is noised or built from noised gradients only.
+Orientation as in DPDL (:mod:`privaudit.defenses.dpdl`): the ``cg`` message on link i→j
+is ĝ^{ji}, i's batch at j's model. Every message is noised or built from noised gradients only.
 
 Privacy: σ multiplies the clip C. The papers count deg(i) releases of sensitivity C per
 round; two gaps make that optimistic, and the run's accounting (σ from ``--epsilon``)

@@ -1,8 +1,8 @@
 """DP-DPSGD: A(DP)²SGD (Xu, Zhang, Wang, TPAMI 2021) as the DPDL and PDSL papers run it.
 
-Both papers describe the baseline in one sentence each (``seeds/dpdl-paper.txt`` §VI-A,
+Both papers describe the baseline in one sentence each (DPDL §VI-A,
 "DP-DPSGD: … Gaussian mechanism is applied in decentralized parallel SGD [6] … each agent
-perturbs its local gradient shared with its neighbors"; ``seeds/pdsl-paper.txt`` §VI):
+perturbs its local gradient shared with its neighbors"; PDSL §VI):
 D-PSGD (Lian et al. 2017) whose local gradient is noised before it leaves the agent. Per
 round t, agent i with its Poisson batch ξ^i_t of expected size B (:mod:`privaudit.sampling`;
 Σ_b runs over its realised examples), in adapt-then-combine form like ``dsgd``:

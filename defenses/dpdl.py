@@ -1,7 +1,6 @@
 """DPDL (Yuan, Xiao, Wang, Li 2026) and its undefended "ND" baseline.
 
-Equations from ``seeds/dpdl-card.txt`` (the paper's own are stripped; numbers are the
-paper's, see ``notes/dpdl.md`` §1). Per round t, agent i with its Poisson batch ξ^i_t of
+Equation numbers are the paper's. Per round t, agent i with its Poisson batch ξ^i_t of
 expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples):
 
     (8)(9)   ĝ^{ji}_{t,b} = clip_C(∇F_i(x^j_{t-1}; ξ_b))   for j ∈ N_i ∪ {i}

@@ -1,6 +1,5 @@
 """Gradient tracking: DSGT, LPPA (Miao et al., "Lossless Privacy-Preserving Aggregation for
-Decentralized Federated Learning") and LPPA's DP baseline (``seeds/lppa-paper.txt``,
-``notes/lppa.md``).
+Decentralized Federated Learning") and LPPA's DP baseline, as that paper defines it.
 
 DSGT, Eqs. (2)–(3) of the paper (Koloskova et al. 2021; Pu & Nedić 2018 in experiments):
 

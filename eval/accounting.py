@@ -231,8 +231,8 @@ def run_privacy(
             "releases_per_round": first.releases,
             "epsilon_claimed": claim,
         }
-    for row in agents:
-        if not formal_any:
+    if not formal_any:
+        for row in agents:
             row["epsilon"] = math.inf
     formal_eps = [v["epsilon"] for v in kinds.values() if v["formal"]]
     claims = [v["epsilon_claimed"] for v in kinds.values()]
@@ -303,6 +303,6 @@ def noised(defense: Defense, params: Any, W: Tensor) -> bool:
     unit = _with_sigma(params, 1.0)
     for k in defense.kinds:
         pr = defense.privacy(unit, k, W)
-        if pr.noise_multiplier > 0 and pr.formal or pr.claimed_multiplier > 0:
+        if (pr.formal and pr.noise_multiplier > 0) or pr.claimed_multiplier > 0:
             return True
     return False

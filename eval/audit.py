@@ -335,7 +335,7 @@ def white_box(
     fixed: dict = {}
     if earlier:
         fixed = dict(run.messages(CaptureSpec.of(rounds=earlier, links=links), progress=progress))
-    state0 = run.train(until=t - 1, progress=progress) if t > 1 else run._restore(0)
+    state0 = run.train(until=t - 1, progress=progress) if t > 1 else run.restore(0)
     idx = ctx.sample()  # the victim's (and everyone's) real batch of round t
     batch = audit_batch(ctx, idx)
     grads = CanaryGrads(ctx.grads, batch[0][s.src])
@@ -497,7 +497,7 @@ def one_run(
     included = rng.random(canaries) < 0.5
     norm = float(s.canary.norm())
     q = run.resolved["agents"][s.src]["sample_rate"]  # the victim's own Poisson rate
-    state = run._restore(0)  # the run's own seeds: the same training, plus the canaries
+    state = run.restore(0)  # the run's own seeds: the same training, plus the canaries
     grads = CanaryGrads(ctx.grads, ctx.train_x[:0], replay=False)
     actx = dataclasses.replace(ctx, grads=grads)
     n, T = run.cfg.agents, run.cfg.rounds

@@ -4,7 +4,7 @@
 gradient inversion of the cross-gradient (CG) and of the momentum difference (MM) under
 ND (no defense) and DPDL, on MNIST, for ring / bipartite / fully connected graphs with
 N = 10, 20, 30 agents; MSE, PSNR and SSIM. The paper's numbers are transcribed below from
-its text (``notes/dpdl.md`` §5). What the paper does not state (stripped from the source):
+its text. What the paper does not state (stripped from the source):
 the attacked round, ε, δ, B, η, C, β, α, the LeNet widths and the attack's settings —
 each is an option here, with the project's defaults.
 

@@ -15,7 +15,7 @@ NON_IDENTITY = ("device", "checkpoint_every", "data_root", "download")
 
 @dataclass
 class RunConfig:
-    """Defaults are the embedded experiment of DESIGN.md ("Defaults")."""
+    """Defaults are the README's main command: DPDL, 10 agents on a ring, photos, LeNet."""
 
     defense: str = "dpdl"
     rounds: int = 200

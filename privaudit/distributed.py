@@ -1,8 +1,8 @@
 """The torch.distributed engine: one process (rank) per agent, the tap on the wire.
 
-Rank r holds agent r and runs the *same* defense code as the simulator (DESIGN.md, "One
-defense, two engines"): :meth:`privaudit.simulator.Run._simulate` drives the rounds, the
-defense computes over one agent's rows, and :class:`DistNetwork` moves each per-out-edge row
+Rank r holds agent r and runs the *same* defense code as the simulator:
+:meth:`privaudit.simulator.Run.simulate` drives the rounds, the defense computes over one
+agent's rows, and :class:`DistNetwork` moves each per-out-edge row
 to its receiver with point-to-point ``isend``/``irecv`` (gloo on CPU, nccl on GPU). Its tap
 records every message where it arrives, on the receiving rank, so each message is recorded
 once, as it came off the wire.
@@ -136,7 +136,7 @@ def merge_shards(rd: RunDir, ranks: int, upto: int) -> None:
     shards = [shard(rd, r) for r in range(ranks)]
 
     def complete(what: str) -> list[int]:
-        sets = [set(s._rounds(what)) for s in shards]
+        sets = [set(s.rounds(what)) for s in shards]
         return sorted(t for t in set.intersection(*sets) if t <= upto)
 
     for t in complete("messages"):
@@ -161,7 +161,7 @@ def merge_shards(rd: RunDir, ranks: int, upto: int) -> None:
     for what in ("messages", "secrets", "checkpoints"):
         for t in complete(what):
             for s in shards:
-                s._file(what, t).unlink(missing_ok=True)
+                s.remove(what, t)
 
 
 # -- one rank -------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def train_rank(
         until = run.check_until(None)
         start = [run.start_round(until, capture)]
         dist.broadcast_object_list(start, src=0)  # every rank resumes from the same round
-        state = run._restore(start[0])
+        state = run.restore(start[0])
         if start[0] < until:
             tap = Tap(capture or CaptureSpec(rounds=frozenset()))
             net = DistNetwork(run.ctx.adj, run.ctx.W, rank, tap, device, stage)
@@ -246,7 +246,7 @@ def train_rank(
                 if rank == 0:
                     merge_shards(run.dir, world, t)
 
-            run._simulate(state, start[0], until, net, progress and rank == 0, store, merge)
+            run.simulate(state, start[0], until, net, progress and rank == 0, store, merge)
         dist.barrier()
         if rank == 0:
             merge_shards(run.dir, world, until)

@@ -1,7 +1,7 @@
 """What crosses a link, and the tap that records only what was asked for.
 
 A 200-round run of 10 agents sends tens of thousands of parameter-sized tensors; the tap
-keeps only the (round, link, kind) triples a threat model needs (DESIGN.md, "Message").
+keeps only the (round, link, kind) triples a threat model needs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The communication layer a defense talks to (DESIGN.md, "One defense, two engines").
+"""The communication layer a defense talks to, the same under both engines.
 
 A defense never moves tensors between agents itself, and never indexes a global edge list.
 It computes over the agents *this process holds* (rows of its stacked state: all N in the

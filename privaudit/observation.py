@@ -1,6 +1,6 @@
 """What an attack is given: the leak, re-expressed as a (noisy, scaled) gradient.
 
-A defense turns a threat model's View into Observations (DESIGN.md, "The flow").
+A defense turns a threat model's View into Observations (:meth:`Defense.observe`).
 Attacks see only this, never a defense: ``target ≈ scale · ∇_θ mean_b CE(f(θ; x_b), y_b)
 + N(0, noise_std²)`` evaluated at ``params``, where the batch ``x`` of ``batch_size``
 images is the private data to recover.

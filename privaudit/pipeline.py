@@ -100,12 +100,13 @@ def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
     with b dummies too. b = 0 leaves nothing to reconstruct (scale 0)."""
     B = run.cfg.batch_size
     src = obs.meta["src"]
-    b = run.batch_sizes(t)[src]
     rounds = obs.meta.get("term_rounds", [t] * len(obs.terms))
+    size = {r: run.batch_sizes(r)[src] for r in {t, *rounds}}  # one secrets read per round
+    b = size[t]
     terms = []
     for (params, coef, same), r in zip(obs.terms, rounds, strict=True):
         if not same and b > 0:
-            coef = coef * run.batch_sizes(r)[src] / b
+            coef = coef * size[r] / b
         terms.append((params, coef, same))
     return dataclasses.replace(obs, batch_size=b, scale=obs.scale * b / B, terms=terms)
 

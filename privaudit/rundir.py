@@ -86,10 +86,12 @@ class RunDir:
         write_json(self.config_path, {**json.loads(cfg.to_json()), "resolved": resolved})
 
     # -- tensors --------------------------------------------------------------------
-    def _file(self, what: str, t: int) -> Path:
+    def round_file(self, what: str, t: int) -> Path:
+        """The file of round ``t`` under ``what`` ("checkpoints", "messages" or "secrets")."""
         return self.path / what / f"round-{t:06d}.safetensors"
 
-    def _rounds(self, what: str) -> list[int]:
+    def rounds(self, what: str) -> list[int]:
+        """Rounds with a file under ``what`` ("checkpoints", "messages" or "secrets")."""
         folder = self.path / what
         if not folder.is_dir():
             return []
@@ -100,6 +102,10 @@ class RunDir:
             except (IndexError, ValueError):
                 continue
         return sorted(out)
+
+    def remove(self, what: str, t: int) -> None:
+        """Delete round ``t``'s file under ``what``, if there is one."""
+        self.round_file(what, t).unlink(missing_ok=True)
 
     def _load(self, path: Path) -> dict[str, Tensor]:
         try:
@@ -116,13 +122,13 @@ class RunDir:
 
     # checkpoints
     def checkpoint_rounds(self) -> list[int]:
-        return self._rounds("checkpoints")
+        return self.rounds("checkpoints")
 
     def save_checkpoint(self, t: int, tensors: dict[str, Tensor]) -> None:
-        self._save(self._file("checkpoints", t), tensors)
+        self._save(self.round_file("checkpoints", t), tensors)
 
     def load_checkpoint(self, t: int) -> dict[str, Tensor]:
-        return self._load(self._file("checkpoints", t))
+        return self._load(self.round_file("checkpoints", t))
 
     # messages
     def save_messages(
@@ -132,7 +138,7 @@ class RunDir:
 
         ``links`` are the directed links that were tapped, whether or not they carried a
         message this round (time-varying graphs leave some idle)."""
-        path = self._file("messages", t)
+        path = self.round_file("messages", t)
         merged = self._load(path) if path.exists() else {}
         merged.update({f"{s}-{d}-{k}": v for (_, s, d, k), v in messages.items()})
         tapped = sorted(set(self.captured_links(t)) | {tuple(e) for e in links})
@@ -142,7 +148,7 @@ class RunDir:
 
     def captured_links(self, t: int) -> list[tuple[int, int]]:
         """The directed links tapped in round ``t`` (empty if none)."""
-        path = self._file("messages", t)
+        path = self.round_file("messages", t)
         if not path.exists():
             return []
         try:
@@ -156,7 +162,7 @@ class RunDir:
             ) from None
 
     def load_messages(self, t: int) -> dict[Key, Tensor]:
-        path = self._file("messages", t)
+        path = self.round_file("messages", t)
         if not path.exists():
             return {}
         out = {}
@@ -167,10 +173,10 @@ class RunDir:
 
     # secrets
     def save_secrets(self, t: int, tensors: dict[str, Tensor]) -> None:
-        self._save(self._file("secrets", t), tensors)
+        self._save(self.round_file("secrets", t), tensors)
 
     def load_secrets(self, t: int) -> dict[str, Tensor]:
-        path = self._file("secrets", t)
+        path = self.round_file("secrets", t)
         if not path.exists():
             raise PrivauditError(f"no secrets recorded for round {t} in {self.path}")
         return self._load(path)

@@ -7,7 +7,7 @@ draws its batches and the noise of the rows it owns; every agent's generator sta
 with each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture
 an earlier round send bit-identical messages, and a torch.distributed rank holding one agent
 (:mod:`privaudit.distributed`) draws exactly what the simulator draws for that agent.
-The round loop (:meth:`Run._simulate`) is shared by both engines.
+The round loop (:meth:`Run.simulate`) is shared by both engines.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_privacy(
-    cfg: RunConfig, defense: Defense, W: Tensor, shard_sizes: list[int]
+    cfg: RunConfig, defense: Defense, base: Any, W: Tensor, shard_sizes: list[int]
 ) -> tuple[Any, dict[str, Any]]:
-    """The defense's parameters with σ resolved, and what the run reports about privacy.
+    """The defense's parameters ``base`` (from ``cfg.params``) with σ resolved, and what the
+    run reports about privacy.
 
     σ is ``--sigma`` as given, else calibrated from ``--epsilon`` on the defense's own
     mechanism facts (:func:`privaudit.eval.accounting.calibrate`: the worst agent, each at
@@ -66,7 +67,6 @@ def resolve_privacy(
     facts at that σ (:func:`privaudit.eval.accounting.run_privacy`)."""
     from privaudit.eval.accounting import calibrate, noised, run_privacy, sample_rates
 
-    base = params_of(defense.Params, cfg.params)
     W = W.cpu()
     rates = sample_rates(shard_sizes, cfg.batch_size)
     p = base
@@ -148,7 +148,7 @@ class Run:
             min_size=cfg.batch_size + held,
         )
         parts, holdout = split_holdout(parts, held, cfg.seed)
-        p, resolved = resolve_privacy(cfg, defense, W, [len(q) for q in parts])
+        p, resolved = resolve_privacy(cfg, defense, given, W, [len(q) for q in parts])
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed).to(device)
         spec = ParamSpec.of(model)
         if not normalizes_inputs(model):
@@ -212,12 +212,12 @@ class Run:
         latest usable checkpoint and recording the messages ``capture`` selects."""
         until = self.check_until(until)
         start = self.start_round(until, capture)
-        state = self._restore(start)
+        state = self.restore(start)
         if start == until:
             return state
         tap = Tap(capture or CaptureSpec(rounds=frozenset()))
         net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
-        return self._simulate(state, start, until, net, progress)
+        return self.simulate(state, start, until, net, progress)
 
     def check_until(self, until: int | None) -> int:
         until = self.cfg.rounds if until is None else until
@@ -236,7 +236,7 @@ class Run:
             start_limit = min(min(capture.rounds) - 1, until)
         return max([c for c in self.dir.checkpoint_rounds() if c <= start_limit], default=0)
 
-    def _restore(self, t: int) -> State:
+    def restore(self, t: int) -> State:
         """The held agents' state after round ``t`` and their generators as they were then."""
         ctx = self.ctx
         if t == 0:
@@ -269,7 +269,7 @@ class Run:
         held = zip(self.ctx.agents, self.ctx.generators, strict=True)
         return {f"rng.{a}": g.get_state() for a, g in held}
 
-    def _simulate(
+    def simulate(
         self,
         state: State,
         start: int,

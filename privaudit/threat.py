@@ -1,4 +1,4 @@
-"""Threat models: who sees which messages (DESIGN.md, "Threat models").
+"""Threat models: who sees which messages (README, "Threat models: who listens").
 
 A threat model decides two things: which links the tap must record for an attack on a
 target message, and which of the recorded messages go into the adversary's :class:`View`.

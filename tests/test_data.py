@@ -203,7 +203,7 @@ def test_data_root_errors(tmp_path):
 
 @pytest.mark.skipif(
     not (SHARED_MNIST / "MNIST" / "raw" / "t10k-images-idx3-ubyte").exists(),
-    reason="the real MNIST t10k files exist only in the project's ../shared/data",
+    reason="no real MNIST t10k files in the data folder beside this checkout",
 )
 def test_real_mnist_t10k():
     with pytest.warns(UserWarning, match="8,000 train / 2,000 test"):

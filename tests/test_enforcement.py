@@ -31,18 +31,15 @@ DEFENSES = {
 }
 
 
-def make_run(tmp_path, name: str, **params) -> Run:
+def config(name: str, params: dict, **fields) -> RunConfig:
+    """A 4-agent run of ``name`` on its graph, with ``params`` and RunConfig ``fields``."""
     topology, _, _, extra = DEFENSES[name]
-    cfg = RunConfig(
-        defense=name,
-        rounds=1,
-        agents=4,
-        batch_size=B,
-        topology=topology,
-        checkpoint_every=1,
-        sigma=0.0,
-        params={**extra, **params},
-    )
+    base = dict(rounds=1, agents=4, batch_size=B, topology=topology, checkpoint_every=1)
+    return RunConfig(defense=name, params={**extra, **params}, **{**base, **fields})
+
+
+def make_run(tmp_path, name: str, **params) -> Run:
+    cfg = config(name, params, sigma=0.0)
     return Run.create(cfg, tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}")
 
 
@@ -203,17 +200,7 @@ def test_a_run_reports_what_privacy_says(tmp_path, name):
     eps = 2.0
     runs = {}
     for enforce in (False, True):
-        topology, _, _, extra = DEFENSES[name]
-        cfg = RunConfig(
-            defense=name,
-            rounds=3,
-            agents=4,
-            batch_size=B,
-            topology=topology,
-            checkpoint_every=1,
-            epsilon=eps,
-            params={**extra, "enforce": enforce},
-        )
+        cfg = config(name, {"enforce": enforce}, rounds=3, epsilon=eps)
         runs[enforce] = run = Run.create(cfg, tmp_path / f"r{int(enforce)}")
         pr = run.defense.privacy(run.params, kind, run.ctx.W)
         assert run.params.sigma > 0
