@@ -37,8 +37,10 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import uuid
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,9 +51,10 @@ from torch import Tensor
 
 from .config import RunConfig
 from .errors import PrivauditError
+from .interrupts import signals_deferred
 from .messages import CaptureSpec, Tap
 from .network import Links, Network
-from .rundir import RunDir
+from .rundir import SHARDS, RunDir
 
 DEFAULT_TIMEOUT_S = 300.0  # seconds a rank waits for a peer before it calls the peer lost
 # imported once by the fork server that starts the ranks: privaudit, the embedded dataset's
@@ -64,6 +67,8 @@ PRELOAD = [
     "torch._dynamo",
 ]
 LOST = "lost rank"  # marks a failure caused by another rank's failure
+# signals whose handlers torch's elastic agent replaces (and does not restore)
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 class PeerLost(PrivauditError):
@@ -123,7 +128,7 @@ class DistNetwork(Network):
 # -- the run directory: per-rank shards, merged by rank 0 ------------------------------------
 def shard(rd: RunDir, rank: int) -> RunDir:
     """Rank ``rank``'s shard of the run directory (the same layout, its agent's rows only)."""
-    return RunDir(rd.path / "shards" / f"rank-{rank:05d}")
+    return RunDir(rd.path / SHARDS / f"rank-{rank:05d}")
 
 
 def merge_shards(rd: RunDir, ranks: int, upto: int) -> None:
@@ -206,11 +211,12 @@ def train_rank(
     capture: CaptureSpec | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: bool = True,
+    launcher: int | None = None,
 ) -> None:
     """Run this process's rank of ``cfg`` to its last round (resuming from the last merged
-    checkpoint); rank 0 creates the run directory and merges the shards."""
-    from .simulator import Run
-
+    checkpoint); rank 0 creates the run directory and merges the shards, under the run's
+    writer lock: its own, or the one the ``launcher`` process (its PID) holds and hands
+    over."""
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -224,44 +230,73 @@ def train_rank(
     device, backend, stage = _device_and_backend(cfg.device, local_rank, local_world)
     if backend == "nccl":
         torch.cuda.set_device(device)
+    rd = RunDir(out)
+    if rank == 0 and launcher is not None:
+        rd.adopt(launcher)
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     try:
-        if rank == 0:
-            Run.create(cfg, out)
-        dist.barrier()
-        run = Run.open(out, agents=[rank], device=device)
-        store = shard(run.dir, rank)
-        store.path.mkdir(parents=True, exist_ok=True)
-        (store.path / "pid").write_text(f"{os.getpid()}\n")  # which process is this rank
-        until = run.check_until(None)
-        start = [run.start_round(until, capture)]
-        dist.broadcast_object_list(start, src=0)  # every rank resumes from the same round
-        state = run.restore(start[0])
-        if start[0] < until:
-            tap = Tap(capture or CaptureSpec(rounds=frozenset()))
-            net = DistNetwork(run.ctx.adj, run.ctx.W, rank, tap, device, stage)
-
-            def merge(t: int) -> None:
-                dist.barrier()
-                if rank == 0:
-                    merge_shards(run.dir, world, t)
-
-            run.simulate(state, start[0], until, net, progress and rank == 0, store, merge)
-        dist.barrier()
-        if rank == 0:
-            merge_shards(run.dir, world, until)
-            shutil.rmtree(run.dir.path / "shards", ignore_errors=True)  # all merged
+        with rd.writer() if rank == 0 else nullcontext():
+            _train_rank(cfg, rd, rank, world, capture, device, stage, progress)
     finally:
         dist.destroy_process_group()
 
 
-def _worker(cfg_json: str, out: str, rounds: list[int] | None, timeout_s: float, progress: bool):
-    """The launcher's entry point (one call per rank); errors go to the launcher's report."""
+def _train_rank(
+    cfg: RunConfig,
+    rd: RunDir,
+    rank: int,
+    world: int,
+    capture: CaptureSpec | None,
+    device: str,
+    stage: bool,
+    progress: bool,
+) -> None:
+    from .simulator import Run
+
+    if rank == 0:
+        Run.create(cfg, rd.path)
+    dist.barrier()
+    run = Run.open(rd.path, agents=[rank], device=device)
+    store = shard(rd, rank)
+    store.path.mkdir(parents=True, exist_ok=True)
+    (store.path / "pid").write_text(f"{os.getpid()}\n")  # which process is this rank
+    until = run.check_until(None)
+    start = [run.start_round(until, capture)]
+    dist.broadcast_object_list(start, src=0)  # every rank resumes from the same round
+    state = run.restore(start[0])
+    if start[0] < until:
+        tap = Tap(capture or CaptureSpec(rounds=frozenset()))
+        net = DistNetwork(run.ctx.adj, run.ctx.W, rank, tap, device, stage)
+
+        def merge(t: int) -> None:
+            dist.barrier()
+            if rank == 0:
+                merge_shards(rd, world, t)
+
+        run.simulate(state, start[0], until, net, progress and rank == 0, store, merge)
+    dist.barrier()
+    if rank == 0:
+        merge_shards(rd, world, until)
+        shutil.rmtree(rd.path / SHARDS, ignore_errors=True)  # all merged
+
+
+def _worker(
+    cfg_json: str,
+    out: str,
+    rounds: list[int] | None,
+    timeout_s: float,
+    progress: bool,
+    launcher: int,
+):
+    """The launcher's entry point (one call per rank); errors go to the launcher's report.
+    The launcher's SIGTERM (its way to stop ranks) interrupts a rank as Ctrl-C does, so the
+    rank writes its interrupt checkpoint."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     capture = None if rounds is None else CaptureSpec.of(rounds=rounds)
     cfg = RunConfig.from_dict(json.loads(cfg_json))
-    record(train_rank)(cfg, out, capture, timeout_s, progress)
+    record(train_rank)(cfg, out, capture, timeout_s, progress, launcher)
 
 
 # -- the launcher -----------------------------------------------------------------------------
@@ -281,6 +316,7 @@ def launch(
 ) -> None:
     """Start one rank per agent on this machine (torch.distributed's launcher API) and train
     ``cfg`` to its last round; a failed rank stops all and raises one clear error."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -294,32 +330,62 @@ def launch(
         )
     if not timeout_s > 0:
         raise PrivauditError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
-    Run.create(cfg, out)  # config errors surface here, before any process starts
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"privaudit-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
-        max_restarts=0,
-        monitor_interval=0.1,
-        # a fork server started clean, with privaudit imported once, forks the ranks: they
-        # start in a fraction of spawn's time, and never inherit the locks of this
-        # (threaded) process as plain fork would
-        start_method="forkserver",
-    )
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    rounds = None if capture is None or capture.rounds is None else sorted(capture.rounds)
-    quiet = logging.getLogger("torch.distributed.elastic")  # its report becomes one line
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
-    try:
-        elastic_launch(lc, _worker)(cfg.to_json(), str(out), rounds, timeout_s, progress)
-    except ChildFailedError as e:
-        raise PrivauditError(describe_failure(e.failures, RunDir(out))) from None
-    finally:
-        quiet.setLevel(level)
+    rd = RunDir(out)
+    with rd.writer():  # the ranks write under this process's lock (rank 0 adopts it)
+        Run.create(cfg, out)  # config errors surface here, before any process starts
+        lc = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc,
+            run_id=f"privaudit-{uuid.uuid4().hex[:8]}",
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+            max_restarts=0,
+            monitor_interval=0.1,
+            # a fork server started clean, with privaudit imported once, forks the ranks:
+            # they start in a fraction of spawn's time, and never inherit the locks of this
+            # (threaded) process as plain fork would
+            start_method="forkserver",
+        )
+        multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+        rounds = None if capture is None or capture.rounds is None else sorted(capture.rounds)
+        # the agent's report becomes one line: silence its loggers (each has its own level)
+        quiet = [logging.getLogger("torch.distributed.elastic")] + [
+            logging.getLogger(name)
+            for name in list(logging.root.manager.loggerDict)
+            if name.startswith("torch.distributed.elastic.")
+        ]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        handlers = {sig: signal.getsignal(sig) for sig in HANDLED}  # the agent replaces them
+        args = (cfg.to_json(), str(out), rounds, timeout_s, progress, os.getpid())
+        try:
+            elastic_launch(lc, _worker)(*args)
+        except ChildFailedError as e:
+            salvage(rd, nproc)
+            raise PrivauditError(describe_failure(e.failures, rd)) from None
+        except (SignalException, KeyboardInterrupt):
+            salvage(rd, nproc)
+            last = max(rd.checkpoint_rounds(), default=0)
+            raise PrivauditError(
+                "interrupted; run the same command again to resume from "
+                f"{f'round {last}' if last else 'the start'} (the last checkpoint)"
+            ) from None
+        finally:
+            for q, level in zip(quiet, levels, strict=True):
+                q.setLevel(level)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+def salvage(rd: RunDir, ranks: int) -> None:
+    """After the ranks stopped: merge every round that all ranks wrote to their shards (an
+    interrupt checkpoint among them), then delete the shards: a rerun resumes from the last
+    merged checkpoint and writes its own."""
+    with signals_deferred():
+        merge_shards(rd, ranks, upto=10**12)
+        shutil.rmtree(rd.path / SHARDS, ignore_errors=True)
 
 
 def _message(failure: Any) -> str:

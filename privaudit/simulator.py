@@ -30,6 +30,7 @@ from .config import RunConfig
 from .data import ImageData, dirichlet_partition, load_dataset, split_validation
 from .errors import PrivauditError
 from .grads import PairGrads
+from .interrupts import signals_deferred
 from .messages import CaptureSpec, Tap
 from .models import build_model, normalizes_inputs
 from .network import Network, SimNetwork
@@ -111,18 +112,27 @@ class Run:
         """A new run at ``path``, or the run already there if its config is the same."""
         cfg.validate()
         rd = RunDir(path)
+        return cls._build(cfg, rd, existing=cls._claim(rd, cfg))
+
+    @staticmethod
+    def _claim(rd: RunDir, cfg: RunConfig) -> bool:
+        """Whether ``rd`` holds this run already; raise if it holds anything else."""
+        if rd.path.exists() and not rd.path.is_dir():
+            raise PrivauditError(f"{rd.path} is a file, not a folder; choose another --out")
         if rd.exists():
             old, _ = rd.read_config()
             if old.identity() != cfg.identity():
                 diff = sorted(k for k, v in cfg.identity().items() if old.identity()[k] != v)
                 raise PrivauditError(
-                    f"{path} holds a run with a different configuration ({', '.join(diff)}); "
-                    "choose another --out or delete it"
+                    f"{rd.path} holds a run with a different configuration "
+                    f"({', '.join(diff)}); choose another --out or delete it"
                 )
-            return cls._build(cfg, rd, existing=True)
-        if rd.path.exists() and any(rd.path.iterdir()):
-            raise PrivauditError(f"{path} exists and is not a privaudit run; choose another --out")
-        return cls._build(cfg, rd, existing=False)
+            return True
+        if not rd.is_empty():
+            raise PrivauditError(
+                f"{rd.path} exists and is not a privaudit run; choose another --out"
+            )
+        return False
 
     @classmethod
     def _build(
@@ -179,7 +189,9 @@ class Run:
         )
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
         if not existing:
-            rd.write_config(cfg, {**resolved, "params": dataclasses.asdict(p)})
+            with rd.writer():  # the check and the write as one: a racing writer is refused
+                if not cls._claim(rd, cfg):
+                    rd.write_config(cfg, {**resolved, "params": dataclasses.asdict(p)})
         return run
 
     # -- public facts an adversary knows ------------------------------------------------
@@ -211,13 +223,16 @@ class Run:
         """Advance to round ``until`` (default: the configured rounds), resuming from the
         latest usable checkpoint and recording the messages ``capture`` selects."""
         until = self.check_until(until)
-        start = self.start_round(until, capture)
-        state = self.restore(start)
-        if start == until:
-            return state
-        tap = Tap(capture or CaptureSpec(rounds=frozenset()))
-        net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
-        return self.simulate(state, start, until, net, progress)
+        if self.start_round(until, capture) == until:
+            return self.restore(until)
+        with self.dir.writer():  # one writer at a time; a second is refused with our PID
+            start = self.start_round(until, capture)  # as the lock found it
+            state = self.restore(start)
+            if start == until:
+                return state
+            tap = Tap(capture or CaptureSpec(rounds=frozenset()))
+            net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
+            return self.simulate(state, start, until, net, progress)
 
     def check_until(self, until: int | None) -> int:
         until = self.cfg.rounds if until is None else until
@@ -317,8 +332,10 @@ class Run:
                     bar.advance(task)
             except KeyboardInterrupt:
                 # ``state`` is still the state after round t-1; ``rng`` the RNG state before t.
-                if t - 1 > start and t - 1 not in have and store is self.dir:
-                    self._checkpoint(store, t - 1, state, rng)
+                # A rank writes its rows to its shard; the launcher merges complete rounds.
+                if t - 1 > start and t - 1 not in have:
+                    with signals_deferred():  # a second Ctrl-C must not cut the checkpoint
+                        self._checkpoint(store, t - 1, state, rng)
                 raise PrivauditError(
                     f"interrupted in round {t}; run the same command again to resume "
                     f"from round {max(t - 1, start)}"
@@ -340,7 +357,10 @@ class Run:
 
         out = load()
         links = capture.links or set(self.edges())
-        if any(not links <= set(self.dir.captured_links(t)) for t in rounds):
+        if any(
+            not links <= set(self.dir.captured_links(t)) or not self.dir.has_secrets(t)
+            for t in rounds
+        ):
             self.train(until=max(rounds), capture=capture, progress=progress)
             out = load()
         return out
@@ -349,13 +369,19 @@ class Run:
         """Agent's realised batch of round ``t``: its examples' indices into the training set
         (Poisson, so 0 or more; eval only)."""
         try:
-            return sampling.secret_index(self.dir.load_secrets(t), agent)[0]
+            idx = sampling.secret_index(self.dir.load_secrets(t), agent)[0]
         except KeyError:
             raise PrivauditError(
                 f"the secrets of round {t} in {self.dir.path} were written by an older "
                 "privaudit (fixed-size batches); delete its secrets and messages folders and "
                 "capture again"
             ) from None
+        if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < len(self.data.train_y):
+            raise PrivauditError(
+                f"{self.dir.round_file('secrets', t)} indexes examples outside the training "
+                "set; delete it and rerun: its round is re-simulated from a checkpoint"
+            )
+        return idx
 
     def secret_batch(self, t: int, agent: int) -> tuple[Tensor, Tensor]:
         """Agent's true batch of round ``t``: images in [0, 1] and labels (eval only), as

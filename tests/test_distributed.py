@@ -192,6 +192,40 @@ def test_killed_rank_stops_the_run_with_its_name_and_the_run_resumes(tmp_path):
             torch.testing.assert_close(b[k], a[k], rtol=RTOL, atol=ATOL)
 
 
+def test_ctrl_c_leaves_an_interrupt_checkpoint_and_the_run_resumes(tmp_path):
+    out, rounds = tmp_path / "run", 400
+    argv = _cli(out, rounds)
+    argv[argv.index("--checkpoint-every") + 1] = "1000"  # any checkpoint is the interrupt's
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
+    pid_file = out / "shards" / "rank-00003" / "pid"
+    deadline = time.monotonic() + 120
+    while not pid_file.exists():
+        assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.01)
+    time.sleep(3)  # some rounds
+    assert proc.poll() is None, "run ended before the interrupt"
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals every process
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("privaudit: error: interrupted"), lines
+    done = RunDir(out).checkpoint_rounds()
+    assert len(done) == 1 and 0 < done[0] < rounds, done  # the interrupt checkpoint, merged
+    assert f"resume from round {done[0]}" in lines[0]
+    assert not (out / "shards").exists()  # cleaned
+    cfg = RunConfig(defense="dsgd", rounds=rounds, agents=4, batch_size=2, checkpoint_every=1000)
+    sim = Run.create(cfg, tmp_path / "sim")
+    sim.train(progress=False)
+    launch(cfg, out, timeout_s=30, progress=False)  # resumes from the interrupt checkpoint
+    a, b = sim.dir.load_checkpoint(rounds), RunDir(out).load_checkpoint(rounds)
+    for k in a:
+        if k.startswith("rng."):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(b[k], a[k], rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [
