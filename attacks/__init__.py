@@ -23,13 +23,16 @@ from typing import Any
 
 import torch
 
+from privaudit import schema
 from privaudit.errors import PrivauditError, unknown
+from privaudit.limits import SEED_END
 from privaudit.observation import Observation, Reconstruction
 
 from .analytic import analytic
 from .dlg import dlg
 from .idlg import idlg
 from .ig import ig
+from .labels import METHODS as LABEL_METHODS
 from .labels import infer_labels
 
 Attack = Callable[..., list[Reconstruction]]
@@ -52,6 +55,39 @@ def options(name: str) -> list[str]:
     return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
+# option → (its range in words, the check) for every attack that takes it; a value is first
+# coerced to the option's annotation (privaudit.schema), and None keeps an option's default
+RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "iterations": ("an integer in 1..10^7", lambda v: 1 <= v <= 10**7),
+    "restarts": ("an integer in 1..1024", lambda v: 1 <= v <= 1024),
+    "seed": ("an integer in [0, 2^63)", lambda v: 0 <= v < SEED_END),
+    "lr": ("a finite number > 0", lambda v: v > 0),
+    "tv": ("a finite number ≥ 0", lambda v: v >= 0),
+    "max_iter": ("an integer in 1..10^4", lambda v: 1 <= v <= 10**4),
+    "history_size": ("an integer in 1..10^4", lambda v: 1 <= v <= 10**4),
+    "label_method": (f"one of {', '.join(LABEL_METHODS)}", lambda v: v in LABEL_METHODS),
+    "line_search_fn": ("'strong_wolfe' or null", lambda v: v == "strong_wolfe"),
+}
+
+
+def check_options(name: str, kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` checked for the attack ``name``: known options only, each of its declared type
+    and in its range (:data:`RULES`); returns them coerced (an int given for a float option
+    becomes a float). Callers check before any training, :func:`run_attack` again."""
+    valid = options(name)
+    bad = sorted(set(kw) - set(valid))
+    if bad:
+        raise PrivauditError(
+            f"attack {name!r} takes no option {', '.join(map(repr, bad))}; "
+            f"its options: {', '.join(valid)}"
+        )
+    out = schema.coerce_all(kw, schema.hints(ATTACKS[name]), what="attack option")
+    for k, v in out.items():
+        if v is not None and k in RULES and not RULES[k][1](v):
+            raise PrivauditError(f"attack option {k} must be {RULES[k][0]}, got {v!r}")
+    return out
+
+
 def run_attack(
     name: str, observations: Observation | Sequence[Observation], **kw: Any
 ) -> list[Reconstruction]:
@@ -61,13 +97,7 @@ def run_attack(
     Reconstruction (``meta["empty"]``), as there is nothing to reconstruct."""
     if name not in ATTACKS:
         raise unknown("attack", name, ATTACKS)
-    valid = options(name)
-    bad = sorted(set(kw) - set(valid))
-    if bad:
-        raise PrivauditError(
-            f"attack {name!r} takes no option {', '.join(map(repr, bad))}; "
-            f"its options: {', '.join(valid)}"
-        )
+    kw = check_options(name, kw)
     obs = [observations] if isinstance(observations, Observation) else list(observations)
     sizes = [int(o.batch_size) for o in obs]
     if not obs or (min(sizes) > 0 and len(set(sizes)) == 1):
@@ -102,7 +132,9 @@ def _empty(obs: Observation) -> Reconstruction:
 __all__ = [
     "ATTACKS",
     "DEFAULT_ATTACK",
+    "RULES",
     "analytic",
+    "check_options",
     "dlg",
     "idlg",
     "ig",

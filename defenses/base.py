@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from privaudit import sampling
+from privaudit import sampling, schema
 from privaudit.errors import PrivauditError
 from privaudit.grads import PairGrads
 from privaudit.models import build_model
@@ -155,14 +155,16 @@ def exchange_models(net: Network, x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def params_of(cls: type, overrides: dict[str, Any]) -> Any:
-    """Build a params dataclass from ``overrides``, rejecting unknown names and bad types."""
+    """Build a params dataclass from ``overrides``, rejecting unknown names, values of the
+    wrong type (each coerced to its field's annotation by :mod:`privaudit.schema`, for the
+    CLI's ``-p`` and a run directory's config alike) and, by its ``validate``, bad values."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     bad = sorted(set(overrides) - set(fields))
     if bad:
         raise PrivauditError(
             f"unknown parameter(s) {', '.join(bad)}; valid: {', '.join(sorted(fields))}"
         )
-    obj = cls(**overrides)
+    obj = cls(**schema.coerce_all(overrides, schema.hints(cls)))
     check = getattr(obj, "validate", None)
     if check:
         check()

@@ -68,6 +68,8 @@ class DPDLParams:
             raise PrivauditError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise PrivauditError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not self.calib_alpha >= 0:
+            raise PrivauditError(f"calib_alpha must be ≥ 0, got {self.calib_alpha}")
         if self.clip is not None and not self.clip > 0:
             raise PrivauditError(f"clip must be > 0, got {self.clip}")
         if self.sigma < 0 or (self.sigma > 0 and self.clip is None):

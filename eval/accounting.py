@@ -18,14 +18,17 @@ Each agent has its own ε (its own q_i and degree); the run's ε is the worst ag
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from privaudit import limits
 from privaudit.errors import PrivauditError
 from privaudit.sampling import rate
 
@@ -38,16 +41,108 @@ ADJACENCY = "add/remove one example"
 SAMPLING = "Poisson, q_i = B / n_i per agent"
 ACCOUNTANTS = ("rdp", "prv")
 
+# The PRV accountant discretises the privacy loss on a grid whose size grows with √T and as
+# σ shrinks (Gopi et al. 2021, opacus' domain rule); it answers in about 0.7 µs per point
+# and a few hundred bytes per point. Past this size it is not asked (about 1.5 s, 1 GB).
+PRV_MAX_POINTS = 2**21
+# what one search for σ may spend on PRV grids in all (about 25 s; 2,000 rounds at q = 0.01
+# and ε = 8 spend 6e6)
+PRV_SEARCH_POINTS = 2**25
+# opacus' search tolerance on ε (absolute), and a bound on its bisection's steps: past it,
+# the bracket's upper end (whose ε is at most the target) is returned
+EPSILON_TOLERANCE = 0.005
+MAX_BISECTIONS = 200
+
+
+class AccountantLimit(PrivauditError):
+    """A question the accountant cannot answer in bounded time and memory."""
+
 
 def _check(epsilon: float | None, delta: float, sample_rate: float, rounds: int) -> None:
-    if epsilon is not None and not epsilon > 0:
-        raise PrivauditError(f"--epsilon must be > 0, got {epsilon}")
-    if not 0 < delta < 1:
-        raise PrivauditError(f"--delta must be in (0, 1), got {delta}")
-    if not 0 < sample_rate <= 1:
-        raise PrivauditError(f"sample rate must be in (0, 1], got {sample_rate}")
-    if rounds < 1:
-        raise PrivauditError(f"rounds must be ≥ 1, got {rounds}")
+    if epsilon is not None:
+        limits.check_float("--epsilon", epsilon, *limits.EPSILON, hint="ε per agent")
+    limits.check_float("--delta", delta, limits.DELTA_MIN, 1.0, hi_open=True)
+    limits.check_float("the sample rate", sample_rate, 0.0, 1.0, lo_open=True)
+    limits.check_int("--rounds", rounds, 1, limits.MAX_ROUNDS)
+
+
+def _check_accountant(accountant: str) -> None:
+    if accountant not in ACCOUNTANTS:
+        raise PrivauditError(f"--accountant must be rdp or prv, got {accountant!r}")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """opacus' warnings off: an RDP optimum at the first or last order (huge or tiny σ), PRV's
+    log(0) at q = 1 and its NaN tails far from the grid (the result is checked instead)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        yield
+
+
+def _prv_points(z: float, delta: float, sample_rate: float, rounds: int) -> float:
+    """The size of the grid opacus' PRV accountant would discretise on (its own rule)."""
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+    from opacus.accountants.analysis.prv import compute_safe_domain_size as safe_size
+
+    eps_error, delta_error = 0.01, delta / 1000  # opacus' defaults in get_epsilon
+    try:
+        with _quiet():
+            half = safe_size(
+                prvs=[PoissonSubsampledGaussianPRV(sample_rate, z)],
+                max_self_compositions=[rounds],
+                eps_error=eps_error,
+                delta_error=delta_error,
+            )
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return math.inf
+    mesh = eps_error / math.sqrt(rounds * math.log(12 / delta_error) / 2)
+    return 2 * half / mesh
+
+
+def _epsilon(
+    z: float,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    accountant: str,
+    points: float | None = None,
+) -> float:
+    """ε of ``rounds`` compositions of the Poisson-subsampled Gaussian at multiplier z > 0
+    from opacus: ∞ where RDP overflows (z → 0); :class:`AccountantLimit` where PRV's grid
+    (``points``, when already known) would be too large or too fine for ``delta``."""
+    from opacus.accountants import create_accountant
+
+    z = min(z, limits.SIGMA_MAX)  # more noise only lowers ε: an upper bound for any larger z
+    if accountant == "prv":
+        if points is None:
+            points = _prv_points(z, delta, sample_rate, rounds)
+        where = f"σ = {z:.3g}, q = {sample_rate:.3g}, {rounds} rounds"
+        if not points <= PRV_MAX_POINTS:
+            raise AccountantLimit(
+                f"the prv accountant would need a grid of {points:.3g} points ({where}), over "
+                f"its limit of {PRV_MAX_POINTS}; use --accountant rdp"
+            )
+        if float(np.finfo(np.longdouble).eps) * points > delta * 0.999:
+            raise AccountantLimit(
+                f"δ = {delta:g} is too small for the prv accountant's grid ({where}); "
+                "use --accountant rdp or a larger --delta"
+            )
+    acc = create_accountant(accountant)
+    acc.history = [(z, sample_rate, rounds)]
+    with _quiet():
+        try:
+            eps = float(acc.get_epsilon(delta=delta))
+        except (OverflowError, ZeroDivisionError):
+            return math.inf
+        except (ValueError, RuntimeError, MemoryError) as e:  # PRV far from its grid
+            if accountant == "rdp":
+                raise
+            raise AccountantLimit(
+                f"the prv accountant cannot compute ε at σ = {z:.3g}, q = {sample_rate:.3g}, "
+                f"{rounds} rounds, δ = {delta:g} ({e}); use --accountant rdp"
+            ) from None
+    return max(eps, 0.0) if not math.isnan(eps) else math.inf  # PRV's rounding can dip < 0
 
 
 def sigma_for_epsilon(
@@ -58,22 +153,65 @@ def sigma_for_epsilon(
     releases_per_round: int = 1,
     accountant: str = "rdp",
 ) -> float:
-    """Smallest noise multiplier σ (per release) giving (ε, δ)-DP over ``rounds`` rounds."""
-    from opacus.accountants.utils import get_noise_multiplier
+    """Smallest noise multiplier σ (per release) giving (ε, δ)-DP over ``rounds`` rounds.
 
+    opacus' own search (``get_noise_multiplier``: double σ from 20 until ε ≤ target, then
+    bisect to within 0.005 of it), bounded: the target must be reachable at
+    σ = :data:`~privaudit.limits.SIGMA_MAX` (else one error naming the floor and the fix),
+    the bisection takes at most :data:`MAX_BISECTIONS` steps, and a probe the accountant
+    cannot answer counts as not private enough."""
     _check(epsilon, delta, sample_rate, rounds)
-    with warnings.catch_warnings(), np.errstate(divide="ignore"):  # PRV at q = 1: log(0)
-        # the bisection's small-σ probes hit the last RDP order
-        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-        sigma = get_noise_multiplier(
-            target_epsilon=epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=rounds,
-            accountant=accountant,
-            epsilon_tolerance=0.005,
+    _check_accountant(accountant)
+    setting = (
+        f"δ = {delta:g}, sample rate {sample_rate:.3g}, {rounds} rounds, "
+        f"{max(releases_per_round, 1)} release(s) per round"
+    )
+    failure: list[str] = []
+    spent = [0.0]  # PRV grid points evaluated by this search
+
+    def eps_at(z: float) -> float:
+        points = None
+        if accountant == "prv":
+            points = _prv_points(min(z, limits.SIGMA_MAX), delta, sample_rate, rounds)
+            spent[0] += min(points, PRV_MAX_POINTS)
+            if spent[0] > PRV_SEARCH_POINTS:
+                raise PrivauditError(
+                    f"the prv accountant's search for the σ of ε = {epsilon:g} ({setting}) "
+                    f"would evaluate over {PRV_SEARCH_POINTS:.3g} grid points; "
+                    "use --accountant rdp"
+                )
+        try:
+            return _epsilon(z, delta, sample_rate, rounds, accountant, points)
+        except (AccountantLimit, ValueError, RuntimeError, MemoryError) as e:
+            failure[:] = [str(e)]
+            return math.inf
+
+    floor = eps_at(limits.SIGMA_MAX)
+    if not floor <= epsilon:
+        if failure:
+            raise PrivauditError(
+                f"the {accountant} accountant cannot reach ε = {epsilon:g} ({setting}): "
+                f"{failure[0]}"
+            )
+        raise PrivauditError(
+            f"ε = {epsilon:g} is out of reach of the {accountant} accountant ({setting}): even "
+            f"σ = {limits.SIGMA_MAX:g} gives ε = {floor:.3g}; raise --epsilon or --delta"
+            + (", or use --accountant prv (tighter)" if accountant == "rdp" else "")
         )
-    return float(sigma) * math.sqrt(max(releases_per_round, 1))
+    sigma_low, sigma_high, eps_high = 0, 10, math.inf
+    while eps_high > epsilon:  # ends by σ = 2^17·10 > SIGMA_MAX, where ε ≤ the floor
+        sigma_high = 2 * sigma_high
+        eps_high = eps_at(sigma_high)
+    for _ in range(MAX_BISECTIONS):
+        if epsilon - eps_high <= EPSILON_TOLERANCE:
+            break
+        sigma = (sigma_low + sigma_high) / 2
+        eps = eps_at(sigma)
+        if eps < epsilon:
+            sigma_high, eps_high = sigma, eps
+        else:
+            sigma_low = sigma
+    return float(sigma_high) * math.sqrt(max(releases_per_round, 1))
 
 
 def epsilon_for_sigma(
@@ -84,23 +222,33 @@ def epsilon_for_sigma(
     releases_per_round: int = 1,
     accountant: str = "rdp",
 ) -> float:
-    """ε spent by ``rounds`` rounds at noise multiplier σ per release (∞ without noise)."""
-    from opacus.accountants import create_accountant
-
+    """ε spent by ``rounds`` rounds at noise multiplier σ per release (∞ without noise, and
+    where the accountant overflows as σ → 0). A σ beyond
+    :data:`~privaudit.limits.SIGMA_MAX` is accounted at that bound (an upper bound on ε)."""
     _check(None, delta, sample_rate, rounds)
+    _check_accountant(accountant)
+    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or math.isnan(sigma):
+        raise PrivauditError(f"the noise multiplier must be a number ≥ 0, got {sigma!r}")
     if sigma <= 0:
         return math.inf
-    acc = create_accountant(accountant)
-    acc.history = [(sigma / math.sqrt(max(releases_per_round, 1)), sample_rate, rounds)]
-    with warnings.catch_warnings(), np.errstate(divide="ignore"):  # PRV at q = 1: log(0)
-        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-        return float(acc.get_epsilon(delta=delta))
+    z = sigma / math.sqrt(max(releases_per_round, 1))
+    return _epsilon(z, delta, sample_rate, rounds, accountant)
+
+
+# what opacus' PRV accountant raises far from its grid (tiny σ, huge T), and its limits here
+_PRV_FAILURES = (AccountantLimit, ValueError, RuntimeError, OverflowError, MemoryError)
 
 
 def release_epsilon(noise_multiplier: float, delta: float, accountant: str = "prv") -> float:
     """ε of one Gaussian release at ``noise_multiplier`` (std / sensitivity), sample rate 1:
-    the building block every per-round count composes (PRV is tight here; RDP is not)."""
-    return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, accountant)
+    the building block every per-round count composes (PRV is tight here; RDP is not). As
+    :func:`kind_epsilon`, PRV's failure far from its grid returns the RDP bound."""
+    try:
+        return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, accountant)
+    except _PRV_FAILURES:
+        if accountant == "rdp":
+            raise
+        return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, "rdp")
 
 
 def kind_epsilon(
@@ -123,7 +271,7 @@ def kind_epsilon(
         return math.inf
     try:
         return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant)
-    except (ValueError, RuntimeError, OverflowError):
+    except _PRV_FAILURES:
         if accountant == "rdp":
             raise
         return epsilon_for_sigma(z, delta, sample_rate, rounds, r, "rdp")

@@ -276,9 +276,11 @@ def _setting(
 
 
 def _reseed(ctx: Any, seed: int) -> None:
-    """Fresh generators, one per held agent, seeded from ``seed``."""
+    """Fresh generators, one per held agent, seeded from ``seed`` (modulo 2^64, the seeds a
+    torch generator takes: any --audit-seed in [0, 2^63) and trial count works)."""
     ctx.generators = [
-        torch.Generator(device=ctx.device).manual_seed(seed * 65_537 + a) for a in ctx.agents
+        torch.Generator(device=ctx.device).manual_seed((seed * 65_537 + a) % 2**64)
+        for a in ctx.agents
     ]
 
 

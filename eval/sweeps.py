@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from privaudit import limits
 from privaudit.config import RunConfig
 from privaudit.errors import PrivauditError
 from privaudit.messages import CaptureSpec
@@ -85,10 +86,16 @@ class Sweep:
             raise PrivauditError("--targets names a target twice; list each once")
         if not self.rounds or min(self.rounds) < 1:
             raise PrivauditError(f"--rounds must be ≥ 1, got {self.rounds}")
-        if not self.epsilons or min(self.epsilons) <= 0:
-            raise PrivauditError(f"--epsilons must be > 0, got {self.epsilons}")
+        for r in self.rounds:
+            limits.check_int("--rounds", r, 1, limits.MAX_ROUNDS, "attacked rounds")
+        if not self.epsilons:
+            raise PrivauditError("--epsilons is empty; give at least one ε")
+        for eps in self.epsilons:
+            limits.check_float("--epsilons", eps, *limits.EPSILON, hint="ε per agent")
         if not self.seeds:
             raise PrivauditError("--seeds is empty; give at least one seed")
+        for seed in self.seeds:
+            limits.check_seed("--seeds", seed)
         if not 1 <= self.victims <= self.base.agents:
             raise PrivauditError(
                 f"--victims must be 1..{self.base.agents} (at most --agents), got {self.victims}"

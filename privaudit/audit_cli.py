@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 from typing import Any
 
+from . import limits
 from .errors import PrivauditError
 
 
@@ -51,7 +51,7 @@ def _fmt(x: float | None) -> str:
 
 
 def cmd_audit(a: argparse.Namespace) -> int:
-    from .cli import DEFAULTS, _config
+    from .cli import DEFAULTS, check_out, checked_params, config_from_args
     from .eval.audit import audit
     from .eval.metrics import to_jsonable
     from .rundir import write_json
@@ -59,24 +59,30 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from .targets import parse_target
     from .threat import ORDER, parse_agents, parse_link
 
-    if not 0 < a.delta < 1:
-        raise PrivauditError(f"--delta must be in (0, 1), got {a.delta}")
-    if not 0 < a.confidence < 1:
-        raise PrivauditError(f"--confidence must be in (0, 1), got {a.confidence}")
+    limits.check_float("--delta", a.delta, limits.DELTA_MIN, 1.0, hi_open=True)
+    limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     if a.mode not in ("white-box", "one-run"):
         raise PrivauditError(f"--mode must be white-box or one-run, got {a.mode!r}")
     if a.threat not in ORDER:
         raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
     defense, kind = parse_target(a.target)
-    trials = a.trials or (4000 if a.mode == "white-box" else 1000)
+    trials = (4000 if a.mode == "white-box" else 1000) if a.trials is None else a.trials
+    limits.check_int("--trials", trials, 1, limits.MAX_TRIALS)
     _check_trials(a.mode, trials, a.delta, a.confidence)
-    out = Path(a.out or f"privaudit-out/audit-{a.target}")
+    limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
+    if a.canary_norm is not None:
+        limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
+    limits.check_seed("--audit-seed", a.audit_seed)
+    out = check_out(a.out or f"privaudit-out/audit-{a.target}")
     if a.run:
         run = Run.open(a.run, device=a.device)
+        _check_victim(a.victim, run.cfg.agents, f"the run in {a.run}")
     else:
+        _check_victim(a.victim, a.agents, "--agents")
         need = max(defense.rounds_needed(kind, a.round, a.agents))
-        rounds = a.rounds or max(need, DEFAULTS.rounds)  # σ is resolved over the whole run
-        run = Run.create(_config(a, defense.name, rounds), out / "run")
+        # σ is resolved over the whole run
+        rounds = max(need, DEFAULTS.rounds) if a.rounds is None else a.rounds
+        run = Run.create(checked_params(config_from_args(a, defense.name, rounds)), out / "run")
     n = run.cfg.agents
     link = parse_link(a.link, run.edges()) if a.link else None
     result = audit(
@@ -102,6 +108,16 @@ def cmd_audit(a: argparse.Namespace) -> int:
     print(_report(result))
     print(f"wrote {out / 'audit.json'}")
     return 0
+
+
+def _check_victim(victim: int | None, agents: int, source: str) -> None:
+    """``--victim`` names one of the run's agents 0..N-1 (N from ``source``)."""
+    if victim is not None and not (isinstance(agents, int) and 0 <= victim < agents):
+        last = agents - 1 if isinstance(agents, int) else "N-1"
+        raise PrivauditError(
+            f"--victim must be an agent of the run, 0..{last} ({agents} agents: {source}), "
+            f"got {victim}"
+        )
 
 
 def _check_trials(mode: str, trials: int, delta: float, confidence: float) -> None:

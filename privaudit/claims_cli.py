@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import limits
 from .errors import PrivauditError
 
 OUT = "privaudit-out/claims"
@@ -78,19 +79,20 @@ def add_parser(sub: Any, training_options: Any) -> None:
 
 
 def cmd_claims(a: argparse.Namespace) -> int:
-    from .cli import DEFAULTS, _config
+    from .cli import DEFAULTS, check_out, config_from_args
     from .eval import claims
     from .eval.metrics import to_jsonable
 
-    if a.trials < 1:
-        raise PrivauditError(f"--trials must be at least 1, got {a.trials}")
-    if not 0 < a.confidence < 1:
-        raise PrivauditError(f"--confidence must be in (0, 1), got {a.confidence}")
+    limits.check_int("--trials", a.trials, 1, limits.MAX_TRIALS)
+    limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
+    limits.check_float("--row-seconds", a.row_seconds, 0.0, limits.MAX_SECONDS, hint="0: no limit")
+    limits.check_seed("--audit-seed", a.audit_seed)
+    check_out(a.out)
     targets = claims.select(a.defense, a.target)
     if a.markdown is not None and Path(a.markdown).is_dir():
         raise PrivauditError(f"--markdown takes a file path, got the folder {a.markdown}")
     # the shared configuration; each defense (and its own topology) is set per run
-    base = _config(a, DEFAULTS.defense, a.rounds)
+    base = config_from_args(a, DEFAULTS.defense, a.rounds)
     try:
         doc = claims.ledger(
             base,
@@ -106,13 +108,13 @@ def cmd_claims(a: argparse.Namespace) -> int:
         )
     except claims.Interrupted as stop:
         done = len(stop.ledger["rows"])
-        if done:
-            claims.write(stop.ledger, a.out)  # the partial ledger, never over --markdown
-            print(
-                f"privaudit: {done} row{'s' * (done != 1)} done, kept in {a.out}",
-                file=sys.stderr,
-            )
-        raise KeyboardInterrupt from None
+        if not done:
+            raise PrivauditError("interrupted before any row was done") from None
+        claims.write(stop.ledger, a.out)  # the partial ledger, never over --markdown
+        raise PrivauditError(
+            f"interrupted: {done} row{'s' * (done != 1)} done, kept in {a.out}; run the same "
+            "command again to resume"
+        ) from None
     claims.write(doc, a.out, a.markdown)
     if a.json:
         print(json.dumps(to_jsonable(doc), indent=2, allow_nan=False))

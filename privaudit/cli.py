@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from . import limits
 from .config import RunConfig
 from .errors import PrivauditError, unknown
 
@@ -25,6 +26,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _param(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` → (name, value): the value as JSON (1e-3, true, null, "text") or, when
+    it is not JSON, the text itself; its type is checked against the parameter's declared
+    one later (:mod:`privaudit.schema`, in :func:`~privaudit.defenses.base.params_of` and
+    :func:`~privaudit.attacks.check_options`)."""
     if "=" not in text:
         raise PrivauditError(f"options must be NAME=VALUE, got {text!r}")
     name, value = text.split("=", 1)
@@ -35,7 +40,7 @@ def _param(text: str) -> tuple[str, Any]:
     return name.strip().replace("-", "_"), parsed
 
 
-def _attack_option(p: argparse.ArgumentParser) -> None:
+def add_attack_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--attack-option",
         "-a",
@@ -110,7 +115,7 @@ def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) ->
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def _config(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
+def config_from_args(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
     from .defenses import get_defense
 
     params = dict(a.param)
@@ -138,6 +143,54 @@ def _config(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
         device=a.device,
         checkpoint_every=a.checkpoint_every,
     ).validate()
+
+
+def checked_params(cfg: RunConfig) -> RunConfig:
+    """``cfg`` after its defense parameters (``-p``, ``--lr``, ``--clip``) are checked against
+    the defense's schema: before any data is loaded or anything is written."""
+    from .defenses import get_defense
+    from .defenses.base import params_of
+
+    params_of(get_defense(cfg.defense).Params, cfg.params)
+    return cfg
+
+
+# attack options that have their own flags (-a would clash with them)
+ATTACK_FLAGS = {
+    "iterations": "--iterations",
+    "restarts": "--restarts",
+    "seed": "--attack-seed",
+    "progress": "--no-progress",
+}
+
+
+def check_out(out: str | Path) -> Path:
+    """``--out`` as a path that can become a folder: refused at once when it is a file."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PrivauditError(f"--out {out} is a file, not a folder; choose another --out")
+    return out
+
+
+def attack_options(a: argparse.Namespace, name: str | None) -> dict[str, Any]:
+    """The ``-a`` options of attack ``name``, checked and coerced before any training with
+    the attack flags (:func:`privaudit.attacks.check_options`); a bad flag's error names it."""
+    from .attacks import DEFAULT_ATTACK, check_options
+
+    name = name or DEFAULT_ATTACK
+    given = dict(a.attack_option)
+    for k, flag in ATTACK_FLAGS.items():
+        if k in given:
+            raise PrivauditError(f"-a {k}=… is set by {flag}; use that flag")
+    flags = {"iterations": a.iterations, "restarts": getattr(a, "restarts", None)}
+    flags["seed"] = getattr(a, "attack_seed", 0)
+    for k, v in flags.items():
+        try:
+            check_options(name, {k: v})
+        except PrivauditError as e:
+            text = str(e).replace(f"attack option {k} ", f"{ATTACK_FLAGS[k]} ")
+            raise PrivauditError(text) from None
+    return check_options(name, given)
 
 
 def cmd_targets(a: argparse.Namespace) -> int:
@@ -181,8 +234,11 @@ def cmd_train(a: argparse.Namespace) -> int:
     from .simulator import Run
 
     get_defense(a.defense)
-    cfg = _config(a, a.defense, a.rounds)
+    cfg = checked_params(config_from_args(a, a.defense, a.rounds))
     capture = _capture(a.capture, cfg.rounds)
+    if a.nproc is not None:
+        limits.check_int("--nproc", a.nproc, 1, limits.MAX_AGENTS)
+    limits.check_float("--dist-timeout", a.dist_timeout, 0.0, limits.MAX_SECONDS, lo_open=True)
     if a.backend == "torch.distributed":
         from . import distributed
 
@@ -241,18 +297,16 @@ def cmd_attack(a: argparse.Namespace) -> int:
         raise unknown("threat model", a.threat, ORDER)  # before any training
 
     defense, kind = parse_target(a.target)
-    if a.attack is not None:
-        from .attacks import options
-
-        options(a.attack)  # unknown attack names fail before any training
-    if a.round < 1:
-        raise PrivauditError(f"--round must be at least 1, got {a.round}")
-    out = Path(a.out or f"privaudit-out/{a.target}-r{a.round}")
+    # unknown attacks and bad options fail before any training
+    options = attack_options(a, a.attack)
+    limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
+    out = check_out(a.out or f"privaudit-out/{a.target}-r{a.round}")
     if a.run:
         run = Run.open(a.run, device=a.device)
     else:
-        rounds = a.rounds or max(defense.rounds_needed(kind, a.round, a.agents))  # *-model: R+1
-        run = Run.create(_config(a, defense.name, rounds), out / "run")
+        need = max(defense.rounds_needed(kind, a.round, a.agents))  # *-model: R+1
+        rounds = need if a.rounds is None else a.rounds
+        run = Run.create(checked_params(config_from_args(a, defense.name, rounds)), out / "run")
     links = [parse_link(s, run.edges()) for s in a.link] if a.link else None
     n = run.cfg.agents
     attackers = parse_agents(a.attacker, n) if a.attacker else None
@@ -270,7 +324,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
         iterations=a.iterations,
         restarts=a.restarts,
         seed=a.attack_seed,
-        options=dict(a.attack_option),
+        options=options,
         lpips=not a.no_lpips,
         progress=not a.no_progress,
     )
@@ -382,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--iterations", type=int, default=None)
     at.add_argument("--restarts", type=int, default=None)
     at.add_argument("--attack-seed", type=int, default=0)
-    _attack_option(at)
+    add_attack_option(at)
     at.add_argument("--no-lpips", action="store_true")
     at.add_argument("--json", action="store_true", help="print result.json on stdout")
     _training_options(at, None)
@@ -404,8 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "threads", None) is not None:
-            if args.threads < 1:
-                raise PrivauditError(f"--threads must be at least 1, got {args.threads}")
+            limits.check_threads("--threads", args.threads)
             import torch
 
             torch.set_num_threads(args.threads)
@@ -416,9 +469,34 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `privaudit targets | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print("privaudit: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    except OSError as e:  # a path that cannot be read or written
+        print(f"privaudit: error: {os_error(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a round loop says itself how to resume (a PrivauditError)
+        print("privaudit: error: interrupted", file=sys.stderr)
+        return 2
+
+
+def os_error(e: OSError) -> str:
+    """One line for a failed file operation: the path, the system's reason and the fix."""
+    import errno
+
+    reason = e.strerror or str(e)
+    path = e.filename
+    if path is None:
+        return f"{reason}; check the paths given (--out, --run, --data-root)"
+    if e.errno == errno.EROFS:
+        return f"cannot write {path}: {reason}; choose a writable --out"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (
+            f"cannot access {path}: {reason}; choose a --out you can write (and a --run or "
+            "--data-root you can read)"
+        )
+    if e.errno == errno.ENOSPC:
+        return f"cannot write {path}: {reason}; free some space or choose another --out"
+    if e.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        return f"cannot use {path}: {reason}; choose another --out (a folder path)"
+    return f"cannot use {path}: {reason}; check the path"
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import limits
 from .errors import PrivauditError
 
 COMPARE_TARGETS = "dsgd-half-model,nd-cg,dpdl-cg,pdsl-cg,lppa-gt,adad2p-half-model"
@@ -24,7 +25,7 @@ def _list(kind: type, what: str):
 
 def add_parser(sub: Any, training_options: Any) -> None:
     """Register ``compare`` and ``reproduce`` (``training_options``: cli's helper)."""
-    from .cli import _attack_option
+    from .cli import add_attack_option
 
     c = sub.add_parser(
         "compare",
@@ -65,7 +66,7 @@ def add_parser(sub: Any, training_options: Any) -> None:
     )
     c.add_argument("--attack", default=None, help="ig (default) | dlg | idlg | analytic")
     c.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
-    _attack_option(c)
+    add_attack_option(c)
     c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
     c.add_argument(
         "--audit",
@@ -120,7 +121,7 @@ def add_parser(sub: Any, training_options: Any) -> None:
     )
     r.add_argument("--victims", type=int, default=2, help="attacked agents per cell (2)")
     r.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
-    _attack_option(r)
+    add_attack_option(r)
     training_options(r, None)
     r.add_argument(
         "--topologies",
@@ -156,7 +157,7 @@ def add_parser(sub: Any, training_options: Any) -> None:
 
 def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
     """The shared RunConfig of a sweep from the training options (ε and seed set per run)."""
-    from .cli import _config
+    from .cli import config_from_args
 
     if a.sigma is not None:
         raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
@@ -164,16 +165,18 @@ def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
     ns = argparse.Namespace(**{"topology": None, **vars(a), "epsilon": eps, "seed": 0})
     if agents is not None:
         ns.agents = agents
-    return _config(ns, "dpdl", 1)
+    return config_from_args(ns, "dpdl", 1)
 
 
 def _check_attack(a: argparse.Namespace) -> None:
-    if getattr(a, "attack", None) is not None:
-        from .attacks import options
+    """The attack, its flags and its ``-a`` options, before any training."""
+    from .cli import attack_options, check_out
 
-        options(a.attack)
-    if a.iterations is not None and a.iterations < 1:
-        raise PrivauditError(f"--iterations must be at least 1, got {a.iterations}")
+    if a.out is not None:
+        check_out(a.out)
+
+    attack_options(a, getattr(a, "attack", None))
+    limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
@@ -184,6 +187,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if a.threat is not None and a.threat not in ORDER:
         raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
     _check_attack(a)
+    if a.audit_trials is not None:
+        limits.check_int("--audit-trials", a.audit_trials, 1, limits.MAX_TRIALS)
     sweep = Sweep(
         targets=a.targets,
         rounds=a.rounds,
@@ -228,8 +233,15 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
     from .rundir import write_json
 
     out = Path(a.out or "privaudit-out/dpdl-table3")
-    if not a.agents or min(a.agents) < 2:
-        raise PrivauditError(f"--agents must list numbers ≥ 2, got {a.agents}")
+    if not a.agents:
+        raise PrivauditError("--agents is empty; give at least one N, e.g. 10,20,30")
+    for n in a.agents:
+        limits.check_int("--agents", n, 2, limits.MAX_AGENTS)
+    limits.check_int("--rounds", a.rounds, 1, limits.MAX_ROUNDS, "the attacked round")
+    if not a.seeds:
+        raise PrivauditError("--seeds is empty; give at least one seed")
+    for seed in a.seeds:
+        limits.check_seed("--seeds", seed)
     t0 = time.perf_counter()
     rows = dpdl_table3(
         out,

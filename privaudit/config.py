@@ -7,10 +7,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import limits, schema
 from .errors import PrivauditError
 
 # Fields that do not change the messages: a run may be resumed with different values.
 NON_IDENTITY = ("device", "checkpoint_every", "data_root", "download")
+
+AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph is dense N×N"
 
 
 @dataclass
@@ -37,25 +40,30 @@ class RunConfig:
     checkpoint_every: int = 50
 
     def validate(self) -> RunConfig:
-        if self.agents < 2:
-            raise PrivauditError(f"--agents must be at least 2, got {self.agents}")
-        if self.rounds < 1:
-            raise PrivauditError(f"--rounds must be at least 1, got {self.rounds}")
-        if self.batch_size < 1:
-            raise PrivauditError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.epsilon is not None and not self.epsilon > 0:
-            raise PrivauditError(f"--epsilon must be > 0, got {self.epsilon}")
-        if not 0 < self.delta < 1:
-            raise PrivauditError(f"--delta must be in (0, 1), got {self.delta}")
-        if self.sigma is not None and self.sigma < 0:
-            raise PrivauditError(f"--sigma must be ≥ 0, got {self.sigma}")
-        if not self.dirichlet_alpha > 0:
-            raise PrivauditError(f"--dirichlet-alpha must be > 0, got {self.dirichlet_alpha}")
-        if self.checkpoint_every < 1:
-            raise PrivauditError("--checkpoint-every must be at least 1")
+        """Every field in its documented range (:mod:`privaudit.limits`), or one clear error:
+        a run never starts on a value the accountant or the engine cannot answer."""
+        limits.check_int("--agents", self.agents, 2, limits.MAX_AGENTS, AGENTS_HINT)
+        limits.check_int("--rounds", self.rounds, 1, limits.MAX_ROUNDS)
+        limits.check_int("--batch-size", self.batch_size, 1)
+        if self.epsilon is not None:
+            limits.check_float("--epsilon", self.epsilon, *limits.EPSILON, hint="ε per agent")
+        limits.check_float("--delta", self.delta, limits.DELTA_MIN, 1.0, hi_open=True)
+        if self.sigma is not None:
+            limits.check_sigma("--sigma", self.sigma)
+        limits.check_float("--dirichlet-alpha", self.dirichlet_alpha, *limits.DIRICHLET_ALPHA)
+        limits.check_int("--checkpoint-every", self.checkpoint_every, 1)
+        limits.check_seed("--seed", self.seed)
         if self.accountant not in ("rdp", "prv"):
             raise PrivauditError(f"--accountant must be rdp or prv, got {self.accountant!r}")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+        if self.accountant == "prv" and self.delta < limits.PRV_MIN_DELTA:
+            raise PrivauditError(
+                f"--delta {self.delta:g} is below what the prv accountant resolves "
+                f"({limits.PRV_MIN_DELTA:g}: floating-point error dominates); "
+                "use --accountant rdp or a larger --delta"
+            )
+        if not isinstance(self.device, str) or not (
+            self.device in ("cpu", "cuda") or self.device.startswith("cuda:")
+        ):
             raise PrivauditError(f"--device must be cpu or cuda, got {self.device!r}")
         return self
 
@@ -70,11 +78,17 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """A config read back (a run directory's config.json): every field's type checked
+        against its annotation (:mod:`privaudit.schema`, as the CLI's values), then
+        :meth:`validate`."""
+        if not isinstance(d, dict):
+            raise PrivauditError(f"config must be a JSON object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(d) - names)
         if bad:
             raise PrivauditError(f"config has unknown field(s) {', '.join(bad)}")
+        values = schema.coerce_all(d, schema.hints(cls), what="config field")
         try:
-            return cls(**d).validate()
+            return cls(**values).validate()
         except TypeError as e:
             raise PrivauditError(f"malformed config: {e}") from None

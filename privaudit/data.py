@@ -384,8 +384,9 @@ def _check_agents(n_agents: int, n: int, min_size: int) -> None:
         raise PrivauditError(f"--agents must be at least 1 to partition data (got {n_agents})")
     if n_agents * min_size > n:
         raise PrivauditError(
-            f"{n} examples cannot give {n_agents} agents at least {min_size} each; "
-            f"lower --agents or use a larger dataset"
+            f"{n} examples cannot give {n_agents} agents at least {min_size} each (a batch "
+            "and the defense's held-out examples); lower --agents or --batch-size, or use a "
+            "larger dataset"
         )
 
 
@@ -417,7 +418,7 @@ def dirichlet_partition(
     """
     y = _labels_np(labels)
     if not (np.isfinite(alpha) and alpha > 0):
-        raise PrivauditError(f"--alpha must be a positive number (got {alpha})")
+        raise PrivauditError(f"--dirichlet-alpha must be a positive number (got {alpha})")
     _check_agents(n_agents, len(y), min_size)
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(y == k) for k in np.unique(y)]
@@ -434,5 +435,5 @@ def dirichlet_partition(
             return [torch.from_numpy(p.astype(np.int64)) for p in parts]
     raise PrivauditError(
         f"a Dirichlet(α={alpha}) split left some of {n_agents} agents with fewer than "
-        f"{min_size} examples in {max_tries} draws; raise --alpha or lower --agents"
+        f"{min_size} examples in {max_tries} draws; raise --dirichlet-alpha or lower --agents"
     )

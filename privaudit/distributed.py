@@ -26,8 +26,14 @@ filesystem every node shares.
 
 Failure. The process group has a timeout (``--dist-timeout``), so a rank waiting for a peer
 that died raises instead of hanging; the launcher stops every rank as soon as one fails and
-reports which rank failed (:func:`describe_failure`). Nothing after the last merged
-checkpoint is lost that cannot be recomputed: the same command resumes from it.
+reports which rank failed (:func:`describe_failure`). Ctrl-C (or the launcher's SIGTERM)
+makes every rank write its rows of the last finished round to its shard, as the simulator
+writes its interrupt checkpoint. Either way the launcher then merges every round all ranks
+wrote and removes the shards (:func:`salvage`): nothing after the last merged checkpoint is
+lost that cannot be recomputed, and the same command resumes from it.
+
+The launcher holds the run's writer lock (:mod:`privaudit.runlock`) for the whole launch and
+hands it to rank 0, which does all writing outside the shards.
 """
 
 from __future__ import annotations
@@ -96,6 +102,21 @@ class DistNetwork(Network):
         self.calls = 0
         self.stage_cpu = stage_cpu
 
+    def agree(self, stop: bool) -> bool:
+        """One all-reduce of the ranks' stop requests (a Ctrl-C reaches the ranks at slightly
+        different moments): every rank stops after the same round."""
+        wire = torch.device("cpu") if self.stage_cpu else self.device
+        flag = torch.tensor([int(stop)], device=wire)
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[0][:200]
+            raise PeerLost(
+                f"rank {self.rank}: the check before round {self.round + 1} did not get "
+                f"through ({first})"
+            ) from None
+        return bool(flag.item())
+
     def _transfer(self, kind: str, per_out_edge: Tensor, links: Links) -> Tensor:
         self.calls += 1
         wire = torch.device("cpu") if self.stage_cpu else per_out_edge.device
@@ -136,8 +157,7 @@ def merge_shards(rd: RunDir, ranks: int, upto: int) -> None:
 
     Messages are unioned (with the links each rank tapped); secrets and checkpoint rows are
     stacked in agent order (0-dim state is shared: rank 0's is kept); RNG states are per
-    agent already. A round is merged only once every rank has written its file, so a shard
-    left by a killed rank waits for the rerun that overwrites it."""
+    agent already. A round is merged only once every rank has written its file."""
     shards = [shard(rd, r) for r in range(ranks)]
 
     def complete(what: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""Critical sections that Ctrl-C must not cut (an interrupt checkpoint being written)."""
+"""Ctrl-C as a request to stop at a safe point, and sections it must not cut."""
 
 from __future__ import annotations
 
@@ -21,3 +21,39 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+class StopRequest:
+    """Whether SIGINT or SIGTERM arrived (:func:`stop_requests`)."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+
+    @property
+    def requested(self) -> bool:
+        return self.signals > 0
+
+
+@contextmanager
+def stop_requests(at_once_after: int = 3) -> Iterator[StopRequest]:
+    """Turn Ctrl-C (SIGINT) and SIGTERM into a request that the block honours at its next
+    safe point (a round boundary) instead of an exception wherever the signal lands — which
+    can be inside torch's C++ (a crash) or halfway through a round. The ``at_once_after``-th
+    signal raises KeyboardInterrupt at once: a terminal's Ctrl-C and the distributed
+    launcher's forwarded copy are two signals of one request."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        stop.signals += 1
+        if stop.signals >= at_once_after:
+            raise KeyboardInterrupt
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)

@@ -128,6 +128,11 @@ class Network:
     def _transfer(self, kind: str, per_out_edge: Tensor, links: Links) -> Tensor:
         raise NotImplementedError
 
+    def agree(self, stop: bool) -> bool:
+        """Whether any process asks to stop (here: this one): called by every process at
+        the same round boundary, so that all stop after the same round."""
+        return stop
+
     def send(self, kind: str, per_out_edge: Tensor, edges: Edges | None = None) -> Tensor:
         """Row ``e`` goes from out-edge ``e``'s sender to its receiver; returns the rows
         received on the in-edges. ``edges`` overrides the graph's links for this call

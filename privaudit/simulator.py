@@ -30,7 +30,7 @@ from .config import RunConfig
 from .data import ImageData, dirichlet_partition, load_dataset, split_validation
 from .errors import PrivauditError
 from .grads import PairGrads
-from .interrupts import signals_deferred
+from .interrupts import signals_deferred, stop_requests
 from .messages import CaptureSpec, Tap
 from .models import build_model, normalizes_inputs
 from .network import Network, SimNetwork
@@ -140,9 +140,6 @@ class Run:
     ) -> Run:
         defense = get_defense(cfg.defense)
         device = resolve_device(cfg.device)
-        adj = build_topology(cfg.topology, cfg.agents)
-        W = metropolis_hastings(adj).to(torch.float64)
-        validate_mixing(W)
         data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
         given = params_of(defense.Params, cfg.params)
         held = defense.holdout_size(given)
@@ -158,8 +155,18 @@ class Run:
             min_size=cfg.batch_size + held,
         )
         parts, holdout = split_holdout(parts, held, cfg.seed)
+        # the data split and the memory are checked before the dense N×N graph is built
+        from . import limits
+
+        model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+        n_held = cfg.agents if agents is None else len(agents)
+        numel = sum(t.numel() for t in model.parameters())
+        limits.check_memory(cfg.agents, n_held, numel, cfg.device)
+        adj = build_topology(cfg.topology, cfg.agents)
+        W = metropolis_hastings(adj).to(torch.float64)
+        validate_mixing(W)
         p, resolved = resolve_privacy(cfg, defense, given, W, [len(q) for q in parts])
-        model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed).to(device)
+        model = model.to(device)
         spec = ParamSpec.of(model)
         if not normalizes_inputs(model):
             data = dataclasses.replace(
@@ -310,36 +317,48 @@ class Run:
             MofNCompleteColumn(),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, disable=not progress, transient=True) as bar:
+        with (
+            Progress(*columns, disable=not progress, transient=True) as bar,
+            stop_requests() as stop,
+        ):
             task = bar.add_task(f"{self.defense.name} rounds", total=until, completed=start)
-            t = start
+            done, rng = start, self._rng_states()  # the last round finished, its generators
+            agreed = False  # every process holds its stop request at this same boundary
             try:
                 for t in range(start + 1, until + 1):
-                    rng = self._rng_states()
+                    agreed = net.agree(stop.requested)
+                    if agreed:
+                        break
                     net.round = t
                     idx = ctx.sample()
                     batch = ctx.gather(idx)
                     state = self.defense.round(ctx, self.params, state, net, batch)
+                    done, rng = t, self._rng_states()
                     if tap.spec.wants_round(t):
                         store.save_secrets(t, sampling.secrets(idx, ctx.train_y))
                         payloads = {k: m.payload for k, m in tap.messages.items()}
                         store.save_messages(t, payloads, links)
                         tap.clear()
                     if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
-                        self._checkpoint(store, t, state, self._rng_states())
+                        self._checkpoint(store, t, state, rng)
+                        have.add(t)
                         if on_checkpoint is not None:
                             on_checkpoint(t)
                     bar.advance(task)
-            except KeyboardInterrupt:
-                # ``state`` is still the state after round t-1; ``rng`` the RNG state before t.
-                # A rank writes its rows to its shard; the launcher merges complete rounds.
-                if t - 1 > start and t - 1 not in have:
-                    with signals_deferred():  # a second Ctrl-C must not cut the checkpoint
-                        self._checkpoint(store, t - 1, state, rng)
+            except BaseException:
+                # under a stop request, a failure is its consequence (a peer rank that
+                # stopped first, the third Ctrl-C): round ``done`` is still whole
+                if not stop.requested:
+                    raise
+            if (agreed or stop.requested) and done < until:
+                # a rank writes its rows to its shard; the launcher merges complete rounds
+                if done > start and done not in have:
+                    with signals_deferred():
+                        self._checkpoint(store, done, state, rng)
                 raise PrivauditError(
-                    f"interrupted in round {t}; run the same command again to resume "
-                    f"from round {max(t - 1, start)}"
-                ) from None
+                    f"interrupted after round {done}; run the same command again to resume "
+                    f"from round {done}"
+                )
         return state
 
     # -- what attacks and eval need ---------------------------------------------------------

@@ -158,8 +158,8 @@ TINY = ["--agents", "4", "--no-progress"]
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--delta", "2"], "--delta must be in (0, 1)"),
-        (["--confidence", "1.5"], "--confidence must be in (0, 1)"),
+        (["--delta", "2"], "--delta must be a finite number in [1e-30, 1)"),
+        (["--confidence", "1.5"], "--confidence must be a finite number in (0, 1)"),
         (["--trials", "5"], "needs at least 32 trials"),
         (["--mode", "one-run", "--trials", "3"], "needs at least 8 canaries"),
         (["--mode", "blind"], "--mode must be white-box or one-run"),

@@ -151,8 +151,10 @@ def test_ctrl_c_keeps_the_rows_done(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(claims, "row", row)
     args = ["claims", "--target", "dsgd-half-model,nd-cg", "--agents", "3", "--trials", "64"]
     out = tmp_path / "c"
-    assert main([*args, "--no-progress", "--out", str(out)]) == 130
-    assert "1 row done" in capsys.readouterr().err
+    assert main([*args, "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("privaudit: error: interrupted: 1 row done")
+    assert "run the same command again to resume" in err[0]
     assert len(list((out / "rows").glob("*.json"))) == 1
     assert "Partial" in (out / "claims.md").read_text()
     monkeypatch.setattr(claims, "row", real)

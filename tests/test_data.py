@@ -117,11 +117,11 @@ def test_dirichlet_skew_grows_as_alpha_shrinks():
 
 def test_dirichlet_errors():
     y = _labels(100)
-    with pytest.raises(PrivauditError, match="--alpha"):
+    with pytest.raises(PrivauditError, match="--dirichlet-alpha"):
         dirichlet_partition(y, 4, alpha=0.0)
     with pytest.raises(PrivauditError, match="lower --agents"):
         dirichlet_partition(y, 20, min_size=8)  # 160 > 100 examples
-    with pytest.raises(PrivauditError, match="raise --alpha"):
+    with pytest.raises(PrivauditError, match="raise --dirichlet-alpha"):
         dirichlet_partition(y, 10, alpha=0.001, min_size=9, max_tries=3)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 
 import pytest
 import torch
@@ -127,16 +129,17 @@ def test_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
     real_round = type(run.defense).round
     calls = {"n": 0}
 
-    def flaky(self, *a, **kw):
+    def ctrl_c_in_round_4(self, *a, **kw):
         calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
+        if calls["n"] == 4:  # a real SIGINT, in the middle of the round
+            os.kill(os.getpid(), signal.SIGINT)
         return real_round(self, *a, **kw)
 
-    monkeypatch.setattr(type(run.defense), "round", flaky)
-    with pytest.raises(PrivauditError, match="interrupted in round 4"):
-        run.train(progress=False)
-    assert run.dir.checkpoint_rounds() == [3]
+    monkeypatch.setattr(type(run.defense), "round", ctrl_c_in_round_4)
+    with pytest.raises(PrivauditError, match="interrupted after round 4"):
+        run.train(progress=False)  # round 4 is finished, not cut: the stop is at its end
+    assert run.dir.checkpoint_rounds() == [4]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     monkeypatch.setattr(type(run.defense), "round", real_round)
     resumed = Run.open(tmp_path / "r").train(progress=False)
     assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])

@@ -1,0 +1,335 @@
+"""Inputs that cannot crash it: every bad value ends in one line and exit code 2, quickly.
+
+Each case runs the real CLI in process (``privaudit.cli.main``) and asserts the promise of
+the CLI's docstring: exit code 2, exactly one stderr line ``privaudit: error: …`` naming
+the option, an answer within seconds, and nothing written to ``--out``. A property test
+drives arbitrary floats and ints through the config's validation and the accountant.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from privaudit import limits
+from privaudit.cli import main
+from privaudit.config import RunConfig
+from privaudit.defenses import get_defense
+from privaudit.defenses.base import params_of
+from privaudit.errors import PrivauditError
+from privaudit.eval.accounting import calibrate, epsilon_for_sigma, sigma_for_epsilon
+from privaudit.schema import coerce
+from privaudit.topology import build_topology, metropolis_hastings
+
+SECONDS = 10  # every bad input is answered within this
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str, float]:
+    t0 = time.perf_counter()
+    code = main(list(argv))
+    wall = time.perf_counter() - t0
+    out, err = capsys.readouterr()
+    return code, out, err, wall
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runs") / "nd"
+    argv = ["train", "--defense", "nd", "--rounds", "2", "--agents", "3", "--out", str(path)]
+    assert main([*argv, "--no-progress"]) == 0
+    return path
+
+
+TRAIN = ["train", "--defense", "dpdl", "--rounds", "2", "--agents", "3", "--out", "{tmp}/x"]
+ND = ["train", "--defense", "nd", "--rounds", "2", "--agents", "3", "--out", "{tmp}/x"]
+ATTACK = ["attack", "--target", "nd-cg", "--round", "1", "--run", "{run}", "--out", "{tmp}/x"]
+AUDIT = ["audit", "--target", "nd-cg", "--run", "{run}", "--out", "{tmp}/x", "--trials", "64"]
+COMPARE = ["compare", "--targets", "nd-cg", "--out", "{tmp}/x"]
+CLAIMS = ["claims", "--target", "nd-cg", "--out", "{tmp}/x"]
+REPRODUCE = ["reproduce", "dpdl-table3", "--out", "{tmp}/x"]
+
+BAD = {
+    # privacy parameters: finite and in range, and an ε the accountant can reach
+    "sigma nan": ([*TRAIN, "--sigma", "nan"], "--sigma"),
+    "sigma inf": ([*TRAIN, "--sigma", "inf"], "--sigma"),
+    "sigma huge": ([*TRAIN, "--sigma", "1e300"], "--sigma"),
+    "sigma negative": ([*TRAIN, "--sigma", "-1"], "--sigma"),
+    "epsilon inf": ([*TRAIN, "--epsilon", "inf"], "--epsilon"),
+    "epsilon nan": ([*TRAIN, "--epsilon", "nan"], "--epsilon"),
+    "epsilon huge": ([*TRAIN, "--epsilon", "1e300"], "--epsilon"),
+    "epsilon tiny": ([*TRAIN, "--epsilon", "1e-300"], "--epsilon"),
+    "epsilon out of the accountant's reach": ([*TRAIN, "--epsilon", "0.01"], "out of reach"),
+    "delta tiny": ([*TRAIN, "--delta", "1e-300"], "--delta"),
+    "delta nan": ([*TRAIN, "--delta", "nan"], "--delta"),
+    "delta too small for prv": ([*TRAIN, "--accountant", "prv", "--delta", "1e-20"], "prv"),
+    "seed negative": ([*ND, "--seed", "-1"], "--seed"),
+    "seed beyond 64 bits": ([*ND, "--seed", str(2**70)], "--seed"),
+    "rounds huge": ([*ND, "--rounds", str(10**8)], "--rounds"),
+    "dirichlet alpha nan": ([*ND, "--dirichlet-alpha", "nan"], "--dirichlet-alpha"),
+    "threads zero": ([*ND, "--threads", "0"], "--threads"),
+    "threads beyond the cores": ([*ND, "--threads", "100000"], "--threads"),
+    "checkpoint every zero": ([*ND, "--checkpoint-every", "0"], "--checkpoint-every"),
+    "batch size zero": ([*ND, "--batch-size", "0"], "--batch-size"),
+    "dist timeout inf": ([*ND, "--dist-timeout", "inf"], "--dist-timeout"),
+    "nproc zero": ([*ND, "--nproc", "0"], "--nproc"),
+    # resources before work
+    "agents beyond the dense-graph cap": ([*ND, "--agents", "100000"], "--agents"),
+    "batch larger than a shard": ([*ND, "--batch-size", "5000"], "--batch-size"),
+    # the data split is checked before the graph: a prime N on a torus fails on the data
+    "data split before the graph": (
+        [*ND, "--agents", "9973", "--topology", "torus"],
+        "examples cannot give 9973 agents",
+    ),
+    # typed defense parameters
+    "param not a number": ([*ND, "-p", "momentum=abc"], "momentum must be a number (float)"),
+    "param a list": ([*ND, "-p", "momentum=[1,2]"], "momentum"),
+    "param a bool for a float": ([*ND, "-p", "lr=true"], "lr must be a number"),
+    "param nan": ([*ND, "-p", "lr=NaN"], "finite"),
+    "param int field given a float": (
+        ["train", "--defense", "pdsl", "-p", "permutations=2.5", "--out", "{tmp}/x"],
+        "permutations must be an integer",
+    ),
+    "param negative calib alpha": ([*ND, "-p", "calib_alpha=-1"], "calib_alpha"),
+    # attack options and flags
+    "attack option not a number": ([*ATTACK, "-a", "tv=abc"], "tv must be a number"),
+    "attack lr negative": ([*ATTACK, "-a", "lr=-1"], "lr must be a finite number > 0"),
+    "attack option of a flag": ([*ATTACK, "-a", "seed=3"], "--attack-seed"),
+    "attack label method unknown": ([*ATTACK, "-a", "label_method=x"], "label_method"),
+    "iterations zero": ([*ATTACK, "--iterations", "0"], "--iterations"),
+    "iterations negative": ([*ATTACK, "--iterations", "-5"], "--iterations"),
+    "restarts zero": ([*ATTACK, "--restarts", "0"], "--restarts"),
+    "attack seed negative": ([*ATTACK, "--attack-seed", "-1"], "--attack-seed"),
+    "attack round huge": ([*ATTACK, "--round", str(10**9)], "--round"),
+    "iterations zero before training": (
+        ["attack", "--target", "nd-cg", "--round", "1", "--out", "{tmp}/x", "--iterations", "0"],
+        "--iterations",
+    ),
+    # audit
+    "audit trials zero": ([*AUDIT, "--trials", "0"], "--trials"),
+    "audit victim beyond the run": ([*AUDIT, "--victim", "9"], "--victim must be an agent"),
+    "audit victim negative": ([*AUDIT, "--victim", "-1"], "--victim must be an agent"),
+    "audit victim beyond --agents": (
+        ["audit", "--target", "nd-cg", "--agents", "3", "--out", "{tmp}/x", "--victim", "7"],
+        "--victim must be an agent",
+    ),
+    "audit confidence nan": ([*AUDIT, "--confidence", "nan"], "--confidence"),
+    "audit canary norm inf": ([*AUDIT, "--canary-norm", "inf"], "--canary-norm"),
+    "audit seed negative": ([*AUDIT, "--audit-seed", "-1"], "--audit-seed"),
+    # compare, claims, reproduce
+    "compare epsilon inf": ([*COMPARE, "--epsilons", "inf"], "--epsilons"),
+    "compare seed negative": ([*COMPARE, "--seeds", "-1"], "--seeds"),
+    "compare round zero": ([*COMPARE, "--rounds", "0"], "--rounds must be ≥ 1"),
+    "compare round huge": ([*COMPARE, "--rounds", str(10**8)], "--rounds"),
+    "compare victims zero": ([*COMPARE, "--victims", "0"], "--victims"),
+    "compare iterations zero": ([*COMPARE, "--iterations", "0"], "--iterations"),
+    "compare audit trials zero": ([*COMPARE, "--audit-trials", "0"], "--audit-trials"),
+    "claims trials zero": ([*CLAIMS, "--trials", "0"], "--trials"),
+    "claims confidence one": ([*CLAIMS, "--confidence", "1"], "--confidence"),
+    "claims row seconds nan": ([*CLAIMS, "--row-seconds", "nan"], "--row-seconds"),
+    "reproduce one agent": ([*REPRODUCE, "--agents", "1"], "--agents"),
+    "reproduce seed negative": ([*REPRODUCE, "--seeds", "-3"], "--seeds"),
+    # paths
+    "out is a file": (["train", "--defense", "nd", "--out", "{file}"], "--out"),
+    "attack out is a file": (
+        ["attack", "--target", "nd-cg", "--round", "1", "--run", "{run}", "--out", "{file}"],
+        "--out",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_and_exit_2_within_seconds(case, tmp_path, small_run, capsys):
+    argv, needle = BAD[case]
+    (tmp_path / "a-file").write_text("not a folder")
+    fill = {"tmp": tmp_path, "run": small_run, "file": tmp_path / "a-file"}
+    argv = [a.format(**fill) for a in argv]
+    code, _, err, wall = run_cli(capsys, *argv, "--no-progress")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("privaudit: error:") and needle in lines[0], lines[0]
+    assert wall < SECONDS, f"{case}: answered in {wall:.1f} s"
+    assert not (tmp_path / "x").exists()  # nothing half-written
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+def test_an_unwritable_out_is_one_line_naming_the_path(tmp_path, small_run, capsys):
+    """An --out below a file cannot be created: the OSError becomes one line with the path."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "sub"
+    argv = ["attack", "--target", "nd-cg", "--round", "1", "--run", str(small_run)]
+    argv += ["--out", str(out), "--iterations", "2", "--no-lpips", "--no-progress"]
+    code, _, err, _ = run_cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("privaudit: error:") and str(blocker) in lines[0], lines[0]
+
+
+def test_ctrl_c_is_one_line_and_exit_2(tmp_path):
+    """SIGINT to a real process in the middle of its setup (2,000 agents: seconds of Dirichlet
+    draws before the data split is refused) is answered at once: one ``interrupted`` line,
+    exit 2. (The round loop adds how to resume; a signal there can land inside torch.)"""
+    argv = ["train", "--defense", "nd", "--rounds", "2", "--agents", "2000"]
+    argv += ["--batch-size", "1", "--out", str(tmp_path / "run"), "--no-progress"]
+    code = (
+        "import sys; from privaudit.cli import main; print('ready', flush=True); "
+        f"sys.exit(main({argv!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.perf_counter()
+        _, err = proc.communicate(timeout=60)
+        wall = time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, err
+    assert lines == ["privaudit: error: interrupted"], err
+    assert wall < SECONDS
+    assert not (tmp_path / "run").exists()
+
+
+def test_memory_is_checked_before_allocation() -> None:
+    """A state that cannot fit in this machine's memory is one clear error, not an OOM."""
+    with pytest.raises(PrivauditError, match="need at least .* GB .* lower --agents"):
+        limits.check_memory(agents=10, held=10, params=10**17, device="cpu")
+    limits.check_memory(agents=10, held=10, params=62_006, device="cpu")  # LeNet fits
+
+
+# -- valid values still work -------------------------------------------------------------
+def test_typed_params_keep_valid_values() -> None:
+    dpdl = get_defense("dpdl").Params
+    p = params_of(dpdl, {"momentum": 0.9, "lr": 1})
+    assert p.momentum == 0.9 and isinstance(p.lr, float) and p.lr == 1.0
+    assert params_of(get_defense("nd").Params, {"clip": None}).clip is None
+    assert (
+        params_of(get_defense("pdsl").Params, {"val_size": None, "permutations": 3}).permutations
+        == 3
+    )
+    assert coerce("x", 3, float | None) == 3.0 and coerce("x", None, float | None) is None
+    with pytest.raises(PrivauditError, match="x must be true or false, got 1"):
+        coerce("x", 1, bool)
+
+
+def test_cli_params_reach_the_run_typed(tmp_path, capsys) -> None:
+    """``-p lr=1`` is stored as the float 1.0, ``-p momentum=0.9`` as 0.9 and ``-p clip=null``
+    keeps ND without a clip norm; the run trains."""
+    out = tmp_path / "run"
+    argv = ["train", "--defense", "nd", "--rounds", "2", "--agents", "3", "--out", str(out)]
+    argv += ["-p", "lr=1", "-p", "momentum=0.9", "-p", "clip=null", "--no-progress"]
+    code, _, err, _ = run_cli(capsys, *argv)
+    assert code == 0, err
+    params = json.loads((out / "config.json").read_text())["resolved"]["params"]
+    assert params["lr"] == 1.0 and isinstance(params["lr"], float)
+    assert params["momentum"] == 0.9 and params["clip"] is None
+
+
+def test_a_config_read_back_is_typed_as_the_cli() -> None:
+    good = json.loads(RunConfig().to_json())
+    assert RunConfig.from_dict(good) == RunConfig()
+    assert RunConfig.from_dict({**good, "dirichlet_alpha": 1}).dirichlet_alpha == 1.0
+    for field, value in [("agents", "10"), ("agents", 10.5), ("agents", True)]:
+        with pytest.raises(PrivauditError, match=f"config field {field} must be an integer"):
+            RunConfig.from_dict({**good, field: value})
+    with pytest.raises(PrivauditError, match="config field sigma must be a finite number"):
+        RunConfig.from_dict({**good, "sigma": math.nan})
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the")  # opacus' own search, called here
+def test_valid_privacy_values_keep_their_sigma() -> None:
+    """The bounded search is opacus' own: σ for ε = 1 over 200 rounds at q = 0.01 is the
+    value ``get_noise_multiplier`` finds, and its ε is within the search's tolerance."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    ours = sigma_for_epsilon(1.0, 1e-5, 0.01, 200)
+    theirs = get_noise_multiplier(
+        target_epsilon=1.0, target_delta=1e-5, sample_rate=0.01, steps=200, epsilon_tolerance=0.005
+    )
+    assert ours == theirs
+    assert 1.0 - 0.005 <= epsilon_for_sigma(ours, 1e-5, 0.01, 200) <= 1.0
+
+
+# -- arbitrary numbers through validation and accounting -------------------------------------
+ANY_FLOAT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e300, 1e-30, 0.999999, 1.0, math.inf]),
+)
+EPSILONS = st.one_of(ANY_FLOAT, st.floats(min_value=1e-3, max_value=1e3))
+DELTAS = st.one_of(ANY_FLOAT, st.floats(min_value=1e-30, max_value=0.5))
+SIGMAS = st.one_of(ANY_FLOAT, st.floats(min_value=0.0, max_value=1e6))
+COUNTS = st.one_of(st.integers(), st.integers(min_value=1, max_value=10**7))
+AGENTS = st.one_of(st.integers(), st.integers(min_value=2, max_value=64))
+Q = 0.01  # a fixed sample rate
+W3 = metropolis_hastings(build_topology("ring", 3)).to(torch.float64)
+
+
+def _sigma_or_error(fn, *args) -> float | None:
+    """``fn(*args)``: a finite σ ≥ 0, or None where it raised the CLI's one error."""
+    try:
+        s = fn(*args)
+    except PrivauditError:
+        return None
+    assert s is not None and math.isfinite(s) and s >= 0, s
+    return s
+
+
+@settings(
+    max_examples=40,
+    deadline=timedelta(seconds=5),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(eps=EPSILONS, delta=DELTAS, sigma=SIGMAS, seed=COUNTS, rounds=COUNTS, n=AGENTS)
+def test_any_numbers_raise_one_error_or_give_a_finite_sigma(eps, delta, sigma, seed, rounds, n):
+    """Validation, then the accounting path (also with values validation refused: the
+    accountant guards itself): one PrivauditError, or a finite σ ≥ 0 and an ε ≥ 0."""
+    try:
+        cfg = RunConfig(epsilon=eps, delta=delta, sigma=sigma, seed=seed, rounds=rounds, agents=n)
+        cfg.validate()
+    except PrivauditError:
+        pass
+    else:
+        assert limits.EPSILON[0] <= cfg.epsilon <= limits.EPSILON[1]
+        assert limits.DELTA_MIN <= cfg.delta < 1 and 0 <= cfg.sigma <= limits.SIGMA_MAX
+        assert 0 <= cfg.seed < 2**63 and 1 <= cfg.rounds <= limits.MAX_ROUNDS
+        assert 2 <= cfg.agents <= limits.MAX_AGENTS
+    _sigma_or_error(sigma_for_epsilon, eps, delta, Q, rounds)
+    dpdl = get_defense("dpdl")
+    _sigma_or_error(calibrate, dpdl, params_of(dpdl.Params, {}), W3, [Q] * 3, eps, delta, rounds)
+    try:
+        e = epsilon_for_sigma(sigma, delta, Q, rounds)
+    except PrivauditError:
+        return
+    assert e >= 0 and not math.isnan(e)
+
+
+@settings(max_examples=30, deadline=timedelta(seconds=5))
+@given(sigma=SIGMAS, delta=DELTAS, rounds=COUNTS)
+def test_any_numbers_through_the_prv_accountant_answer_quickly(sigma, delta, rounds):
+    """PRV's grid grows with √T and as σ shrinks: past its limit the answer is one error."""
+    try:
+        e = epsilon_for_sigma(sigma, delta, Q, rounds, accountant="prv")
+    except PrivauditError:
+        return
+    assert e >= 0 and not math.isnan(e)
