@@ -81,6 +81,11 @@ class PeerLost(PrivauditError):
     """A rank's point-to-point operation with a peer failed or timed out."""
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of a transport error (gloo's can run to pages)."""
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
 class DistNetwork(Network):
     """One agent per rank; ``send`` is a batch of ``isend``/``irecv`` with the neighbours.
 
@@ -110,10 +115,9 @@ class DistNetwork(Network):
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0][:200]
             raise PeerLost(
                 f"rank {self.rank}: the check before round {self.round + 1} did not get "
-                f"through ({first})"
+                f"through ({_first_line(exc)})"
             ) from None
         return bool(flag.item())
 
@@ -136,10 +140,9 @@ class DistNetwork(Network):
                 try:
                     work.wait()
                 except RuntimeError as exc:
-                    first = str(exc).strip().splitlines()[0][:200]
                     raise PeerLost(
                         f"rank {self.rank} {LOST} {op.peer}: the {kind} message of round "
-                        f"{self.round} did not get through ({first})"
+                        f"{self.round} did not get through ({_first_line(exc)})"
                     ) from None
         received = received.to(per_out_edge.device)
         self.tap.record(self.round, kind, list(links.in_edges), received)

@@ -45,6 +45,16 @@ def _open(path: Path, create: bool) -> int:
     return os.open(path, flags, 0o644)
 
 
+@contextmanager
+def _again(held: list) -> Iterator[None]:
+    """Enter a lock this process already holds (``held``: [fd, depth])."""
+    held[1] += 1
+    try:
+        yield
+    finally:
+        held[1] -= 1
+
+
 def unwritable(folder: Path, exc: OSError) -> PrivauditError:
     """The error for a run directory this process cannot write."""
     why = exc.strerror or str(exc)
@@ -68,11 +78,8 @@ def writer(folder: Path) -> Iterator[None]:
     process holds it."""
     key = _key(folder)
     if key in _writers:
-        _writers[key][1] += 1
-        try:
+        with _again(_writers[key]):
             yield
-        finally:
-            _writers[key][1] -= 1
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -125,11 +132,8 @@ def io(folder: Path, exclusive: bool) -> Iterator[None]:
     through this process's permissions."""
     key = _key(folder)
     if key in _io:
-        _io[key][1] += 1
-        try:
+        with _again(_io[key]):
             yield
-        finally:
-            _io[key][1] -= 1
         return
     try:
         fd = _open(folder / IO, create=True)
