@@ -259,7 +259,13 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.json:
         from .eval.metrics import to_jsonable
 
-        out = {"defense": a.defense, "run": str(a.out), "test_accuracy": acc, **run.resolved}
+        out = {
+            "defense": a.defense,
+            "run": str(a.out),
+            "test_accuracy": acc,  # the agents' average model
+            "agent_test_accuracy": run.agent_accuracies(state),  # each agent's own model
+            **run.resolved,
+        }
         print(json.dumps(to_jsonable(out), indent=2))
         return 0
     print(

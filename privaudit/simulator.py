@@ -417,19 +417,30 @@ class Run:
 
     def test_accuracy(self, state: State) -> float:
         """Test accuracy of the agents' average model."""
+        return self.accuracies(state["x"].mean(0, keepdim=True))[0]
+
+    def agent_accuracies(self, state: State) -> list[float]:
+        """Test accuracy of each agent's own model (row i of ``state["x"]``), in agent order."""
+        return self.accuracies(state["x"])
+
+    def accuracies(self, flats: Tensor) -> list[float]:
+        """Test accuracy of each flat parameter vector of ``flats`` (M, D) on the test split
+        (less a public validation set the defense drew from it)."""
         from torch.func import functional_call
 
         ctx = self.ctx
-        flat = state["x"].mean(0)
         mean = torch.tensor(self.data.mean).view(-1, 1, 1)
         std = torch.tensor(self.data.std).view(-1, 1, 1)
-        correct = 0
+        correct = [0] * len(flats)
         with torch.no_grad():
             for i in range(0, len(self.data.test_y), 1024):
                 x = ((self.data.test_x[i : i + 1024] - mean) / std).to(ctx.device)
-                out = functional_call(ctx.model, ctx.spec.unflatten(flat), (x,))
-                correct += int((out.argmax(1).cpu() == self.data.test_y[i : i + 1024]).sum())
-        return correct / max(len(self.data.test_y), 1)
+                y = self.data.test_y[i : i + 1024]
+                for m, flat in enumerate(flats):
+                    out = functional_call(ctx.model, ctx.spec.unflatten(flat), (x,))
+                    correct[m] += int((out.argmax(1).cpu() == y).sum())
+        n = max(len(self.data.test_y), 1)
+        return [c / n for c in correct]
 
 
 def split_holdout(parts: list[Tensor], size: int, seed: int) -> tuple[list[Tensor], list[Tensor]]:

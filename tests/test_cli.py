@@ -257,3 +257,36 @@ def test_corrupt_run_files_are_reported_and_kept(tmp_path, small_run, capsys):
     )
     assert code == 2 and "corrupt" in err and len(err.strip().splitlines()) == 1
     assert ckpt.read_bytes() == b"\x80\x04 hostile pickle bytes"
+
+
+def test_train_json_reports_each_agents_accuracy(tmp_path, capsys):
+    """``agent_test_accuracy[i]`` is agent i's own model on the test split, recomputed here
+    through the model's own forward pass on the run's last checkpoint."""
+    import torch
+
+    from privaudit.rundir import RunDir
+    from privaudit.simulator import Run
+
+    run = tmp_path / "run"
+    argv = ["train", "--defense", "dsgd", "--rounds", "20", "--agents", "4", "--out", str(run)]
+    argv += ["--model", "cnn", "--lr", "0.1"]  # trains past chance, each agent differently
+    code, out, err = run_cli(capsys, *argv, "--json", "--no-progress")
+    assert code == 0, err
+    doc = json.loads(out)
+    got = doc["agent_test_accuracy"]
+    r = Run.open(run)
+    x = RunDir(run).load_checkpoint(20)["state.x"]
+    mean = torch.tensor(r.data.mean).view(-1, 1, 1)
+    std = torch.tensor(r.data.std).view(-1, 1, 1)
+    images = (r.data.test_x - mean) / std
+
+    def accuracy(flat: torch.Tensor) -> float:
+        torch.nn.utils.vector_to_parameters(flat, r.ctx.model.parameters())
+        with torch.no_grad():
+            pred = r.ctx.model(images).argmax(1)
+        return int((pred == r.data.test_y).sum()) / len(r.data.test_y)
+
+    want = [accuracy(row) for row in x]
+    assert len(got) == 4 and got == pytest.approx(want, abs=1e-9)
+    assert len(set(want)) > 1  # distinct: the order of agents is checked too
+    assert doc["test_accuracy"] == pytest.approx(accuracy(x.mean(0)), abs=1e-9)
