@@ -170,8 +170,9 @@ def merge_shards(rd: RunDir, ranks: int, upto: int) -> None:
     for t in complete("messages"):
         msgs, links = {}, set()
         for s in shards:
-            msgs.update(s.load_messages(t))
-            links.update(s.captured_links(t))
+            got, tapped = s.read_messages(t)
+            msgs.update(got)
+            links.update(tapped)
         rd.save_messages(t, msgs, links)
     for t in complete("secrets"):
         parts = [s.load_secrets(t) for s in shards]

@@ -185,7 +185,9 @@ class RunDir:
         return rel in self.manifest.files() and (self.path / rel).exists()
 
     def _tensors(self, rel: str) -> dict[str, Tensor]:
-        data = self._get(rel)
+        return self._decode(rel, self._get(rel))
+
+    def _decode(self, rel: str, data: bytes) -> dict[str, Tensor]:
         try:
             return load_bytes(data)
         except Exception:
@@ -284,29 +286,26 @@ class RunDir:
         ``links`` are the directed links that were tapped, whether or not they carried a
         message this round (time-varying graphs leave some idle)."""
         with runlock.io(self.path, exclusive=True):
-            merged = self.load_messages(t)
+            merged, tapped = self.read_messages(t)
             merged.update(messages)
-            tapped = sorted(set(self.captured_links(t)) | {tuple(e) for e in links})
+            tapped = sorted(set(tapped) | {tuple(e) for e in links})
             tensors = {f"{s}-{d}-{k}": v for (_, s, d, k), v in merged.items()}
             self._save(self._rel("messages", t), tensors, {"links": json.dumps(tapped)})
 
-    def captured_links(self, t: int) -> list[tuple[int, int]]:
-        """The directed links tapped in round ``t`` (empty if none)."""
+    def read_messages(self, t: int) -> tuple[dict[Key, Tensor], list[tuple[int, int]]]:
+        """Round ``t``'s captured messages and the directed links tapped (both empty if
+        none), from one checked read of its file."""
         rel = self._rel("messages", t)
         if not self.recorded(rel):
-            return []
+            return {}, []
+        data = self._get(rel)
         try:
-            meta = safetensors_header(self._get(rel)).get("__metadata__") or {}
-            return [(int(s), int(d)) for s, d in json.loads(meta.get("links", "[]"))]
+            meta = safetensors_header(data).get("__metadata__") or {}
+            links = [(int(s), int(d)) for s, d in json.loads(meta.get("links", "[]"))]
         except (ValueError, TypeError, AttributeError):
             raise PrivauditError(f"{self.path / rel} has malformed links; {_fix(rel)}") from None
-
-    def load_messages(self, t: int) -> dict[Key, Tensor]:
-        rel = self._rel("messages", t)
-        if not self.recorded(rel):
-            return {}
         out = {}
-        for name, v in self._tensors(rel).items():
+        for name, v in self._decode(rel, data).items():
             try:
                 s, d, kind = name.split("-", 2)
                 out[(t, int(s), int(d), kind)] = v
@@ -314,7 +313,15 @@ class RunDir:
                 raise PrivauditError(
                     f"{self.path / rel} has a malformed message key {name!r}; {_fix(rel)}"
                 ) from None
-        return out
+        return out, links
+
+    def captured_links(self, t: int) -> list[tuple[int, int]]:
+        """The directed links tapped in round ``t`` (empty if none)."""
+        return self.read_messages(t)[1]
+
+    def load_messages(self, t: int) -> dict[Key, Tensor]:
+        """Round ``t``'s captured messages, keyed (t, src, dst, kind) (empty if none)."""
+        return self.read_messages(t)[0]
 
     # secrets
     def save_secrets(self, t: int, tensors: dict[str, Tensor]) -> None:

@@ -366,22 +366,20 @@ class Run:
         """The messages ``capture`` selects, from disk or by re-simulating their rounds."""
         rounds = sorted(capture.rounds or [])
 
-        def load() -> dict[Key, Tensor]:
-            return {
-                k: v
-                for t in rounds
-                for k, v in self.dir.load_messages(t).items()
-                if capture.wants(*k)
-            }
+        def load() -> tuple[dict[Key, Tensor], bool]:
+            """The selected messages on disk, and whether every round has all it needs."""
+            out, complete = {}, True
+            for t in rounds:
+                msgs, tapped = self.dir.read_messages(t)
+                out.update({k: v for k, v in msgs.items() if capture.wants(*k)})
+                complete &= links <= set(tapped) and self.dir.has_secrets(t)
+            return out, complete
 
-        out = load()
         links = capture.links or set(self.edges())
-        if any(
-            not links <= set(self.dir.captured_links(t)) or not self.dir.has_secrets(t)
-            for t in rounds
-        ):
+        out, complete = load()
+        if not complete:
             self.train(until=max(rounds), capture=capture, progress=progress)
-            out = load()
+            out, _ = load()
         return out
 
     def secret_index(self, t: int, agent: int) -> Tensor:
