@@ -1,112 +1,182 @@
-"""Test accuracy of every defense on MNIST at one ε, ring and complete graphs.
+"""Test accuracy of every defense at its operating point, beside its references and its paper.
 
-Trains each registered defense (or ``--defenses``) with the same data, partition, model,
-rounds and ε, and prints the test accuracy of the agents' average model next to the
-non-private baselines (dsgd, nd, dsgt: no noise). The push-sum defenses (adad2p family) run
-on their own time-varying exponential graph whatever the column says; the cell names it.
-Real MNIST is read from ``--data-root DIR`` (torchvision's layout, ``DIR/MNIST/raw``; a
-t10k-only copy is divided 8,000/2,000).
+For each defense (``--defenses``), the run of ``privaudit train --defense D --dataset DS
+--epsilon E`` at each ``--epsilons`` value (a defense without accountable noise once, at
+ε = ∞): its shipped operating point (``privaudit/presets.py``, found on a validation split
+by ``benchmarks/tune.py``), the test accuracy of the agents' average model, σ, and the
+accounted ε (worst agent, Poisson q_i = B/n_i, add/remove adjacency). Then the two
+references at the same ε: centralised DP-SGD with opacus on the pooled training data (the
+best a decentralised algorithm at that ε could hope for: one noise draw for everyone's
+batch, where each agent here adds its own) and non-private centralised SGD (the same model
+and batches, no clip, no noise), both at dp-dpsgd's operating point. Last, the accuracy each
+source paper reports, with its setting (``benchmarks/paper_claims.py``).
 
-    python benchmarks/accuracy.py --data-root DIR [--rounds 200 --agents 10
-        --epsilon 1 --topologies ring,complete --model cnn --defenses dpdl,pdsl,...] [--json]
+    python benchmarks/accuracy.py --data-root DIR [--dataset mnist --epsilons 1,8
+        --defenses dsgd,dpdl,dp-dpsgd --agents 10 --topology ring --out DIR --json]
+
+Finished cells are kept in ``OUT/results.jsonl`` (an interrupted benchmark resumes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import math
-import tempfile
+import sys
 import time
 import warnings
+from pathlib import Path
+from typing import Any
 
-from privaudit.config import RunConfig
-from privaudit.defenses import DEFENSES
-from privaudit.errors import PrivauditError
-from privaudit.simulator import Run
+sys.path.insert(0, str(Path(__file__).parent))
+
+from paper_claims import paper_rows  # noqa: E402
+
+from privaudit import presets  # noqa: E402
+from privaudit.config import RunConfig  # noqa: E402
+from privaudit.defenses import DEFENSES, get_defense  # noqa: E402
+from privaudit.eval.reference import reference_for  # noqa: E402
+from privaudit.simulator import Run  # noqa: E402
+
+REFERENCE_POINT = "dp-dpsgd"  # the operating point the centralised references train at
+
+
+def key_of(what: str, cfg: RunConfig, epsilon: float) -> str:
+    doc = json.dumps([what, cfg.identity(), epsilon], sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def run_config(args: argparse.Namespace, defense: str, epsilon: float) -> RunConfig:
+    """``privaudit train --defense D --dataset DS --epsilon E`` at the shipped preset."""
+    base = RunConfig(
+        defense=defense,
+        agents=args.agents,
+        topology=get_defense(defense).topology or args.topology,
+        dataset=args.dataset,
+        data_root=args.data_root,
+        seed=args.seed,
+        device=args.device,
+        epsilon=None if math.isinf(epsilon) else epsilon,
+        sigma=0.0 if math.isinf(epsilon) else None,
+    )
+    cfg, _ = presets.apply(base, "utility", {"params": {}})
+    return dataclasses.replace(cfg, checkpoint_every=cfg.rounds)
+
+
+def noised(defense: str) -> bool:
+    """Whether ``defense`` takes σ from the accountant (else it runs once, at ε = ∞)."""
+    from privaudit.eval.accounting import noised as has_noise
+    from privaudit.topology import build_topology, metropolis_hastings
+
+    d = get_defense(defense)
+    W = metropolis_hastings(build_topology(d.topology or "ring", 4)).double()
+    params = d.Params()
+    return has_noise(d, params, W)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-root", required=True)
     p.add_argument("--dataset", default="mnist")
-    p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--agents", type=int, default=10)
-    p.add_argument("--epsilon", type=float, default=1.0)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--model", default="cnn")
-    p.add_argument("--topologies", default="ring,complete")
+    p.add_argument("--topology", default="ring")
+    p.add_argument("--epsilons", default="1,8")
     p.add_argument("--defenses", default=",".join(DEFENSES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="privaudit-out/accuracy")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "results.jsonl"
+    done: dict[str, dict[str, Any]] = {}
+    if log.exists():
+        done = {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
+
+    def cell(what: str, cfg: RunConfig, epsilon: float, work) -> dict[str, Any]:
+        key = key_of(what, cfg, epsilon)
+        if key not in done:
+            t0 = time.perf_counter()
+            r = {"key": key, "what": what, "epsilon_target": epsilon, **work()}
+            r["seconds"] = time.perf_counter() - t0
+            with log.open("a") as f:
+                f.write(json.dumps(r, default=str) + "\n")
+            done[key] = r
+            if not args.json:
+                print(
+                    f"{what:<26} ε={epsilon:<4g} acc {r['accuracy']:.4f}  "
+                    f"σ {r['sigma']:.3g}  ε accounted {r['epsilon']:.3g}  {r['seconds']:.0f} s",
+                    flush=True,
+                )
+        return done[key]
+
+    def train(cfg: RunConfig) -> dict[str, Any]:
+        run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))
+        acc = run.test_accuracy(run.train(progress=False))
+        eps = run.resolved["epsilon"]
+        return {"accuracy": acc, "sigma": run.resolved["sigma"], "epsilon": eps}
+
+    def reference(cfg: RunConfig, epsilon: float | None) -> dict[str, Any]:
+        res = reference_for(cfg, epsilon)
+        return {"accuracy": res.accuracy, "sigma": res.sigma, "epsilon": res.epsilon}
+
+    epsilons = [float(e) for e in args.epsilons.split(",")]
     rows = []
-    with tempfile.TemporaryDirectory() as root:
-        for defense in args.defenses.split(","):
-            own = DEFENSES[defense].topology  # push-sum defenses run on their own graph
-            for topo in args.topologies.split(","):
-                cfg = RunConfig(
-                    defense=defense,
-                    rounds=args.rounds,
-                    agents=args.agents,
-                    topology=own or topo,
-                    dataset=args.dataset,
-                    data_root=args.data_root,
-                    model=args.model,
-                    batch_size=args.batch_size,
-                    epsilon=args.epsilon,
-                    seed=args.seed,
-                    device=args.device,
-                    checkpoint_every=args.rounds,
-                )
-                t0 = time.perf_counter()
-                try:
-                    run = Run.create(cfg, f"{root}/{defense}-{topo}")
-                    acc = run.test_accuracy(run.train(progress=not args.json))
-                    eps, sigma, note = run.resolved["epsilon"], run.resolved["sigma"], ""
-                except PrivauditError as e:  # e.g. a defense that runs on its own graph only
-                    acc, eps, sigma, note = math.nan, math.nan, math.nan, str(e)
-                rows.append(
-                    {
-                        "defense": defense,
-                        "topology": topo,
-                        "graph": own or topo,
-                        "accuracy": acc,
-                        "epsilon": eps,
-                        "sigma": sigma,
-                        "seconds": time.perf_counter() - t0,
-                        "note": note,
-                    }
-                )
-                if not args.json:
-                    r = rows[-1]
-                    print(
-                        f"{defense:<10} {topo:<9} acc {acc:6.3f}  ε {eps:6.3g}  σ {sigma:6.3g}"
-                        f"  {r['seconds']:5.0f} s  {note}",
-                        flush=True,
-                    )
+    for defense in args.defenses.split(","):
+        for eps in epsilons if noised(defense) else [math.inf]:
+            cfg = run_config(args, defense, eps)
+            r = cell(defense, cfg, eps, lambda cfg=cfg: train(cfg))
+            rows.append({**r, "defense": defense, "point": cfg.identity()})
+    ref = run_config(args, REFERENCE_POINT, math.inf)
+    for eps in epsilons:
+        cfg = dataclasses.replace(ref, epsilon=eps, sigma=None)
+        r = cell("centralised DP-SGD", cfg, eps, lambda cfg=cfg, e=eps: reference(cfg, e))
+        rows.append({**r, "defense": "centralised DP-SGD (opacus)", "point": cfg.identity()})
+    r = cell("centralised SGD", ref, math.inf, lambda: reference(ref, None))
+    rows.append({**r, "defense": "centralised SGD, non-private", "point": ref.identity()})
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return
-    topos = args.topologies.split(",")
-    print(
-        f"\n{args.dataset}, {args.agents} agents, {args.rounds} rounds, model {args.model}, "
-        f"B = {args.batch_size}, target ε = {args.epsilon} (δ = 1e-5)\n"
-    )
-    print("| defense | " + " | ".join(topos) + " |")
-    print("|---|" + "---|" * len(topos))
-    for d in args.defenses.split(","):
-        cells = []
-        for t in topos:
-            r = next(r for r in rows if r["defense"] == d and r["topology"] == t)
-            eps = "no DP" if r["epsilon"] == math.inf else f"ε={r['epsilon']:.2g}"
-            graph = "" if r["graph"] == t else f", {r['graph']}"
-            cells.append(
-                "n/a" if math.isnan(r["accuracy"]) else f"{r['accuracy']:.3f} ({eps}{graph})"
-            )
-        print(f"| {d} | " + " | ".join(cells) + " |")
+    print(table(rows, epsilons, args))
+
+
+def table(rows: list[dict[str, Any]], epsilons: list[float], args: argparse.Namespace) -> str:
+    """The markdown table: one row per defense, accuracy at each ε, its operating point and
+    what its paper reports."""
+    cols = [f"ε = {e:g}" for e in epsilons] + ["ε = ∞"]
+    lines = [
+        f"{args.dataset}, {args.agents} agents, {args.topology} (push-sum defenses on their "
+        f"own exponential graph), δ = 1e-5, seed {args.seed}; test accuracy of the average "
+        "model (accounted ε of the worst agent in brackets)\n",
+        "| defense | " + " | ".join(cols) + " | operating point | paper reports |",
+        "|---|" + "---|" * (len(cols) + 2),
+    ]
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        col = "ε = ∞" if math.isinf(r["epsilon_target"]) else f"ε = {r['epsilon_target']:g}"
+        by.setdefault(r["defense"], {})[col] = r
+    for name, cells in by.items():
+        shown = []
+        for c in cols:
+            r = cells.get(c)
+            shown.append("" if r is None else f"{r['accuracy']:.3f} ({float(r['epsilon']):.3g})")
+        pt = next(iter(cells.values()))["point"]
+        params = ", ".join(f"{k}={v}" for k, v in pt["params"].items())
+        point = (
+            f"{pt['model']}, B={pt['batch_size']}, T={pt['rounds']}, α={pt['dirichlet_alpha']:g}"
+        )
+        point += f", {params}" if params else ""
+        paper = "; ".join(
+            f"{q.accuracy:g}% ({q.dataset}, N={q.agents}, {q.topology}, ε {q.epsilon}; {q.source})"
+            for q in paper_rows(name)[:2]
+            if q.dataset == args.dataset
+        )
+        lines.append(f"| {name} | " + " | ".join(shown) + f" | {point} | {paper or '—'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

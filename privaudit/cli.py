@@ -53,12 +53,20 @@ def add_attack_option(p: argparse.ArgumentParser) -> None:
 
 
 def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> None:
+    """The training flags every command shares. Those a preset governs (README, Operating
+    points) default to None: unset, they come from the command's preset."""
     g = p.add_argument_group("training")
+    g.add_argument(
+        "--preset",
+        default=None,
+        help="utility (the defense's operating point on the dataset; train's default) | "
+        "attack (LeNet, B = 8: the inversion setting; the other commands' default)",
+    )
     g.add_argument(
         "--rounds",
         type=int,
         default=rounds_default,
-        help=f"rounds T (default: {rounds_default or 'the attacked round'})",
+        help=f"rounds T (default: {rounds_default or 'the preset, or the attacked round'})",
     )
     g.add_argument("--agents", type=int, default=DEFAULTS.agents, help="number of agents N")
     g.add_argument(
@@ -74,15 +82,17 @@ def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) ->
     )
     g.add_argument("--data-root", default=None, help="folder holding the torchvision dataset")
     g.add_argument("--download", action="store_true", help="let torchvision download it")
-    g.add_argument("--model", default=DEFAULTS.model, help="lenet | cnn | resnet18")
-    g.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    g.add_argument(
+        "--model", default=None, help="lenet | cnn | tanh-cnn | resnet18 (default: the preset)"
+    )
+    g.add_argument("--batch-size", type=int, default=None, help="expected batch size B")
     g.add_argument(
         "--dirichlet-alpha",
         type=float,
-        default=DEFAULTS.dirichlet_alpha,
-        help="label skew of the partition (smaller: more skewed)",
+        default=None,
+        help="label skew of the partition (smaller: more skewed; default: the preset)",
     )
-    g.add_argument("--lr", type=float, default=None, help="learning rate η (default 0.05)")
+    g.add_argument("--lr", type=float, default=None, help="learning rate η (default: the preset)")
     g.add_argument("--clip", type=float, default=None, help="clip norm C (DP defenses)")
     g.add_argument(
         "--epsilon",
@@ -115,34 +125,58 @@ def _training_options(p: argparse.ArgumentParser, rounds_default: int | None) ->
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def config_from_args(a: argparse.Namespace, defense: str, rounds: int) -> RunConfig:
-    from .defenses import get_defense
+# the training flags a preset governs: flag attribute -> RunConfig field
+PRESET_FLAGS = {
+    "model": "model",
+    "batch_size": "batch_size",
+    "rounds": "rounds",
+    "dirichlet_alpha": "dirichlet_alpha",
+}
 
+
+def explicit_settings(a: argparse.Namespace, rounds: int | None) -> dict[str, Any]:
+    """The preset-governed settings the user gave (flags not None, ``-p``/``--lr``/
+    ``--clip`` as ``params``); ``rounds`` is the command's own choice when not None."""
+    given = {f: getattr(a, k, None) for k, f in PRESET_FLAGS.items()}
+    given["rounds"] = rounds
     params = dict(a.param)
     if a.lr is not None:
         params["lr"] = a.lr
     if a.clip is not None:
         params["clip"] = a.clip
-    return RunConfig(
+    return {**{k: v for k, v in given.items() if v is not None}, "params": params}
+
+
+def configured(
+    a: argparse.Namespace, defense: str, rounds: int | None, preset: str = "attack"
+) -> tuple[RunConfig, str]:
+    """The run configuration the flags ask for: ``--preset`` (else the command's
+    ``preset``) fills what they leave unset (:func:`privaudit.presets.apply`). Returns it
+    with the line saying where the settings came from."""
+    from . import presets
+    from .defenses import get_defense
+
+    base = RunConfig(
         defense=defense,
-        rounds=rounds,
         agents=a.agents,
         topology=a.topology or get_defense(defense).topology or DEFAULTS.topology,
         dataset=a.dataset,
         data_root=a.data_root,
         download=a.download,
-        model=a.model,
-        batch_size=a.batch_size,
-        dirichlet_alpha=a.dirichlet_alpha,
         epsilon=a.epsilon,
         delta=a.delta,
         sigma=a.sigma,
         accountant=a.accountant,
-        params=params,
         seed=a.seed,
         device=a.device,
         checkpoint_every=a.checkpoint_every,
-    ).validate()
+    )
+    return presets.apply(base, a.preset or preset, explicit_settings(a, rounds))
+
+
+def config_from_args(a: argparse.Namespace, defense: str, rounds: int | None) -> RunConfig:
+    """:func:`configured` without the line (the attack preset unless ``--preset``)."""
+    return configured(a, defense, rounds)[0]
 
 
 def checked_params(cfg: RunConfig) -> RunConfig:
@@ -234,7 +268,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     from .simulator import Run
 
     get_defense(a.defense)
-    cfg = checked_params(config_from_args(a, a.defense, a.rounds))
+    cfg, origin = configured(a, a.defense, a.rounds, preset="utility")
+    cfg = checked_params(cfg)
+    print(origin, file=sys.stderr if a.json else sys.stdout, flush=True)
     capture = _capture(a.capture, cfg.rounds)
     if a.nproc is not None:
         limits.check_int("--nproc", a.nproc, 1, limits.MAX_AGENTS)
@@ -381,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--json", action="store_true", help="print σ, ε per message kind and per agent as JSON"
     )
-    _training_options(tr, DEFAULTS.rounds)
+    _training_options(tr, None)
     sc = tr.add_argument_group("engine (README, Scale-out)")
     sc.add_argument(
         "--capture",

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import limits, schema
-from .errors import PrivauditError
+from .data import EVAL_SPLITS
+from .errors import PrivauditError, unknown
 
 # Fields that do not change the messages: a run may be resumed with different values.
-NON_IDENTITY = ("device", "checkpoint_every", "data_root", "download")
+NON_IDENTITY = ("device", "checkpoint_every", "data_root", "download", "preset")
 
 AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph is dense N×N"
 
@@ -38,6 +39,11 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     checkpoint_every: int = 50
+    # where accuracy is measured: "test", or "validation" (10 % of the training split held
+    # out of training; what an operating-point search may look at)
+    eval_split: str = "test"
+    # the preset the unset training flags came from (privaudit/presets.py); informational
+    preset: str | None = None
 
     def validate(self) -> RunConfig:
         """Every field in its documented range (:mod:`privaudit.limits`), or one clear error:
@@ -61,6 +67,8 @@ class RunConfig:
                 f"({limits.PRV_MIN_DELTA:g}: floating-point error dominates); "
                 "use --accountant rdp or a larger --delta"
             )
+        if self.eval_split not in EVAL_SPLITS:
+            raise unknown("evaluation split", self.eval_split, EVAL_SPLITS)
         if not isinstance(self.device, str) or not (
             self.device in ("cpu", "cuda") or self.device.startswith("cuda:")
         ):

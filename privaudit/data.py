@@ -369,6 +369,34 @@ def split_validation(
     return rest, data.test_x[idx], data.test_y[idx]
 
 
+VALIDATION_FRACTION = 0.1  # of the training split, when a run is evaluated on validation
+EVAL_SPLITS = ("test", "validation")
+
+
+def evaluation_split(data: ImageData, split: str, seed: int) -> ImageData:
+    """``data`` as a run evaluates it: ``split="test"`` leaves it unchanged; ``"validation"``
+    holds a seeded :data:`VALIDATION_FRACTION` of the *training* split out of training and
+    puts it in place of the test split, so a hyper-parameter search (``benchmarks/tune.py``)
+    never sees a test example. The normalisation statistics stay those of the whole
+    training split (they are public constants of the dataset)."""
+    if split not in EVAL_SPLITS:
+        raise unknown("evaluation split", split, EVAL_SPLITS)
+    if split == "test":
+        return data
+    n = len(data.train_y)
+    size = round(n * VALIDATION_FRACTION)
+    gen = torch.Generator().manual_seed(seed + 7933)  # apart from the run's own streams
+    perm = torch.randperm(n, generator=gen)
+    held, kept = perm[:size].sort().values, perm[size:].sort().values
+    return replace(
+        data,
+        train_x=data.train_x[kept],
+        train_y=data.train_y[kept],
+        test_x=data.train_x[held],
+        test_y=data.train_y[held],
+    )
+
+
 # --------------------------------------------------------------------------- partitions
 
 

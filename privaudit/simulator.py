@@ -27,7 +27,13 @@ from privaudit.defenses.base import State, agent_seed, params_of
 from . import sampling
 from .allocator import keep_freed_memory
 from .config import RunConfig
-from .data import ImageData, dirichlet_partition, load_dataset, split_validation
+from .data import (
+    ImageData,
+    dirichlet_partition,
+    evaluation_split,
+    load_dataset,
+    split_validation,
+)
 from .errors import PrivauditError
 from .grads import PairGrads
 from .interrupts import signals_deferred, stop_requests
@@ -141,6 +147,7 @@ class Run:
         defense = get_defense(cfg.defense)
         device = resolve_device(cfg.device)
         data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
+        data = evaluation_split(data, cfg.eval_split, cfg.seed)
         given = params_of(defense.Params, cfg.params)
         held = defense.holdout_size(given)
         # a public validation set shared by all agents (PDSL's 𝒬), drawn from the test split
@@ -414,7 +421,8 @@ class Run:
         return [int(v) for v in s["sizes"]]
 
     def test_accuracy(self, state: State) -> float:
-        """Test accuracy of the agents' average model."""
+        """Test accuracy of the agents' average model (on the validation split when the run
+        is configured with ``eval_split="validation"``)."""
         return self.accuracies(state["x"].mean(0, keepdim=True))[0]
 
     def agent_accuracies(self, state: State) -> list[float]:

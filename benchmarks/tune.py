@@ -1,0 +1,179 @@
+"""Operating-point search: a grid over training settings, scored on a validation split.
+
+Every grid point trains the defense with ``eval_split="validation"`` — 10 % of the training
+split held out of training and measured instead of the test split, which the search never
+sees — once per ``--epsilons`` value (``inf``: no noise), and is scored by its mean
+validation accuracy over them, so one operating point serves the whole privacy–utility
+frontier. The best point is printed as the :class:`privaudit.presets.OperatingPoint` that
+``privaudit/presets.py`` ships. As is usual, the search itself is not accounted.
+
+    python benchmarks/tune.py --defense dpdl --dataset mnist --data-root DIR \
+        --grid lr=0.5,1,2 --grid batch_size=64,128 [--grid clip=0.5,1] \
+        [--model tanh-cnn --rounds 400 --dirichlet-alpha 0.5 --epsilons 1,8 --out tune]
+
+A grid key is a run setting (model, batch_size, rounds, dirichlet_alpha) or a defense
+parameter (lr, clip, momentum, …). Finished points are kept in ``OUT/results.jsonl``: an
+interrupted search resumes where it stopped, and a wider grid reuses what is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from privaudit.config import RunConfig
+from privaudit.errors import PrivauditError
+from privaudit.simulator import Run
+
+RUN_FIELDS = ("model", "batch_size", "rounds", "dirichlet_alpha")
+
+
+def grid_axis(text: str) -> tuple[str, list[Any]]:
+    """``name=v1,v2,…`` → (name, values parsed as JSON numbers or kept as text)."""
+    name, _, values = text.partition("=")
+    if not values:
+        raise argparse.ArgumentTypeError(f"--grid takes NAME=V1,V2,…, got {text!r}")
+
+    def parse(v: str) -> Any:
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v
+
+    return name.strip().replace("-", "_"), [parse(v) for v in values.split(",")]
+
+
+def config_of(base: RunConfig, point: dict[str, Any], epsilon: float) -> RunConfig:
+    """The run of one grid point at one ε (∞: no noise, σ = 0)."""
+    fields = {k: v for k, v in point.items() if k in RUN_FIELDS}
+    params = {**base.params, **{k: v for k, v in point.items() if k not in RUN_FIELDS}}
+    noise = {"epsilon": None, "sigma": 0.0} if math.isinf(epsilon) else {"epsilon": epsilon}
+    cfg = dataclasses.replace(base, **fields, **noise, params=params)
+    return dataclasses.replace(cfg, checkpoint_every=cfg.rounds).validate()
+
+
+def key_of(cfg: RunConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--defense", required=True)
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--grid", action="append", default=[], type=grid_axis, metavar="NAME=V,…")
+    p.add_argument("--model", default="tanh-cnn")
+    p.add_argument("--rounds", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--dirichlet-alpha", type=float, default=0.5)
+    p.add_argument("--agents", type=int, default=10)
+    p.add_argument("--topology", default=None)
+    p.add_argument("--epsilons", default="1,8", help="comma-separated; inf: no noise")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="privaudit-out/tune")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    from privaudit.defenses import get_defense
+
+    defense = get_defense(args.defense)
+    base = RunConfig(
+        defense=args.defense,
+        agents=args.agents,
+        topology=args.topology or defense.topology or "ring",
+        dataset=args.dataset,
+        data_root=args.data_root,
+        model=args.model,
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        dirichlet_alpha=args.dirichlet_alpha,
+        seed=args.seed,
+        device=args.device,
+        eval_split="validation",
+    )
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    names = [n for n, _ in args.grid]
+    points = [
+        dict(zip(names, vs, strict=True)) for vs in itertools.product(*(v for _, v in args.grid))
+    ]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "results.jsonl"
+    done = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            r = json.loads(line)
+            done[r["key"]] = r
+    rows = []
+    for point in points:
+        accs = []
+        for eps in epsilons:
+            cfg = config_of(base, point, eps)
+            key = key_of(cfg)
+            if key not in done:
+                t0 = time.perf_counter()
+                try:
+                    run = Run.create(cfg, out / "runs" / key)
+                    acc = run.test_accuracy(run.train(progress=False))
+                    sigma = run.resolved["sigma"]
+                except PrivauditError as e:  # e.g. a batch larger than a shard
+                    acc, sigma = math.nan, math.nan
+                    print(f"  {point} ε={eps:g}: {e}", file=sys.stderr)
+                r = {
+                    "key": key,
+                    "defense": args.defense,
+                    "point": point,
+                    "epsilon": eps,
+                    "sigma": sigma,
+                    "validation_accuracy": acc,
+                    "seconds": time.perf_counter() - t0,
+                    "config": cfg.identity(),
+                }
+                with log.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+                done[key] = r
+                shown = ", ".join(f"{k}={v}" for k, v in point.items())
+                print(
+                    f"{args.defense} {shown} ε={eps:g}: validation accuracy {acc:.4f} "
+                    f"(σ {sigma:.3g}, {r['seconds']:.0f} s)",
+                    flush=True,
+                )
+            accs.append(done[key]["validation_accuracy"])
+        score = statistics.fmean(accs) if not any(map(math.isnan, accs)) else math.nan
+        rows.append((score, point, accs))
+    rows.sort(key=lambda r: -r[0] if not math.isnan(r[0]) else math.inf)
+    eps_cols = " | ".join(f"ε={e:g}" for e in epsilons)
+    print(f"\n| {' | '.join(names)} | {eps_cols} | mean |")
+    print("|" + "---|" * (len(names) + len(epsilons) + 1))
+    for score, point, accs in rows:
+        cells = " | ".join(str(point[n]) for n in names)
+        print(f"| {cells} | " + " | ".join(f"{a:.4f}" for a in accs) + f" | {score:.4f} |")
+    score, best, accs = rows[0]
+    cfg = config_of(base, best, epsilons[0])
+    params = {k: v for k, v in best.items() if k not in RUN_FIELDS}
+    grid = " ".join(f"--grid {n}={','.join(map(str, v))}" for n, v in args.grid)
+    searched = (
+        f"benchmarks/tune.py --defense {args.defense} --dataset {args.dataset} {grid} "
+        f"--model {args.model} --rounds {args.rounds} --batch-size {args.batch_size} "
+        f"--dirichlet-alpha {args.dirichlet_alpha} --epsilons {args.epsilons}: validation "
+        + ", ".join(f"{a:.3f} at ε={e:g}" for a, e in zip(accs, epsilons, strict=True))
+    )
+    print(
+        f"\nbest: ({args.defense!r}, {args.dataset!r}): OperatingPoint(model={cfg.model!r}, "
+        f"batch_size={cfg.batch_size}, rounds={cfg.rounds}, "
+        f"dirichlet_alpha={cfg.dirichlet_alpha}, params={params!r}, searched={searched!r})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Presets: an operating point is applied, an explicit flag overrides it, the run records it;
+the validation split a search scores on never touches the test split."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from privaudit import presets
+from privaudit.cli import build_parser, configured, main
+from privaudit.config import RunConfig
+from privaudit.data import VALIDATION_FRACTION, evaluation_split, photos
+from privaudit.errors import PrivauditError
+
+POINT = presets.OperatingPoint(
+    model="tanh-cnn",
+    batch_size=16,
+    rounds=123,
+    dirichlet_alpha=50.0,
+    params={"lr": 0.7, "clip": 2.0},
+    searched="test point",
+)
+
+
+@pytest.fixture
+def point(monkeypatch) -> presets.OperatingPoint:
+    """A known operating point for dpdl on photos (the shipped ones change with tuning)."""
+    monkeypatch.setitem(presets.OPERATING_POINTS, ("dpdl", "photos"), POINT)
+    return POINT
+
+
+def args(command: str, *argv: str) -> argparse.Namespace:
+    extra = {"train": ["--defense", "dpdl", "--out", "x"]}.get(command, [])
+    return build_parser().parse_args([command, *extra, *argv])
+
+
+def test_train_gets_the_operating_point(point):
+    cfg, line = configured(args("train"), "dpdl", None, preset="utility")
+    assert (cfg.model, cfg.batch_size, cfg.rounds, cfg.dirichlet_alpha) == (
+        "tanh-cnn",
+        16,
+        123,
+        50.0,
+    )
+    assert cfg.params == {"lr": 0.7, "clip": 2.0} and cfg.preset == "utility"
+    assert "utility preset" in line and "lr=0.7" in line and "batch_size=16" in line
+
+
+def test_an_explicit_flag_wins_over_the_preset(point):
+    a = args("train", "--lr", "0.1", "--batch-size", "4", "--rounds", "7", "-p", "momentum=0.9")
+    cfg, _ = configured(a, "dpdl", a.rounds, preset="utility")
+    assert cfg.batch_size == 4 and cfg.rounds == 7 and cfg.model == "tanh-cnn"
+    assert cfg.params == {"lr": 0.1, "clip": 2.0, "momentum": 0.9}
+
+
+def test_attack_preset_is_the_inversion_setting(point):
+    a = args("train", "--preset", "attack")
+    cfg, line = configured(a, "dpdl", None, preset="utility")
+    assert (cfg.model, cfg.batch_size, cfg.rounds) == ("lenet", 8, 200)
+    assert cfg.params == {} and cfg.preset == "attack" and "attack preset" in line
+    # the other commands default to it
+    a = args("attack", "--target", "dpdl-cg", "--round", "3")
+    cfg, _ = configured(a, "dpdl", 3)
+    assert (cfg.model, cfg.batch_size, cfg.rounds, cfg.preset) == ("lenet", 8, 3, "attack")
+
+
+def test_no_operating_point_falls_back_and_says_so():
+    base = RunConfig(defense="dpdl", dataset="cifar10")
+    cfg, line = presets.apply(base, "utility", {"params": {}})
+    assert cfg.model == presets.ATTACK.model and "no operating point for dpdl on cifar10" in line
+
+
+def test_unknown_preset_is_one_line(capsys):
+    assert main(["train", "--defense", "dpdl", "--out", "x", "--preset", "fast"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown preset 'fast'" in err and "utility" in err
+
+
+def test_train_records_the_preset_in_the_run(point, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--defense", "dpdl", "--out", str(out), "--rounds", "2", "--agents", "3"]
+    assert main([*argv, "--lr", "0.2", "--no-progress", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "utility preset" in captured.err  # stdout stays JSON
+    json.loads(captured.out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["preset"] == "utility" and cfg["model"] == "tanh-cnn"
+    assert cfg["batch_size"] == 16 and cfg["rounds"] == 2 and cfg["dirichlet_alpha"] == 50.0
+    assert cfg["params"]["lr"] == 0.2 and cfg["params"]["clip"] == 2.0
+    # the same run with the preset's values given explicitly resumes: the preset's name
+    # is not part of the run's identity
+    again = [*argv, "--preset", "attack", "--model", "tanh-cnn", "--batch-size", "16"]
+    again += ["--dirichlet-alpha", "50", "--lr", "0.2", "--clip", "2", "--no-progress"]
+    assert main(again) == 0, capsys.readouterr().err
+
+
+def test_validation_split_is_carved_from_training_only():
+    data = photos()
+    val = evaluation_split(data, "validation", seed=0)
+    n = len(data.train_y)
+    assert len(val.test_y) == round(n * VALIDATION_FRACTION)
+    assert len(val.train_y) + len(val.test_y) == n
+    # every validation image is a training image, none is a test image, none is trained on
+    flat = lambda x: {tuple(r.tolist()) for r in x.flatten(1)[:, ::97]}  # noqa: E731
+    assert flat(val.test_x) <= flat(data.train_x)
+    assert not flat(val.test_x) & flat(data.test_x)
+    assert not flat(val.test_x) & flat(val.train_x)
+    assert evaluation_split(data, "test", seed=0) is data
+    other = evaluation_split(data, "validation", seed=1)
+    assert not torch.equal(other.test_x, val.test_x)
+    with pytest.raises(PrivauditError, match="unknown evaluation split"):
+        evaluation_split(data, "train", seed=0)
+
+
+def test_shipped_operating_points_are_valid_runs():
+    """Every shipped point names a model, a defense and parameters the defense accepts."""
+    from privaudit.defenses import get_defense
+    from privaudit.defenses.base import params_of
+    from privaudit.models import MODELS
+
+    for (defense, dataset), p in presets.OPERATING_POINTS.items():
+        assert p.model in MODELS and p.searched
+        cfg = RunConfig(defense=defense, dataset=dataset)
+        cfg = dataclasses.replace(cfg, **p.fields()).validate()
+        params_of(get_defense(defense).Params, cfg.params)
