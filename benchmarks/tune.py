@@ -3,9 +3,10 @@
 Every grid point trains the defense with ``eval_split="validation"`` — 10 % of the training
 split held out of training and measured instead of the test split, which the search never
 sees — once per ``--epsilons`` value (``inf``: no noise), and is scored by its mean
-validation accuracy over them, so one operating point serves the whole privacy–utility
-frontier. The best point is printed as the :class:`privaudit.presets.OperatingPoint` that
-``privaudit/presets.py`` ships. As is usual, the search itself is not accounted.
+validation accuracy over them. The best point is printed as the
+:class:`privaudit.presets.OperatingPoint` that ``privaudit/presets.py`` ships; a noised
+defense is searched one ε at a time, as it ships one point per ε. As is usual, the search
+itself is not accounted.
 
     python benchmarks/tune.py --defense dpdl --dataset mnist --data-root DIR \
         --grid lr=0.5,1,2 --grid batch_size=64,128 [--grid clip=0.5,1] \
@@ -162,16 +163,22 @@ def main() -> None:
     cfg = config_of(base, best, epsilons[0])
     params = {k: v for k, v in best.items() if k not in RUN_FIELDS}
     grid = " ".join(f"--grid {n}={','.join(map(str, v))}" for n, v in args.grid)
+    fixed = {"model": args.model, "rounds": args.rounds, "batch_size": args.batch_size}
+    fixed["dirichlet_alpha"] = args.dirichlet_alpha
+    fixed_flags = " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in fixed.items() if k not in names
+    )
     searched = (
         f"benchmarks/tune.py --defense {args.defense} --dataset {args.dataset} {grid} "
-        f"--model {args.model} --rounds {args.rounds} --batch-size {args.batch_size} "
-        f"--dirichlet-alpha {args.dirichlet_alpha} --epsilons {args.epsilons}: validation "
+        f"{fixed_flags} --epsilons {args.epsilons}: validation "
         + ", ".join(f"{a:.3f} at ε={e:g}" for a, e in zip(accs, epsilons, strict=True))
     )
+    anchor = epsilons[0] if len(epsilons) == 1 and math.isfinite(epsilons[0]) else None
     print(
         f"\nbest: ({args.defense!r}, {args.dataset!r}): OperatingPoint(model={cfg.model!r}, "
         f"batch_size={cfg.batch_size}, rounds={cfg.rounds}, "
-        f"dirichlet_alpha={cfg.dirichlet_alpha}, params={params!r}, searched={searched!r})"
+        f"dirichlet_alpha={cfg.dirichlet_alpha}, params={params!r}, searched={searched!r}, "
+        f"epsilon={anchor})"
     )
 
 

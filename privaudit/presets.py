@@ -1,7 +1,10 @@
 """Presets: where the training settings a user leaves unset come from.
 
-- ``utility`` — the defense's *operating point* on the dataset: the model, expected batch
-  size B, rounds T, partition and step size (and clip) at which it learns, found by
+- ``utility`` — the defense's *operating point* on the dataset at the run's ε: the model,
+  expected batch size B, rounds T, partition and step size (and clip) at which it learns.
+  A noised defense has one point per searched ε (the privacy level changes the best
+  rounds and step size: more noise favours fewer, smaller steps); a run takes the point
+  searched at the ε nearest its own on a log scale (with ``--sigma``, the largest). Found by
   ``benchmarks/tune.py``, a grid search scored on a validation split carved out of the
   training data (``eval_split="validation"``), never on the test split. As is usual, the
   search itself is not accounted: its ε is not part of the ε a run reports. The default of
@@ -18,6 +21,7 @@ the values used and the preset they came from.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +42,7 @@ class OperatingPoint:
     dirichlet_alpha: float
     params: Mapping[str, Any] = field(default_factory=dict)  # defense parameters: lr, clip…
     searched: str = ""  # the search that chose it and its validation accuracy
+    epsilon: float | None = None  # the ε it was searched at (None: a defense without noise)
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -58,25 +63,90 @@ ATTACK = OperatingPoint(
     searched="the attack setting: not searched",
 )
 
-# (defense, dataset) -> its operating point; filled from benchmarks/tune.py's output
-OPERATING_POINTS: dict[tuple[str, str], OperatingPoint] = {}
+# (defense, dataset) -> its operating points, one per searched ε: benchmarks/tune.py's output
+# MNIST (t10k split 8,000/2,000 when only the test files are present), 10 agents on a ring:
+# tanh-cnn, B = 64, near-IID shards (α = 100: with Dirichlet(0.5) the smallest shard holds
+# 289 examples, so its q = B/n_i — which sets the run's ε — is 2.6× the others' and σ 2×)
+_MNIST = {"model": "tanh-cnn", "batch_size": 64, "dirichlet_alpha": 100.0}
+_TUNE = "benchmarks/tune.py --dataset mnist --model tanh-cnn --batch-size 64 --dirichlet-alpha 100"
+OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
+    ("dsgd", "mnist"): (
+        OperatingPoint(
+            **_MNIST,
+            rounds=300,
+            params={"lr": 0.5},
+            searched=f"{_TUNE} --defense dsgd --rounds 300 --grid lr=0.5,1,2 --epsilons inf: "
+            "validation 0.978",
+        ),
+    ),
+    ("dp-dpsgd", "mnist"): (
+        OperatingPoint(
+            **_MNIST,
+            rounds=100,
+            params={"lr": 0.5},
+            epsilon=1.0,
+            searched=f"{_TUNE} --defense dp-dpsgd --grid rounds=50,100 --grid lr=0.25,0.5,1 "
+            "--epsilons 1: validation 0.694",
+        ),
+        OperatingPoint(
+            **_MNIST,
+            rounds=300,
+            params={"lr": 1.0},
+            epsilon=8.0,
+            searched=f"{_TUNE} --defense dp-dpsgd --grid rounds=100,300 --grid lr=0.5,1,2 "
+            "--epsilons 8: validation 0.929",
+        ),
+    ),
+    ("dpdl", "mnist"): (
+        OperatingPoint(
+            **_MNIST,
+            rounds=100,
+            params={"lr": 0.5},
+            epsilon=1.0,
+            searched=f"{_TUNE} --defense dpdl --grid lr=0.5,1 --grid rounds=100,300 "
+            "--epsilons 1: validation 0.839",
+        ),
+        OperatingPoint(
+            **_MNIST,
+            rounds=300,
+            params={"lr": 1.0},
+            epsilon=8.0,
+            searched=f"{_TUNE} --defense dpdl --grid lr=0.5,1 --grid rounds=100,300 "
+            "--epsilons 8: validation 0.946",
+        ),
+    ),
+}
 
 
-def operating_point(preset: str, defense: str, dataset: str) -> OperatingPoint | None:
-    """The settings ``preset`` gives ``defense`` on ``dataset``; None when ``utility`` has
+def operating_point(
+    preset: str, defense: str, dataset: str, epsilon: float | None = None
+) -> OperatingPoint | None:
+    """The settings ``preset`` gives ``defense`` on ``dataset`` at ``epsilon`` (the point
+    searched at the nearest ε on a log scale; None: the largest); None when ``utility`` has
     no searched point there (the caller says so and falls back to :data:`ATTACK`)."""
     if preset not in PRESETS:
         raise unknown("preset", preset, PRESETS)
     if preset == "attack":
         return ATTACK
-    return OPERATING_POINTS.get((defense, dataset))
+    points = OPERATING_POINTS.get((defense, dataset), ())
+    if not points:
+        return None
+
+    def distance(p: OperatingPoint) -> float:
+        if p.epsilon is None:
+            return 0.0
+        if epsilon is None:
+            return -p.epsilon  # the largest searched ε
+        return abs(math.log(p.epsilon / epsilon))
+
+    return min(points, key=distance)
 
 
 def apply(cfg: RunConfig, preset: str, explicit: Mapping[str, Any]) -> tuple[RunConfig, str]:
     """``cfg`` with the preset's settings for its defense and dataset, then the ``explicit``
     ones (flags the user gave: RunConfig fields, and ``params`` merged key by key on top of
     the preset's). Returns the config and one line naming where the settings came from."""
-    point = operating_point(preset, cfg.defense, cfg.dataset)
+    point = operating_point(preset, cfg.defense, cfg.dataset, cfg.epsilon)
     note = f"{preset} preset"
     if point is None:
         point = ATTACK

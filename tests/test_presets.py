@@ -23,13 +23,15 @@ POINT = presets.OperatingPoint(
     dirichlet_alpha=50.0,
     params={"lr": 0.7, "clip": 2.0},
     searched="test point",
+    epsilon=1.0,
 )
 
 
 @pytest.fixture
 def point(monkeypatch) -> presets.OperatingPoint:
     """A known operating point for dpdl on photos (the shipped ones change with tuning)."""
-    monkeypatch.setitem(presets.OPERATING_POINTS, ("dpdl", "photos"), POINT)
+    far = dataclasses.replace(POINT, rounds=999, epsilon=8.0)  # searched at ε = 8
+    monkeypatch.setitem(presets.OPERATING_POINTS, ("dpdl", "photos"), (POINT, far))
     return POINT
 
 
@@ -66,6 +68,15 @@ def test_attack_preset_is_the_inversion_setting(point):
     a = args("attack", "--target", "dpdl-cg", "--round", "3")
     cfg, _ = configured(a, "dpdl", 3)
     assert (cfg.model, cfg.batch_size, cfg.rounds, cfg.preset) == ("lenet", 8, 3, "attack")
+
+
+def test_the_point_searched_at_the_nearest_epsilon_is_taken(point):
+    pick = lambda eps: presets.operating_point("utility", "dpdl", "photos", eps).rounds  # noqa: E731
+    assert pick(1.0) == 123 and pick(2.0) == 123 and pick(0.5) == 123
+    assert pick(3.0) == 999 and pick(8.0) == 999 and pick(50.0) == 999
+    assert pick(None) == 999  # --sigma: the largest searched ε
+    cfg, _ = configured(args("train", "--epsilon", "4"), "dpdl", None, preset="utility")
+    assert cfg.rounds == 999
 
 
 def test_no_operating_point_falls_back_and_says_so():
@@ -122,8 +133,35 @@ def test_shipped_operating_points_are_valid_runs():
     from privaudit.defenses.base import params_of
     from privaudit.models import MODELS
 
-    for (defense, dataset), p in presets.OPERATING_POINTS.items():
-        assert p.model in MODELS and p.searched
-        cfg = RunConfig(defense=defense, dataset=dataset)
-        cfg = dataclasses.replace(cfg, **p.fields()).validate()
-        params_of(get_defense(defense).Params, cfg.params)
+    for (defense, dataset), points in presets.OPERATING_POINTS.items():
+        assert points and len({p.epsilon for p in points}) == len(points)
+        for p in points:
+            assert p.model in MODELS and p.searched
+            cfg = RunConfig(defense=defense, dataset=dataset)
+            cfg = dataclasses.replace(cfg, **p.fields()).validate()
+            params_of(get_defense(defense).Params, cfg.params)
+
+
+def test_tune_scores_on_validation_and_resumes(tmp_path):
+    """benchmarks/tune.py: every grid point × ε is a run evaluated on the validation split;
+    the best is printed as an OperatingPoint; a second call reuses every finished point."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "tune.py"
+    argv = [sys.executable, str(script), "--defense", "dp-dpsgd", "--dataset", "photos"]
+    argv += ["--agents", "3", "--rounds", "2", "--batch-size", "4", "--grid", "lr=0.1,0.3"]
+    argv += ["--epsilons", "8,inf", "--out", str(tmp_path)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {r["config"]["eval_split"] for r in rows} == {"validation"}
+    assert {(r["point"]["lr"], r["epsilon"]) for r in rows} == {
+        (lr, e) for lr in (0.1, 0.3) for e in (8.0, float("inf"))
+    }
+    assert all(r["sigma"] == 0 for r in rows if r["epsilon"] == float("inf"))
+    assert "best: ('dp-dpsgd', 'photos'): OperatingPoint(model='tanh-cnn'" in first.stdout
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "validation accuracy" not in again.stdout  # all reused
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 4
