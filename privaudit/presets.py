@@ -67,53 +67,35 @@ ATTACK = OperatingPoint(
 # MNIST (t10k split 8,000/2,000 when only the test files are present), 10 agents on a ring:
 # tanh-cnn, B = 64, near-IID shards (α = 100: with Dirichlet(0.5) the smallest shard holds
 # 289 examples, so its q = B/n_i — which sets the run's ε — is 2.6× the others' and σ 2×)
-_MNIST = {"model": "tanh-cnn", "batch_size": 64, "dirichlet_alpha": 100.0}
 _TUNE = "benchmarks/tune.py --dataset mnist --model tanh-cnn --batch-size 64 --dirichlet-alpha 100"
+
+
+def _mnist(
+    defense: str, epsilon: float | None, rounds: int, lr: float, grid: str, validation: float
+) -> OperatingPoint:
+    """A searched MNIST point: tanh-cnn, B = 64, α = 100, and the search that chose it."""
+    eps = "inf" if epsilon is None else f"{epsilon:g}"
+    return OperatingPoint(
+        model="tanh-cnn",
+        batch_size=64,
+        dirichlet_alpha=100.0,
+        rounds=rounds,
+        params={"lr": lr},
+        epsilon=epsilon,
+        searched=f"{_TUNE} --defense {defense} {grid} --epsilons {eps}: "
+        f"validation {validation:.3f}",
+    )
+
+
 OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
-    ("dsgd", "mnist"): (
-        OperatingPoint(
-            **_MNIST,
-            rounds=300,
-            params={"lr": 0.5},
-            searched=f"{_TUNE} --defense dsgd --rounds 300 --grid lr=0.5,1,2 --epsilons inf: "
-            "validation 0.978",
-        ),
-    ),
+    ("dsgd", "mnist"): (_mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.978),),
     ("dp-dpsgd", "mnist"): (
-        OperatingPoint(
-            **_MNIST,
-            rounds=100,
-            params={"lr": 0.5},
-            epsilon=1.0,
-            searched=f"{_TUNE} --defense dp-dpsgd --grid rounds=50,100 --grid lr=0.25,0.5,1 "
-            "--epsilons 1: validation 0.694",
-        ),
-        OperatingPoint(
-            **_MNIST,
-            rounds=300,
-            params={"lr": 1.0},
-            epsilon=8.0,
-            searched=f"{_TUNE} --defense dp-dpsgd --grid rounds=100,300 --grid lr=0.5,1,2 "
-            "--epsilons 8: validation 0.929",
-        ),
+        _mnist("dp-dpsgd", 1.0, 100, 0.5, "--grid rounds=50,100 --grid lr=0.25,0.5,1", 0.694),
+        _mnist("dp-dpsgd", 8.0, 300, 1.0, "--grid rounds=100,300 --grid lr=0.5,1,2", 0.929),
     ),
     ("dpdl", "mnist"): (
-        OperatingPoint(
-            **_MNIST,
-            rounds=100,
-            params={"lr": 0.5},
-            epsilon=1.0,
-            searched=f"{_TUNE} --defense dpdl --grid lr=0.5,1 --grid rounds=100,300 "
-            "--epsilons 1: validation 0.839",
-        ),
-        OperatingPoint(
-            **_MNIST,
-            rounds=300,
-            params={"lr": 1.0},
-            epsilon=8.0,
-            searched=f"{_TUNE} --defense dpdl --grid lr=0.5,1 --grid rounds=100,300 "
-            "--epsilons 8: validation 0.946",
-        ),
+        _mnist("dpdl", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.839),
+        _mnist("dpdl", 8.0, 300, 1.0, "--grid lr=0.5,1 --grid rounds=100,300", 0.946),
     ),
 }
 
@@ -146,7 +128,8 @@ def apply(cfg: RunConfig, preset: str, explicit: Mapping[str, Any]) -> tuple[Run
     """``cfg`` with the preset's settings for its defense and dataset, then the ``explicit``
     ones (flags the user gave: RunConfig fields, and ``params`` merged key by key on top of
     the preset's). Returns the config and one line naming where the settings came from."""
-    point = operating_point(preset, cfg.defense, cfg.dataset, cfg.epsilon)
+    epsilon = None if cfg.sigma is not None else cfg.epsilon  # --sigma overrides ε
+    point = operating_point(preset, cfg.defense, cfg.dataset, epsilon)
     note = f"{preset} preset"
     if point is None:
         point = ATTACK

@@ -77,6 +77,8 @@ def test_the_point_searched_at_the_nearest_epsilon_is_taken(point):
     assert pick(None) == 999  # --sigma: the largest searched ε
     cfg, _ = configured(args("train", "--epsilon", "4"), "dpdl", None, preset="utility")
     assert cfg.rounds == 999
+    cfg, _ = configured(args("train", "--sigma", "2"), "dpdl", None, preset="utility")
+    assert cfg.rounds == 999  # --sigma overrides the (default) ε: the largest searched ε
 
 
 def test_no_operating_point_falls_back_and_says_so():
