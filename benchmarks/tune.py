@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from privaudit.config import RunConfig
-from privaudit.errors import PrivauditError
+from privaudit.errors import Interrupted, PrivauditError
 from privaudit.simulator import Run
 
 RUN_FIELDS = ("model", "batch_size", "rounds", "dirichlet_alpha")
@@ -127,6 +127,8 @@ def main() -> None:
                     run = Run.create(cfg, out / "runs" / key)
                     acc = run.test_accuracy(run.train(progress=False))
                     sigma = run.resolved["sigma"]
+                except Interrupted:
+                    raise
                 except PrivauditError as e:  # e.g. a batch larger than a shard
                     acc, sigma = math.nan, math.nan
                     print(f"  {point} ε={eps:g}: {e}", file=sys.stderr)

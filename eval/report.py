@@ -275,7 +275,7 @@ def write_tables(
 # --------------------------------------------------------------------------- figures
 
 
-def _style(ax: Any) -> None:
+def style_axes(ax: Any) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.tick_params(labelsize=7, width=0.6, length=3)
@@ -283,7 +283,7 @@ def _style(ax: Any) -> None:
         ax.spines[side].set_linewidth(0.6)
 
 
-def _save(fig: Any, path: Path) -> list[Path]:
+def save_png_pdf(fig: Any, path: Path) -> list[Path]:
     """``path`` as 300 dpi PNG and the same figure as PDF beside it."""
     return [
         save_figure(fig, path.with_suffix(".png"), dpi=DPI),
@@ -329,10 +329,10 @@ def grid_figure(
                 ax.set_axis_off()
         axes[r, 0].set_ylabel(label, fontsize=6.5, rotation=0, ha="right", va="center", labelpad=4)
     fig.suptitle(f"{title}\nPSNR (dB) / SSIM under each image", fontsize=6.5)
-    return _save(fig, path)
+    return save_png_pdf(fig, path)
 
 
-def _target_style(targets: Sequence[str]) -> dict[str, tuple[str, str]]:
+def target_style(targets: Sequence[str]) -> dict[str, tuple[str, str]]:
     return {
         t: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, t in enumerate(targets)
     }
@@ -347,7 +347,7 @@ def sweep_figure(
     from matplotlib.figure import Figure
 
     targets = list(dict.fromkeys(s["target"] for s in summary))
-    style = _target_style(targets)
+    style = target_style(targets)
     fig = Figure(figsize=(6.6, 2.5), layout="constrained")
     axes = fig.subplots(1, 2)
     xs_all = sorted({s[x] for s in summary if s[x] is not None})
@@ -392,12 +392,12 @@ def sweep_figure(
             ax.set_xticks(xs_all, [f"{v:g}" for v in xs_all])
             ax.minorticks_off()
         ax.set_ylabel(label, fontsize=7.5)
-        _style(ax)
+        style_axes(ax)
     spread = summary[0]["spread_over"] if summary else "seeds"
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", fontsize=6.5, frameon=False)
     fig.suptitle(f"{title}   (mean ± s.d. over {spread})", fontsize=7.5)
-    return _save(fig, path)
+    return save_png_pdf(fig, path)
 
 
 def _dodge(v: float, i: int, n: int, xs: list[float], x: str) -> float:
@@ -427,7 +427,7 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
         and math.isfinite(s["audit_epsilon_upper"])
     ]
     targets = list(dict.fromkeys(s["target"] for s in pts))
-    style = _target_style(targets)
+    style = target_style(targets)
     eps = [s["epsilon"] for s in pts if s["epsilon"] is not None]
     norm = colors.LogNorm(min(eps) / 1.5, max(eps) * 1.5) if eps else None
     cmap = cm.viridis
@@ -458,7 +458,7 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
     ax.set_xlabel("test accuracy (average model, last round)", fontsize=7.5)
     ax.set_ylabel(f"reconstruction PSNR (dB), round {round}", fontsize=7.5)
     ax.legend(fontsize=6, frameon=False, loc="best")
-    _style(ax)
+    style_axes(ax)
     if norm is not None:
         sm = cm.ScalarMappable(norm=norm, cmap=cmap)
         cb = fig.colorbar(sm, ax=ax, pad=0.01, fraction=0.05)
@@ -490,8 +490,8 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
         ax2.legend(fontsize=6, frameon=False, loc="upper left")
         ax2.set_xlabel("accountant's ε, one release", fontsize=7.5)
         ax2.set_ylabel("audited ε lower bound, one release", fontsize=7.5)
-        _style(ax2)
-    return _save(fig, path)
+        style_axes(ax2)
+    return save_png_pdf(fig, path)
 
 
 def _slug(v: float | None) -> str:
@@ -499,14 +499,21 @@ def _slug(v: float | None) -> str:
 
 
 def write_report(
-    rows: Sequence[dict[str, Any]], out: str | Path, load: Any
+    rows: Sequence[dict[str, Any]], out: str | Path, load: Any, last_round: bool = False
 ) -> dict[str, list[Path]]:
     """Every table and figure of a sweep into ``out``; ``load(dir)`` returns a cell's
     tensors (:func:`privaudit.eval.sweeps.load_tensors`). Grids are drawn for the first
-    seed, one per (round, ε)."""
+    seed, one per (round, ε). ``last_round`` (a utility-preset sweep, whose runs end at
+    different rounds): one grid per ε of each target's last round, and no round sweep or
+    privacy–utility scatter (:mod:`.frontier` draws the frontier instead)."""
     out = Path(out)
     summary = summarize(rows)
     written: dict[str, list[Path]] = {"tables": write_tables(rows, summary, out)}
+    if last_round:
+        last = {}
+        for r in rows:
+            last[r["target"]] = max(last.get(r["target"], 0), r["round"])
+        rows = [{**r, "round": "last"} for r in rows if r["round"] == last[r["target"]]]
     rounds = sorted({r["round"] for r in rows})
     eps_list = sorted({r["epsilon_requested"] for r in rows if r["epsilon_requested"]})
     seed0 = rows[0]["seed"] if rows else 0
@@ -543,11 +550,12 @@ def write_report(
                     )
                 )
             if blocks:
-                title = f"round {rnd} · target ε = {_slug(e)} · seed {seed0}"
+                when = "last round" if rnd == "last" else f"round {rnd}"
+                title = f"{when} · target ε = {_slug(e)} · seed {seed0}"
                 grids += grid_figure(blocks, title, out / f"grid-r{rnd}-eps{_slug(e)}")
     written["grids"] = grids
     sweeps = []
-    if len(rounds) > 1:
+    if len(rounds) > 1 and not last_round:
         for e in eps_list or [None]:
             sub = [s for s in summary if s["epsilon_requested"] in (e, None)]
             sweeps += sweep_figure(
@@ -557,7 +565,7 @@ def write_report(
                 f"PSNR/SSIM vs round, target ε = {_slug(e)}",
                 out / f"sweep-round-eps{_slug(e)}",
             )
-    if len(eps_list) > 1:
+    if len(eps_list) > 1 and not last_round:
         for rnd in rounds:
             sweeps += sweep_figure(
                 summary,
@@ -567,7 +575,8 @@ def write_report(
                 out / f"sweep-eps-r{rnd}",
             )
     written["sweeps"] = sweeps
-    written["privacy_utility"] = privacy_utility_figure(
-        summary, rounds[-1], out / f"privacy-utility-r{rounds[-1]}"
-    )
+    if not last_round:
+        written["privacy_utility"] = privacy_utility_figure(
+            summary, rounds[-1], out / f"privacy-utility-r{rounds[-1]}"
+        )
     return written

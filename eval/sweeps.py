@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +25,9 @@ from typing import Any
 
 import torch
 
-from privaudit import limits
+from privaudit import limits, presets
 from privaudit.config import RunConfig
-from privaudit.errors import PrivauditError
+from privaudit.errors import PrivauditError, unknown
 from privaudit.messages import CaptureSpec
 from privaudit.rundir import atomic_write, write_json
 from privaudit.targets import parse_target
@@ -34,7 +35,7 @@ from privaudit.topology import build_topology
 
 from .metrics import from_jsonable, to_jsonable
 
-__all__ = ["Sweep", "Cell", "plan", "execute", "run_dir", "result_dir"]
+__all__ = ["Sweep", "Cell", "configure", "plan", "execute", "references", "run_dir", "result_dir"]
 
 RESULT_VERSION = 2  # bump when the content of a cached result changes
 
@@ -61,6 +62,11 @@ class Sweep:
     adversary that observes it (:func:`privaudit.pipeline.observe`).
     ``audit``: also run the white-box canary audit (:mod:`privaudit.eval.audit`) of each
     noised target at its largest round, for an empirical ε lower bound.
+    ``preset``: ``attack`` (``base`` is every run's setting) or ``utility``: each (defense, ε)
+    trains at its operating point (:func:`privaudit.presets.apply`, with the user's
+    ``explicit`` settings on top), ``rounds`` empty attacks each run's last round, ε = ∞ in
+    ``epsilons`` runs a noised defense without noise, and :func:`execute` adds the frontier's
+    references (:mod:`.frontier`).
     """
 
     targets: list[str]
@@ -76,6 +82,8 @@ class Sweep:
     lpips: bool = False
     audit: bool = False
     audit_trials: int | None = None
+    preset: str = "attack"
+    explicit: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> Sweep:
         if not self.targets:
@@ -84,14 +92,19 @@ class Sweep:
             parse_target(t)
         if len(set(self.targets)) != len(self.targets):
             raise PrivauditError("--targets names a target twice; list each once")
-        if not self.rounds or min(self.rounds) < 1:
+        if self.preset not in presets.PRESETS:
+            raise unknown("preset", self.preset, presets.PRESETS)
+        if not self.rounds and self.preset != "utility":
+            raise PrivauditError("--rounds is empty; give at least one attacked round")
+        if self.rounds and min(self.rounds) < 1:
             raise PrivauditError(f"--rounds must be ≥ 1, got {self.rounds}")
         for r in self.rounds:
             limits.check_int("--rounds", r, 1, limits.MAX_ROUNDS, "attacked rounds")
         if not self.epsilons:
             raise PrivauditError("--epsilons is empty; give at least one ε")
         for eps in self.epsilons:
-            limits.check_float("--epsilons", eps, *limits.EPSILON, hint="ε per agent")
+            if eps != math.inf:  # ∞: the noised defenses without noise
+                limits.check_float("--epsilons", eps, *limits.EPSILON, hint="ε per agent")
         if not self.seeds:
             raise PrivauditError("--seeds is empty; give at least one seed")
         for seed in self.seeds:
@@ -105,7 +118,7 @@ class Sweep:
         return self
 
 
-def _digest(obj: Any) -> str:
+def digest(obj: Any) -> str:
     text = json.dumps(to_jsonable(obj), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -130,6 +143,23 @@ def _topology(sweep: Sweep, defense: str) -> str:
     return own if own and sweep.base.topology == RunConfig.topology else sweep.base.topology
 
 
+def configure(sweep: Sweep, defense: str, epsilon: float | None, seed: int = 0) -> RunConfig:
+    """The training configuration of ``defense``'s run at ``epsilon`` (None: a defense without
+    accountable noise; ∞: a noised one without noise) before its rounds are fixed: ``base``,
+    or at the utility preset that (defense, ε)'s operating point under the explicit flags."""
+    noise: dict[str, Any] = {"epsilon": epsilon, "sigma": None}
+    if epsilon is None:
+        noise["sigma"] = sweep.base.sigma
+    elif math.isinf(epsilon):
+        noise = {"epsilon": None, "sigma": 0.0}
+    cfg = dataclasses.replace(
+        sweep.base, defense=defense, topology=_topology(sweep, defense), seed=seed, **noise
+    )
+    if sweep.preset == "utility":
+        cfg = presets.apply(cfg, "utility", sweep.explicit)[0]
+    return cfg
+
+
 def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], list[Cell]]:
     """The runs ``{(defense, ε or None, seed): RunConfig}`` and the cells to attack."""
     sweep.validate()
@@ -141,24 +171,20 @@ def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], 
     n = sweep.base.agents
     for name, targets in by_defense.items():
         topo = _topology(sweep, name)
-        need = max(
-            max(parse_target(t)[0].rounds_needed(parse_target(t)[1], r, n))
-            for t in targets
-            for r in sweep.rounds
-        )
         eps_list: Sequence[float | None] = sweep.epsilons if noised(name, topo, n) else [None]
         for eps in eps_list:
             for seed in sweep.seeds:
-                runs[(name, eps, seed)] = dataclasses.replace(
-                    sweep.base,
-                    defense=name,
-                    rounds=need,
-                    topology=topo,
-                    epsilon=eps,
-                    sigma=None if eps is not None else sweep.base.sigma,
-                    seed=seed,
-                ).validate()
-                cells += [Cell(t, r, eps, seed) for t in targets for r in sweep.rounds]
+                cfg = configure(sweep, name, eps, seed)
+                rounds = sweep.rounds or [cfg.rounds]  # utility: the operating point's last
+                need = max(
+                    max(parse_target(t)[0].rounds_needed(parse_target(t)[1], r, n))
+                    for t in targets
+                    for r in rounds
+                )
+                if sweep.preset == "utility":
+                    need = max(need, cfg.rounds)
+                runs[(name, eps, seed)] = dataclasses.replace(cfg, rounds=need).validate()
+                cells += [Cell(t, r, eps, seed) for t in targets for r in rounds]
     return runs, cells
 
 
@@ -176,7 +202,7 @@ def _eps_tag(eps: float | None) -> str:
 def run_dir(out: Path, cfg: RunConfig) -> Path:
     """``OUT/runs/<defense>-eps<ε>-seed<s>-<hash of the run's identity>``."""
     tag = _eps_tag(cfg.epsilon) if cfg.sigma is None else f"sigma{cfg.sigma:g}"
-    return out / "runs" / f"{cfg.defense}-eps{tag}-seed{cfg.seed}-{_digest(cfg.identity())}"
+    return out / "runs" / f"{cfg.defense}-eps{tag}-seed{cfg.seed}-{digest(cfg.identity())}"
 
 
 def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
@@ -196,7 +222,7 @@ def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
 
 def result_dir(out: Path, sweep: Sweep, cell: Cell, cfg: RunConfig) -> Path:
     """``OUT/results/<target>/r<round>-eps<ε>-seed<s>-<hash of run + attack settings>``."""
-    key = _digest(_attack_key(sweep, cell, cfg))
+    key = digest(_attack_key(sweep, cell, cfg))
     name = f"r{cell.round}-eps{_eps_tag(cell.epsilon)}-seed{cell.seed}-{key}"
     return out / "results" / cell.target / name
 
@@ -293,7 +319,7 @@ def execute(
         ]
         rdir = run_dir(out, cfg)
         todo = [c for c in mine if not (result_dir(out, sweep, c, cfg) / "result.json").exists()]
-        acc_path = rdir.with_name(rdir.name + ".accuracy.json")
+        acc_path = accuracy_path(rdir)
         run = None
         if todo or not acc_path.exists():
             say(
@@ -332,6 +358,38 @@ def execute(
     return rows
 
 
+def accuracy_path(rdir: Path) -> Path:
+    """Where the test accuracy of the run in ``rdir`` (its average model, last round) is kept."""
+    return rdir.with_name(rdir.name + ".accuracy.json")
+
+
+def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Any]:
+    """The frontier's references (:func:`privaudit.eval.frontier.references`) at the sweep's
+    ε, for its first seed; the non-private D-PSGD run is trained (or reused) under
+    ``OUT/runs`` like the sweep's own."""
+    from privaudit.simulator import Run
+
+    from .frontier import references as build
+
+    out = Path(out)
+    seed = sweep.seeds[0]
+
+    def ceiling(cfg: RunConfig) -> float:
+        rdir = run_dir(out, cfg)
+        path = accuracy_path(rdir)
+        if not path.exists():
+            run = Run.create(cfg, rdir)
+            acc = run.test_accuracy(run.train(progress=progress))
+            write_json(path, {"test_acc": acc, "round": cfg.rounds})
+        return _load_json(path)["test_acc"]
+
+    def say(text: str) -> None:
+        if progress:
+            print(text, flush=True)
+
+    return build(lambda d, e: configure(sweep, d, e, seed), sweep.epsilons, out, ceiling, say=say)
+
+
 def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
     d, kind = parse_target(cell.target)
     return [t for t in d.rounds_needed(kind, cell.round, cfg.agents) if t >= 1]
@@ -355,7 +413,7 @@ def _audit(
     for target in sorted({r["target"] for r in rows}):
         r = max(row["round"] for row in rows if row["target"] == target)
         key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 2}
-        path = rdir.with_name(f"{rdir.name}.audit-{target}-{_digest(key)}.json")
+        path = rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")
         if not path.exists():
             kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
             res = audit(Run.create(cfg, rdir), target, "white-box", r, progress=progress, **kw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,12 @@ from . import limits
 from .errors import PrivauditError
 
 COMPARE_TARGETS = "dsgd-half-model,nd-cg,dpdl-cg,pdsl-cg,lppa-gt,adad2p-half-model"
+# --preset utility: the privacy–utility frontier of these, at their operating points
+FRONTIER_TARGETS = (
+    "dsgd-half-model,dpdl-cg,dp-dpsgd-half-model,pdsl-cg,dp-cga-cg,muffliato-model,"
+    "clipd2p-half-model"
+)
+FRONTIER_EPSILONS = [1.0, 2.0, 4.0, 8.0, float("inf")]
 
 
 def _list(kind: type, what: str):
@@ -35,15 +42,20 @@ def add_parser(sub: Any, training_options: Any) -> None:
             "each (target, round, ε, seed) once (cached under OUT/results) and write the "
             "figure grids, sweep plots, privacy–utility plot and tables into OUT. Defaults "
             "(B = 1, 4 victims, rounds 1,50, ε = 1, seed 0, 1000 IG iterations) finish the "
-            f"six default targets ({COMPARE_TARGETS}) on a 2-core CPU in minutes."
+            f"six default targets ({COMPARE_TARGETS}) on a 2-core CPU in minutes. With "
+            "--preset utility: the privacy–utility frontier — every run at its defense's "
+            "operating point for that ε, the last round attacked and audited, ε = "
+            "1,2,4,8,inf, the references (centralised DP-SGD with opacus, centralised SGD, "
+            f"non-private D-PSGD) and the targets {FRONTIER_TARGETS}; frontier.png/.md."
         ),
         conflict_handler="resolve",  # --rounds/--epsilon/--seed become lists below
     )
     c.add_argument(
         "--targets",
-        default=COMPARE_TARGETS,
+        default=None,
         type=_list(str, "--targets"),
-        help=f"comma-separated targets (default {COMPARE_TARGETS})",
+        help=f"comma-separated targets (default {COMPARE_TARGETS}; utility preset: "
+        f"{FRONTIER_TARGETS})",
     )
     c.add_argument("--out", required=True, help="output folder (runs, results, figures)")
     c.add_argument(
@@ -70,9 +82,11 @@ def add_parser(sub: Any, training_options: Any) -> None:
     c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
     c.add_argument(
         "--audit",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="white-box canary audit of each noised target at its last round: "
-        "an empirical ε lower bound beside the accounted ε",
+        "an empirical ε lower bound beside the accounted ε (default: on with the utility "
+        "preset, off otherwise)",
     )
     c.add_argument("--audit-trials", type=int, default=None, help="audit trials (its default)")
     training_options(c, None)
@@ -80,16 +94,18 @@ def add_parser(sub: Any, training_options: Any) -> None:
     g.add_argument(
         "--rounds",
         type=_list(int, "--rounds"),
-        default=[1, 50],
-        help="attacked rounds, comma-separated (default 1,50)",
+        default=None,
+        help="attacked rounds, comma-separated (default 1,50; utility preset: each run's "
+        "last round, and given, the runs stop at the largest)",
     )
     g.add_argument(
         "--epsilons",
         "--epsilon",
         dest="epsilons",
-        default=[1.0],
+        default=None,
         type=_list(float, "--epsilons"),
-        help="ε per agent over the run, comma-separated (default 1)",
+        help="ε per agent over the run, comma-separated; inf runs a noised defense without "
+        "noise (default 1; utility preset: 1,2,4,8,inf)",
     )
     g.add_argument(
         "--seeds",
@@ -99,7 +115,7 @@ def add_parser(sub: Any, training_options: Any) -> None:
         type=_list(int, "--seeds"),
         help="run and attack seeds, comma-separated (default 0)",
     )
-    c.set_defaults(func=cmd_compare, batch_size=1)
+    c.set_defaults(func=cmd_compare)
 
     r = sub.add_parser(
         "reproduce",
@@ -161,11 +177,15 @@ def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
 
     if a.sigma is not None:
         raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
+    return config_from_args(_namespace(a, agents), "dpdl", 1)
+
+
+def _namespace(a: argparse.Namespace, agents: int | None = None) -> argparse.Namespace:
     eps = getattr(a, "epsilon", None) or 1.0  # compare: set per run from --epsilons
     ns = argparse.Namespace(**{"topology": None, **vars(a), "epsilon": eps, "seed": 0})
     if agents is not None:
         ns.agents = agents
-    return config_from_args(ns, "dpdl", 1)
+    return ns
 
 
 def _check_attack(a: argparse.Namespace) -> None:
@@ -180,19 +200,29 @@ def _check_attack(a: argparse.Namespace) -> None:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
+    from . import presets
+    from .cli import explicit_settings
     from .eval.report import markdown, summarize, write_report
     from .eval.sweeps import Sweep, execute, load_tensors
+    from .targets import parse_target
     from .threat import ORDER
 
     if a.threat is not None and a.threat not in ORDER:
         raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
+    preset = a.preset or "attack"
+    if preset not in presets.PRESETS:
+        raise PrivauditError(f"--preset must be one of {', '.join(presets.PRESETS)}")
+    frontier = preset == "utility"
+    if not frontier and a.batch_size is None:
+        a.batch_size = 1  # the attack comparison's default: one image per batch
     _check_attack(a)
     if a.audit_trials is not None:
         limits.check_int("--audit-trials", a.audit_trials, 1, limits.MAX_TRIALS)
+    targets = a.targets or (FRONTIER_TARGETS if frontier else COMPARE_TARGETS).split(",")
     sweep = Sweep(
-        targets=a.targets,
-        rounds=a.rounds,
-        epsilons=a.epsilons,
+        targets=targets,
+        rounds=a.rounds if a.rounds is not None else ([] if frontier else [1, 50]),
+        epsilons=a.epsilons or (FRONTIER_EPSILONS if frontier else [1.0]),
         seeds=a.seeds,
         base=_base(a),
         threat=a.threat,
@@ -201,14 +231,26 @@ def cmd_compare(a: argparse.Namespace) -> int:
         iterations=a.iterations,
         attack_options=dict(a.attack_option),
         lpips=a.lpips,
-        audit=a.audit,
+        audit=frontier if a.audit is None else a.audit,
         audit_trials=a.audit_trials,
+        preset=preset,
+        explicit=explicit_settings(_namespace(a), max(a.rounds) if a.rounds else None),
     ).validate()
+    if frontier:
+        for name in dict.fromkeys(parse_target(t)[0].name for t in targets):
+            if presets.operating_point("utility", name, sweep.base.dataset) is None:
+                print(
+                    f"{name}: no operating point on {sweep.base.dataset} yet; it runs at the "
+                    "attack preset's settings",
+                    file=sys.stderr,
+                )
     t0 = time.perf_counter()
     out = Path(a.out)
     rows = execute(sweep, out, progress=not a.no_progress)
-    written = write_report(rows, out, load_tensors)
+    written = write_report(rows, out, load_tensors, last_round=frontier)
     print(markdown(summarize(rows)))
+    if frontier:
+        written["frontier"] = _frontier(sweep, rows, out, progress=not a.no_progress)
     if a.figures:
         import shutil
 
@@ -225,6 +267,23 @@ def cmd_compare(a: argparse.Namespace) -> int:
         f"wrote {len(files)} files (and PDFs of the figures) to {out}, e.g. {names}; {wall:.0f} s"
     )
     return 0
+
+
+def _frontier(sweep: Any, rows: list[dict[str, Any]], out: Path, progress: bool) -> list[Path]:
+    """The references, then ``frontier.md`` and ``frontier.png``/``.pdf`` in ``out``."""
+    from .eval.frontier import frontier_figure, frontier_markdown
+    from .eval.report import summarize
+    from .eval.sweeps import plan, references
+    from .rundir import atomic_write
+
+    refs = references(sweep, out, progress=progress)
+    summary = summarize(rows)
+    runs, _ = plan(sweep)
+    configs = {(d, eps): cfg for (d, eps, seed), cfg in runs.items() if seed == sweep.seeds[0]}
+    table = frontier_markdown(summary, refs, configs)
+    atomic_write(out / "frontier.md", lambda tmp: Path(tmp).write_text(table))
+    print(table)
+    return [out / "frontier.md", *frontier_figure(summary, refs, out / "frontier")]
 
 
 def _dpdl_table3(a: argparse.Namespace) -> int:

@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .config import RunConfig
-from .errors import PrivauditError
+from .errors import Interrupted, PrivauditError
 from .interrupts import signals_deferred
 from .messages import CaptureSpec, Tap
 from .network import Links, Network
@@ -392,7 +392,7 @@ def launch(
         except (SignalException, KeyboardInterrupt):
             salvage(rd, nproc)
             last = max(rd.checkpoint_rounds(), default=0)
-            raise PrivauditError(
+            raise Interrupted(
                 "interrupted; run the same command again to resume from "
                 f"{f'round {last}' if last else 'the start'} (the last checkpoint)"
             ) from None

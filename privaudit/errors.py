@@ -5,6 +5,10 @@ class PrivauditError(Exception):
     """A bad input or a broken file. The message names the problem and the fix."""
 
 
+class Interrupted(PrivauditError):
+    """A stop request (Ctrl-C, SIGTERM) ended a run at a round boundary; it can resume."""
+
+
 def unknown(kind: str, name: str, valid) -> PrivauditError:
     """The error for a name that is not in a registry, listing the valid names."""
     return PrivauditError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(valid))}")

@@ -34,7 +34,7 @@ from .data import (
     load_dataset,
     split_validation,
 )
-from .errors import PrivauditError
+from .errors import Interrupted, PrivauditError
 from .grads import PairGrads
 from .interrupts import signals_deferred, stop_requests
 from .messages import CaptureSpec, Tap
@@ -362,7 +362,7 @@ class Run:
                 if done > start and done not in have:
                     with signals_deferred():
                         self._checkpoint(store, done, state, rng)
-                raise PrivauditError(
+                raise Interrupted(
                     f"interrupted after round {done}; run the same command again to resume "
                     f"from round {done}"
                 )
