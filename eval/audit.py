@@ -161,6 +161,19 @@ def audit_batch(ctx: Any, index: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(pad, row.view(-1, *[1] * (x.dim() - 1)), x), y
 
 
+def check_trials(trials: int, delta: float, confidence: float = 0.95) -> int:
+    """The fewest trials that give a white-box bound (Clopper–Pearson at 1 − α/2 on the
+    held-out half); the error for fewer ``trials``."""
+    bounds.check_levels(confidence, delta)
+    need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT)
+    if trials < need:
+        raise PrivauditError(
+            f"--trials {trials} is too few for any bound at confidence {confidence} "
+            f"(δ = {delta:g}); use at least {need}"
+        )
+    return need
+
+
 class _Done(Exception):
     """Raised inside a round once every message the View needs has crossed the network."""
 
@@ -321,13 +334,7 @@ def white_box(
     """Distinguish "canary in" from "canary out" on ``trials`` re-runs of round ``round``;
     returns the scores, the bounds and the accounting side by side (see :func:`verdicts`)."""
     delta = run.cfg.delta
-    bounds.check_levels(confidence, delta)
-    need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT)
-    if trials < need:
-        raise PrivauditError(
-            f"--trials {trials} is too few for any bound at confidence {confidence} "
-            f"(δ = {delta:g}); use at least {need}"
-        )
+    need = check_trials(trials, delta, confidence)
     s = _setting(run, target, round, threat, link, attackers, victim, canary_norm, seed)
     ctx, defense, t = run.ctx, s.defense, s.t
     edges = run.edges()

@@ -362,21 +362,14 @@ def ledger(
     (each defense with :func:`run_config`). Runs live in ``OUT/runs``, finished rows in
     ``OUT/rows`` (reused unless ``fresh``). Ctrl-C raises :class:`Interrupted` carrying the
     rows finished so far (each already cached)."""
-    from privaudit.eval import bounds
-    from privaudit.eval.audit import HELD_OUT
+    from privaudit.eval.audit import check_trials
     from privaudit.eval.metrics import to_jsonable
     from privaudit.rundir import write_json
     from privaudit.simulator import Run
     from privaudit.targets import parse_target
 
     targets = targets or select()
-    bounds.check_levels(confidence, base.delta)
-    need = bounds.trials_needed(base.delta, 1 - (1 - confidence) / 2, HELD_OUT)
-    if trials < need:
-        raise PrivauditError(
-            f"--trials {trials} is too few for any bound at confidence {confidence} "
-            f"(δ = {base.delta:g}); use at least {need}"
-        )
+    check_trials(trials, base.delta, confidence)
     if row_seconds is not None and row_seconds < 0:
         raise PrivauditError(f"--row-seconds must be ≥ 0, got {row_seconds}")
     by_defense: dict[str, list[str]] = {}

@@ -115,6 +115,10 @@ class Sweep:
             )
         if self.base.sigma is not None:
             raise PrivauditError("a sweep sets σ from --epsilons; --sigma is not supported here")
+        if self.audit and self.audit_trials is not None:
+            from .audit import check_trials
+
+            check_trials(self.audit_trials, self.base.delta)
         return self
 
 

@@ -125,6 +125,9 @@ def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
         (["--rounds", "a"], "--rounds must be a comma-separated list"),
         (["--sigma", "1"], "--sigma is not supported"),
         (["--threat", "bogus"], "--threat must be one of"),
+        (["--audit", "--audit-trials", "16"], "--trials 16 is too few"),
+        (["--preset", "nope"], "--preset must be one of"),
+        (["--epsilons=1,nan"], "--epsilons must be"),
     ],
 )
 def test_compare_bad_input_one_line(extra, message, tmp_path, capsys):
@@ -182,3 +185,86 @@ def test_table3_against_the_paper_numbers():
     flipped = table3_rows([{**r, "target": swapped[r["target"]]} for r in rows])
     assert all(v is False for r in flipped if r.get("direction") for v in r["direction"].values())
     assert "PSNR" in flipped[0]["differs"]  # ND now carries DPDL's numbers: far from the paper
+
+
+# -- the privacy–utility frontier (--preset utility) -------------------------------------------
+
+
+def test_utility_plan_trains_each_defense_at_its_operating_point_per_eps():
+    """No data is read by the plan: the shipped MNIST points are checked as they stand."""
+    from privaudit import presets
+
+    sweep = Sweep(
+        ["dpdl-cg", "dsgd-half-model"],
+        [],
+        [1.0, 8.0, float("inf")],
+        [0],
+        RunConfig(dataset="mnist", agents=10),
+        preset="utility",
+        explicit={"params": {"momentum": 0.9}},
+    )
+    runs, cells = plan(sweep)
+    for eps in (1.0, 8.0):
+        point = presets.operating_point("utility", "dpdl", "mnist", eps)
+        cfg = runs[("dpdl", eps, 0)]
+        assert (cfg.model, cfg.batch_size, cfg.rounds) == (
+            point.model,
+            point.batch_size,
+            point.rounds,
+        )
+        assert cfg.epsilon == eps and cfg.sigma is None and cfg.preset == "utility"
+        assert cfg.params == {**point.params, "momentum": 0.9}  # the explicit flag on top
+    no_noise = runs[("dpdl", float("inf"), 0)]
+    assert no_noise.sigma == 0.0 and no_noise.epsilon is None
+    assert no_noise.rounds == presets.operating_point("utility", "dpdl", "mnist").rounds
+    assert runs[("dsgd", None, 0)].rounds == presets.OPERATING_POINTS[("dsgd", "mnist")][0].rounds
+    # each run's last round is attacked, once per target
+    assert sorted((c.target, c.round) for c in cells if c.target == "dpdl-cg") == sorted(
+        ("dpdl-cg", runs[("dpdl", e, 0)].rounds) for e in (1.0, 8.0, float("inf"))
+    )
+
+
+def test_compare_utility_draws_the_frontier_with_its_references(tmp_path, monkeypatch, capsys):
+    from privaudit import presets
+
+    def point(rounds: int, lr: float, eps: float | None) -> presets.OperatingPoint:
+        return presets.OperatingPoint("lenet", 2, rounds, 0.5, {"lr": lr}, "test", eps)
+
+    monkeypatch.setitem(presets.OPERATING_POINTS, ("dsgd", "photos"), (point(3, 0.1, None),))
+    monkeypatch.setitem(
+        presets.OPERATING_POINTS,
+        ("dp-dpsgd", "photos"),
+        (point(2, 0.2, 1.0), point(3, 0.3, 8.0)),
+    )
+    out = tmp_path / "frontier"
+    argv = ["compare", "--preset", "utility", "--targets", "dsgd-half-model,dp-dpsgd-half-model"]
+    argv += ["--epsilons", "1,8,inf", "--agents", "3", "--victims", "1", "--iterations", "2"]
+    argv += ["--audit-trials", "32", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    cells = list(csv.DictReader((out / "cells.csv").open()))
+    attacked = {(c["target"], c["epsilon_requested"]): int(c["round"]) for c in cells}
+    # the last round of each run, at the point of its ε (∞: the largest searched ε's)
+    assert attacked == {
+        ("dsgd-half-model", "inf"): 3,  # no noise to calibrate: one run
+        ("dp-dpsgd-half-model", "1"): 2,
+        ("dp-dpsgd-half-model", "8"): 3,
+        ("dp-dpsgd-half-model", "inf"): 3,
+    }
+    audited = {(c["target"], c["epsilon_requested"]): c["audit_epsilon_lo"] for c in cells}
+    assert audited.pop(("dsgd-half-model", "inf")) == ""  # nothing noised to audit
+    assert all(lo != "" and float(lo) >= 0 for lo in audited.values())
+    table = (out / "frontier.md").read_text().splitlines()
+    rows = {r.split("|")[1].strip(): r for r in table[2:]}
+    assert len(table) == 2 + 4 + 4  # four runs, opacus at ε = 1 and 8, two non-private
+    opacus = [r for r in table if r.startswith("| centralised DP-SGD")]
+    assert [r.split("|")[2].strip() for r in opacus] == ["1", "8"]
+    for r in opacus:  # the reference spends at most the ε asked for
+        assert float(r.split("|")[3]) <= float(r.split("|")[2]) * 1.001
+    # each at dp-dpsgd's operating point for its ε
+    assert "lenet, B = 2, T = 2, lr 0.2" in opacus[0] and "T = 3, lr 0.3" in opacus[1]
+    # the non-private D-PSGD reference is the dsgd run itself, at its operating point
+    dsgd_acc = float(rows["`dsgd-half-model`"].split("|")[5])
+    assert float(rows["D-PSGD, non-private"].split("|")[5]) == dsgd_acc
+    assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(out.glob("grid-rlast-eps*.png"))  # one per ε whose victim's batch is not empty
