@@ -301,18 +301,23 @@ def calibrate(
     delta: float,
     rounds: int,
     accountant: str = "rdp",
+    claimed: bool = False,
 ) -> float | None:
     """The smallest ``params.sigma`` for which every agent's ε is at most ``epsilon``: over
     the message kinds whose Privacy is formal (their largest ε), or, when none is, by the
     paper's claimed accounting (the run then reports ε = ∞ beside the claim). The noise
     multiplier is linear in σ, so σ = z / z(σ = 1) with z from opacus. None: this defense's
-    σ is never set from ε (no kind has a Gaussian multiplier, formal or claimed)."""
+    σ is never set from ε (no kind has a Gaussian multiplier, formal or claimed).
+    ``claimed``: the σ the paper's own count would choose (its claimed multiplier and
+    releases for every kind), to train a paper's setting as the paper would."""
     if not _has_sigma(params):
         return None
     unit = _with_sigma(params, 1.0)
     kinds = list(defense.kinds)
     per_agent = [[defense.privacy(unit, k, W, a) for k in kinds] for a in range(len(rates))]
-    formal = any(pr.formal and pr.noise_multiplier > 0 for row in per_agent for pr in row)
+    formal = not claimed and any(
+        pr.formal and pr.noise_multiplier > 0 for row in per_agent for pr in row
+    )
     sigma, cache = 0.0, {}
     for q, row in zip(rates, per_agent, strict=True):
         for pr in row:

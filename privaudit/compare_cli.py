@@ -18,6 +18,9 @@ FRONTIER_TARGETS = (
     "clipd2p-half-model"
 )
 FRONTIER_EPSILONS = [1.0, 2.0, 4.0, 8.0, float("inf")]
+# (victims, attack iterations, audit trials) a sweep uses unless told: the utility preset's
+# batches (B = 64) cost ~60× an iteration of B = 1, and its audits re-run whole rounds
+SWEEP_DEFAULTS = {"attack": (4, 1000, None), "utility": (1, 200, 256)}
 
 
 def _list(kind: type, what: str):
@@ -44,9 +47,10 @@ def add_parser(sub: Any, training_options: Any) -> None:
             "(B = 1, 4 victims, rounds 1,50, ε = 1, seed 0, 1000 IG iterations) finish the "
             f"six default targets ({COMPARE_TARGETS}) on a 2-core CPU in minutes. With "
             "--preset utility: the privacy–utility frontier — every run at its defense's "
-            "operating point for that ε, the last round attacked and audited, ε = "
-            "1,2,4,8,inf, the references (centralised DP-SGD with opacus, centralised SGD, "
-            f"non-private D-PSGD) and the targets {FRONTIER_TARGETS}; frontier.png/.md."
+            "operating point for that ε, the last round attacked (1 victim, 200 IG "
+            "iterations) and audited (256 trials), ε = 1,2,4,8,inf, the references "
+            "(centralised DP-SGD with opacus, centralised SGD, non-private D-PSGD) and the "
+            f"targets {FRONTIER_TARGETS}; frontier.png/.md."
         ),
         conflict_handler="resolve",  # --rounds/--epsilon/--seed become lists below
     )
@@ -73,11 +77,16 @@ def add_parser(sub: Any, training_options: Any) -> None:
     c.add_argument(
         "--victims",
         type=int,
-        default=4,
-        help="agents 0..V-1 are attacked in every cell (default 4)",
+        default=None,
+        help="agents 0..V-1 are attacked in every cell (default 4; utility preset: 1)",
     )
     c.add_argument("--attack", default=None, help="ig (default) | dlg | idlg | analytic")
-    c.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
+    c.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="attack iterations (1000; utility preset: 200)",
+    )
     add_attack_option(c)
     c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
     c.add_argument(
@@ -88,7 +97,12 @@ def add_parser(sub: Any, training_options: Any) -> None:
         "an empirical ε lower bound beside the accounted ε (default: on with the utility "
         "preset, off otherwise)",
     )
-    c.add_argument("--audit-trials", type=int, default=None, help="audit trials (its default)")
+    c.add_argument(
+        "--audit-trials",
+        type=int,
+        default=None,
+        help="audit trials (the audit's default; utility preset: 256)",
+    )
     training_options(c, None)
     g = c.add_argument_group("sweep")
     g.add_argument(
@@ -215,6 +229,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
     frontier = preset == "utility"
     if not frontier and a.batch_size is None:
         a.batch_size = 1  # the attack comparison's default: one image per batch
+    victims, iterations, trials = SWEEP_DEFAULTS[preset]
+    a.victims = victims if a.victims is None else a.victims
+    a.iterations = iterations if a.iterations is None else a.iterations
+    a.audit_trials = trials if a.audit_trials is None else a.audit_trials
     _check_attack(a)
     if a.audit_trials is not None:
         limits.check_int("--audit-trials", a.audit_trials, 1, limits.MAX_TRIALS)

@@ -97,6 +97,26 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
         _mnist("dpdl", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.839),
         _mnist("dpdl", 8.0, 300, 1.0, "--grid lr=0.5,1 --grid rounds=100,300", 0.946),
     ),
+    ("clipd2p", "mnist"): (
+        _mnist("clipd2p", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.688),
+        _mnist("clipd2p", 8.0, 300, 1.0, "--rounds 300 --grid lr=0.5,1,2", 0.930),
+    ),
+    ("muffliato", "mnist"): (
+        _mnist("muffliato", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.953),
+        _mnist("muffliato", 8.0, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.976),
+    ),
+    ("constd2p", "mnist"): (
+        _mnist("constd2p", 8.0, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.955),
+    ),
+    ("adad2p", "mnist"): (
+        _mnist("adad2p", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.976),
+    ),
+    # the flat batch clip: noise σC on a batch mean of norm ≤ C, B times the per-example
+    # clip's relative noise; no searched point learns at ε = 8 (the README says why)
+    ("pdsl", "mnist"): (_mnist("pdsl", 8.0, 100, 0.5, "--rounds 100 --grid lr=0.1,0.5", 0.159),),
+    ("dp-cga", "mnist"): (
+        _mnist("dp-cga", 8.0, 100, 0.1, "--rounds 100 --grid lr=0.1,0.5", 0.119),
+    ),
 }
 
 
