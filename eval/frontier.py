@@ -17,16 +17,16 @@ Both centralised references train at :data:`REFERENCE_DEFENSE`'s operating point
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from privaudit.config import RunConfig
-from privaudit.rundir import write_json
+from privaudit.rundir import atomic_write, write_json
 
-from .metrics import from_jsonable, to_jsonable
+from .metrics import to_jsonable
+from .sweeps import Sweep, accuracy_path, configure, digest, load_json, plan, run_dir
 
 __all__ = [
     "REFERENCE_DEFENSE",
@@ -35,6 +35,7 @@ __all__ = [
     "frontier_markdown",
     "references",
     "setting",
+    "write_frontier",
 ]
 
 REFERENCE_DEFENSE = "dp-dpsgd"  # whose operating point the centralised references train at
@@ -59,39 +60,59 @@ def setting(cfg: RunConfig) -> str:
     return f"{cfg.model}, B = {cfg.batch_size}, T = {cfg.rounds}{params}"
 
 
-def references(
-    configure: Any,
-    epsilons: Sequence[float],
-    out: Path,
-    train_ceiling: Any,
-    say: Any = lambda s: None,
-) -> list[Reference]:
-    """The references of a frontier over ``epsilons`` (∞ allowed).
+def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Reference]:
+    """The references of a utility-preset ``sweep`` at each of its ε (∞ allowed), for its
+    first seed: centralised DP-SGD / SGD at :data:`REFERENCE_DEFENSE`'s operating point
+    (cached under ``OUT/references``), and the non-private D-PSGD run, trained (or reused)
+    under ``OUT/runs`` like the sweep's own runs."""
+    from privaudit.simulator import Run
 
-    ``configure(defense, ε)`` returns the RunConfig a sweep would train ``defense`` at for
-    ``ε`` (its operating point; ∞: no noise, None: a defense without noise);
-    ``train_ceiling(cfg)`` returns the test accuracy of a
-    decentralised run (the sweep trains and caches it like its own runs)."""
     from .reference import reference_for
-    from .sweeps import digest
 
+    out = Path(out)
+    seed = sweep.seeds[0]
     refs: list[Reference] = []
-    cache = out / "references"
-    for eps in sorted(set(epsilons)):
+    for eps in sorted(set(sweep.epsilons)):
         private = math.isfinite(eps)
-        cfg = configure(REFERENCE_DEFENSE, eps)
+        cfg = configure(sweep, REFERENCE_DEFENSE, eps, seed)
         name = "centralised DP-SGD (opacus)" if private else "centralised SGD, non-private"
-        path = cache / f"{'dpsgd' if private else 'sgd'}-eps{eps:g}-{digest(cfg.identity())}.json"
+        tag = f"{'dpsgd' if private else 'sgd'}-eps{eps:g}-{digest(cfg.identity())}"
+        path = out / "references" / f"{tag}.json"
         if not path.exists():
-            say(f"reference: {name} at ε = {eps:g} ({setting(cfg)})")
+            if progress:
+                print(f"reference: {name} at ε = {eps:g} ({setting(cfg)})", flush=True)
             res = reference_for(cfg, eps if private else None)
             write_json(path, to_jsonable(dataclasses.asdict(res)))
-        res = from_jsonable(json.loads(path.read_text()))
+        res = load_json(path)
         refs.append(Reference(name, eps, res["epsilon"], res["accuracy"], setting(cfg)))
-    ceiling = configure(CEILING_DEFENSE, None)
-    acc = train_ceiling(ceiling)
+    ceiling = configure(sweep, CEILING_DEFENSE, None, seed)
+    rdir = run_dir(out, ceiling)
+    path = accuracy_path(rdir)
+    if not path.exists():
+        run = Run.create(ceiling, rdir)
+        acc = run.test_accuracy(run.train(progress=progress))
+        write_json(path, {"test_acc": acc, "round": ceiling.rounds})
+    acc = load_json(path)["test_acc"]
     refs.append(Reference("D-PSGD, non-private", math.inf, math.inf, acc, setting(ceiling)))
     return refs
+
+
+def write_frontier(
+    sweep: Sweep, rows: Sequence[dict[str, Any]], out: str | Path, progress: bool = True
+) -> tuple[str, list[Path]]:
+    """The references, then ``frontier.md`` and ``frontier.png``/``.pdf`` in ``out``, for
+    the ``rows`` :func:`privaudit.eval.sweeps.execute` returned for ``sweep``. Returns the
+    table and the files."""
+    from .report import summarize
+
+    out = Path(out)
+    refs = references(sweep, out, progress)
+    summary = summarize(rows)
+    runs, _ = plan(sweep)
+    configs = {(d, eps): cfg for (d, eps, seed), cfg in runs.items() if seed == sweep.seeds[0]}
+    table = frontier_markdown(summary, refs, configs)
+    atomic_write(out / "frontier.md", lambda tmp: Path(tmp).write_text(table))
+    return table, [out / "frontier.md", *frontier_figure(summary, refs, out / "frontier")]
 
 
 def _x(eps: float | None, top: float) -> float:

@@ -35,7 +35,16 @@ from privaudit.topology import build_topology
 
 from .metrics import from_jsonable, to_jsonable
 
-__all__ = ["Sweep", "Cell", "configure", "plan", "execute", "references", "run_dir", "result_dir"]
+__all__ = [
+    "Sweep",
+    "Cell",
+    "accuracy_path",
+    "configure",
+    "plan",
+    "execute",
+    "run_dir",
+    "result_dir",
+]
 
 RESULT_VERSION = 2  # bump when the content of a cached result changes
 
@@ -65,8 +74,7 @@ class Sweep:
     ``preset``: ``attack`` (``base`` is every run's setting) or ``utility``: each (defense, ε)
     trains at its operating point (:func:`privaudit.presets.apply`, with the user's
     ``explicit`` settings on top), ``rounds`` empty attacks each run's last round, ε = ∞ in
-    ``epsilons`` runs a noised defense without noise, and :func:`execute` adds the frontier's
-    references (:mod:`.frontier`).
+    ``epsilons`` runs a noised defense without noise (:mod:`.frontier` draws the result).
     """
 
     targets: list[str]
@@ -231,7 +239,7 @@ def result_dir(out: Path, sweep: Sweep, cell: Cell, cfg: RunConfig) -> Path:
     return out / "results" / cell.target / name
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def load_json(path: Path) -> dict[str, Any]:
     try:
         return from_jsonable(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError) as e:
@@ -338,7 +346,7 @@ def execute(
             if not acc_path.exists():
                 acc = run.test_accuracy(state)
                 write_json(acc_path, {"test_acc": acc, "round": cfg.rounds})
-        test_acc = _load_json(acc_path)["test_acc"]
+        test_acc = load_json(acc_path)["test_acc"]
         done: list[dict[str, Any]] = []
         for c in mine:
             rd = result_dir(out, sweep, c, cfg)
@@ -353,7 +361,7 @@ def execute(
                     f"ε={_eps_tag(eps)} seed {seed}: {_psnr_ssim(result['metrics'])} "
                     f"({result['threat']})"
                 )
-            row = _load_json(rd / "result.json")
+            row = load_json(rd / "result.json")
             row.update(dir=str(rd), test_acc=test_acc)
             done.append(row)
         if sweep.audit and eps is not None:
@@ -365,33 +373,6 @@ def execute(
 def accuracy_path(rdir: Path) -> Path:
     """Where the test accuracy of the run in ``rdir`` (its average model, last round) is kept."""
     return rdir.with_name(rdir.name + ".accuracy.json")
-
-
-def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Any]:
-    """The frontier's references (:func:`privaudit.eval.frontier.references`) at the sweep's
-    ε, for its first seed; the non-private D-PSGD run is trained (or reused) under
-    ``OUT/runs`` like the sweep's own."""
-    from privaudit.simulator import Run
-
-    from .frontier import references as build
-
-    out = Path(out)
-    seed = sweep.seeds[0]
-
-    def ceiling(cfg: RunConfig) -> float:
-        rdir = run_dir(out, cfg)
-        path = accuracy_path(rdir)
-        if not path.exists():
-            run = Run.create(cfg, rdir)
-            acc = run.test_accuracy(run.train(progress=progress))
-            write_json(path, {"test_acc": acc, "round": cfg.rounds})
-        return _load_json(path)["test_acc"]
-
-    def say(text: str) -> None:
-        if progress:
-            print(text, flush=True)
-
-    return build(lambda d, e: configure(sweep, d, e, seed), sweep.epsilons, out, ceiling, say=say)
 
 
 def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
@@ -432,7 +413,7 @@ def _audit(
                     }
                 ),
             )
-        found = _load_json(path)
+        found = load_json(path)
         for row in rows:
             if row["target"] == target:
                 row["audit_epsilon_lo"] = found["epsilon_lo"]

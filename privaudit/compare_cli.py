@@ -268,7 +268,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
     written = write_report(rows, out, load_tensors, last_round=frontier)
     print(markdown(summarize(rows)))
     if frontier:
-        written["frontier"] = _frontier(sweep, rows, out, progress=not a.no_progress)
+        from .eval.frontier import write_frontier
+
+        table, written["frontier"] = write_frontier(sweep, rows, out, progress=not a.no_progress)
+        print(table)
     if a.figures:
         import shutil
 
@@ -285,23 +288,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
         f"wrote {len(files)} files (and PDFs of the figures) to {out}, e.g. {names}; {wall:.0f} s"
     )
     return 0
-
-
-def _frontier(sweep: Any, rows: list[dict[str, Any]], out: Path, progress: bool) -> list[Path]:
-    """The references, then ``frontier.md`` and ``frontier.png``/``.pdf`` in ``out``."""
-    from .eval.frontier import frontier_figure, frontier_markdown
-    from .eval.report import summarize
-    from .eval.sweeps import plan, references
-    from .rundir import atomic_write
-
-    refs = references(sweep, out, progress=progress)
-    summary = summarize(rows)
-    runs, _ = plan(sweep)
-    configs = {(d, eps): cfg for (d, eps, seed), cfg in runs.items() if seed == sweep.seeds[0]}
-    table = frontier_markdown(summary, refs, configs)
-    atomic_write(out / "frontier.md", lambda tmp: Path(tmp).write_text(table))
-    print(table)
-    return [out / "frontier.md", *frontier_figure(summary, refs, out / "frontier")]
 
 
 def _dpdl_table3(a: argparse.Namespace) -> int:
