@@ -27,6 +27,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     )
     monkeypatch.setenv("PRIVAUDIT_SMALL", "1")
     monkeypatch.setenv("PRIVAUDIT_COMPARE_DIR", str(tmp_path / "cmp"))
+    monkeypatch.setenv("PRIVAUDIT_FRONTIER_DIR", str(tmp_path / "frontier"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
@@ -36,6 +37,8 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     if path.stem == "compare_defenses":
         assert "most exposed at round 2:" in text
         assert (tmp_path / "cmp" / "summary.md").exists()
+        frontier = (tmp_path / "frontier" / "frontier.md").read_text()
+        assert "centralised DP-SGD (opacus)" in frontier and "`dp-dpsgd-half-model`" in frontier
     else:
         assert "σ = " in text and "ε ≥ " in text and "PSNR" in text
     assert os.environ["PRIVAUDIT_SMALL"] == "1"
