@@ -106,8 +106,10 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
         _mnist("muffliato", 8.0, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.976),
     ),
     ("constd2p", "mnist"): (
+        _mnist("constd2p", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.734),
         _mnist("constd2p", 8.0, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.955),
     ),
+    ("nd", "mnist"): (_mnist("nd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1", 0.981),),
     ("adad2p", "mnist"): (
         _mnist("adad2p", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.976),
     ),
