@@ -132,3 +132,20 @@ def test_flat_clip_defense_is_calibrated_on_twice_the_sensitivity(tmp_path) -> N
     assert true == pytest.approx(1.0, rel=0.01)
     assert naive < 0.6
     assert res["kinds"]["cg"]["epsilon_claimed"] == pytest.approx(naive, rel=0.01)
+
+
+def test_the_papers_own_count_calibrates_the_sigma_the_paper_would_use(tmp_path) -> None:
+    """``calibrate(claimed=True)`` is the σ at which the paper's count (DP-CGA: multiplier σ,
+    d releases per round) reaches the ε: recomputed here with the independent RDP above.
+    The correct count then puts the same σ far above that ε."""
+    from privaudit.eval.accounting import calibrate
+
+    run = _run(tmp_path, "dp-cga")
+    T, d, delta = run.cfg.rounds, 2, run.cfg.delta  # ring: degree 2
+    rates = [run.cfg.batch_size / len(p) for p in run.ctx.parts]
+    W = run.ctx.W.cpu().double()
+    sigma = calibrate(run.defense, run.params, W, rates, 1.0, delta, T, claimed=True)
+    q = max(rates)
+    assert epsilon(q, sigma, d, T, delta) == pytest.approx(1.0, rel=0.01)
+    assert epsilon(q, sigma / 2, d + 1, T, delta) > 2.0
+    assert sigma < run.resolved["sigma"] / 2  # the correct σ of the same run's ε = 1
