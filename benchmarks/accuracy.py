@@ -39,6 +39,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from paper_claims import paper_rows  # noqa: E402
@@ -95,9 +97,13 @@ def main() -> None:
     p.add_argument("--defenses", default=",".join(DEFENSES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: as privaudit's CLI)"
+    )
     p.add_argument("--out", default="privaudit-out/accuracy")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

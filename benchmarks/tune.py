@@ -32,6 +32,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from privaudit.config import RunConfig
 from privaudit.errors import Interrupted, PrivauditError
 from privaudit.simulator import Run
@@ -82,8 +84,12 @@ def main() -> None:
     p.add_argument("--epsilons", default="1,8", help="comma-separated; inf: no noise")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: as privaudit's CLI)"
+    )
     p.add_argument("--out", default="privaudit-out/tune")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     from privaudit.defenses import get_defense
 

@@ -110,6 +110,7 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
         _mnist("constd2p", 8.0, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.955),
     ),
     ("nd", "mnist"): (_mnist("nd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1", 0.981),),
+    ("dsgt", "mnist"): (_mnist("dsgt", None, 300, 0.1, "--rounds 300 --grid lr=0.1,0.5", 0.949),),
     ("adad2p", "mnist"): (
         _mnist("adad2p", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.976),
     ),
