@@ -12,7 +12,7 @@ and batches, no clip, no noise), both at dp-dpsgd's operating point, and central
 at the noise dp-dpsgd's *average model* carries: each agent adds N(0, σ²C²/B²) to its own
 batch mean, so the network average carries σC/(B√N) — what a curator adding N(0, σ'²C²) to
 the pooled sum of N·B examples adds when σ' = σ√N. At that σ' (and its smaller ε) the
-centralised run is the ceiling of any gossip of dp-dpsgd's models.
+centralised run shows what that much noise on one model allows, however well the agents mix.
 
 Last, each source paper's reported accuracy with its setting (``benchmarks/paper_claims.py``)
 beside two runs of ours at the paper's stated ε: σ from the correct accounting, and σ from

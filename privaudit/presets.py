@@ -111,6 +111,11 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
     ),
     ("nd", "mnist"): (_mnist("nd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1", 0.981),),
     ("dsgt", "mnist"): (_mnist("dsgt", None, 300, 0.1, "--rounds 300 --grid lr=0.1,0.5", 0.949),),
+    ("lppa", "mnist"): (_mnist("lppa", None, 300, 0.1, "--rounds 300 --grid lr=0.1,0.5", 0.946),),
+    # Laplace noise on every transmitted γ accumulates in the tracking variable
+    ("dp-dsgt", "mnist"): (
+        _mnist("dp-dsgt", None, 300, 0.01, "--rounds 300 --grid lr=0.01,0.03,0.1,0.5", 0.316),
+    ),
     ("adad2p", "mnist"): (
         _mnist("adad2p", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.976),
     ),
