@@ -7,7 +7,8 @@ the de-biased point z_i = x_i / w_i. Round t (the paper's iteration k = t − 1)
 
     g_i = ∇f_i(z_i^k; ξ_i^k)                              (line 4: at z, not at x)
     (3)  N_i^k ~ N(0, σ² S_i² I):  S_i = ‖g_i‖ (adad2p), G (constd2p), C with g clipped to C
-         (clipd2p; Algorithms 2, 3 are missing from the source, this is notes §6.5's reading)
+         (clipd2p; the paper gives Algorithms 2, 3 only in its appendix, not in the main
+         text: this is our reading of Remark 1, "fixed l_2 sensitivity" from G and from C)
     (4)  x_i^{k+½} = x_i^k − γ (g_i + N_i^k)
     send (x_i^{k+½}, w_i^k) to the out-neighbour (line 7)
     x_i^{k+1} = Σ_j P^k_ij x_j^{k+½},  w_i^{k+1} = Σ_j P^k_ij w_j^k     (lines 9, 10)
@@ -21,8 +22,8 @@ exponential graph: the hops are every 2^j < N (L = ⌈log₂ N⌉ of them, SGP's
 2^0 … 2^⌊log₂(N−1)⌋; for N = 20 that is 1, 2, 4, 8, 16), and in round t every agent i sends to
 the one peer (i + 2^((t−1) mod L)) mod N and keeps the share ``keep`` of its own pair
 (SGP's UniformMixing with one peer: ½). P^k = keep·I + (1 − keep)·Π_hop is column stochastic
-(A1) and — the hop being shared — also row stochastic, so w ≡ 1 and z = x on this graph
-(notes §3): the weight message leaks nothing. The defense ignores the run's mixing matrix W;
+(A1) and — the hop being shared — also row stochastic, so w ≡ 1 and z = x on this graph:
+the weight message leaks nothing. The defense ignores the run's mixing matrix W;
 it runs only where ``--topology exponential`` builds the undirected union of these links (a
 graph equal to it, e.g. ``complete`` for N ≤ 4, is accepted), and any other graph is a
 :class:`PrivauditError`. A link eavesdropper sees i→j only in the rounds whose hop is
@@ -186,8 +187,9 @@ class D2PParams:
 
 
 class _D2P(Defense):
-    topology = "exponential"  # its own time-varying directed exponential graph
     """Shared SGP machinery; subclasses supply the noised gradient and its leak."""
+
+    topology = "exponential"  # its own time-varying directed exponential graph
 
     Params = D2PParams
 
@@ -450,8 +452,9 @@ class ConstD2PParams(D2PParams):
 
 @register
 class ConstD2P(_D2P):
-    """ConstD²P (Algorithm 2, missing; notes §6.5): noise N(0, σ²G² I), G assumed — or, with
-    ``enforce``, made to hold by clipping at G."""
+    """ConstD²P (the paper's Algorithm 2, in its appendix; here as Remark 1 and Assumption 6
+    describe it): noise N(0, σ²G² I), G assumed — or, with ``enforce``, made to hold by
+    clipping at G."""
 
     name = "constd2p"
     kinds = {
@@ -508,7 +511,8 @@ class ClipD2PParams(D2PParams):
 
 @register
 class ClipD2P(_D2P):
-    """ClipD²P (Algorithm 3, missing; notes §6.5): clip to C, noise N(0, σ²C² I)."""
+    """ClipD²P (the paper's Algorithm 3, in its appendix; here as Remark 1 describes it):
+    clip to C, noise N(0, σ²C² I)."""
 
     name = "clipd2p"
     kinds = {

@@ -270,7 +270,8 @@ class DPCGA(Defense):
             claimed_multiplier=p.sigma,
             claimed_releases=deg,
             paper="CGA has no DP analysis; the DPDL and PDSL papers' DP-CGA baseline counts one "
-            "Gaussian release of sensitivity C per neighbour (no σ(ε) rule in our sources)",
+            "Gaussian release of sensitivity C per neighbour (neither paper states a σ(ε) rule "
+            "for it)",
             caveats=(
                 "flat batch clipping has add/remove sensitivity 2C; the paper's count assumes C",
                 "the noised self-gradient (through x̃) is a release the paper's count leaves out",
@@ -290,9 +291,11 @@ class DPCGA(Defense):
         - ``cg``: the receiver's model x^dst_{t-1} crosses the reverse link in the clear, so
           the message is src's batch-mean gradient there, scaled by the unknown batch-clip
           factor min(1, C/‖ḡ‖) (scale 1 is reported), plus N(0, (σC)²).
-        - ``half-model``: g̃^i_t = ṽ^i_t − β ṽ^i_{t-1} with ṽ^i_s = (x^i_{s-1} − x̃^i_s)/η, exact
-          since the momentum stays local. It is w_ii ĝ^{ii} (src's batch at x^i_{t-1}) plus
-          the QP-weighted neighbours' cross-gradients at the same point (other data).
+        - ``half-model``: g̃^i_t = ṽ^i_t − β ṽ^i_{t-1} with ṽ^i_s = (x^i_{s-1} − x̃^i_s)/η. The
+          momentum removal is exact, since the momentum stays local (never mixed); what it
+          leaves is not src's gradient alone: w_ii ĝ^{ii} (src's noised batch at x^i_{t-1},
+          the target) plus the QP-weighted neighbours' cross-gradients at the same point
+          (other agents' data), which stay mixed in — so the observation is not exact.
         - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.
         """
         p = view.public["params"]

@@ -87,8 +87,8 @@ class DPDPSGD(Defense):
             reason="per-example clip C + N(0, σ²C²) on the sum, one broadcast release per round",
             claimed_multiplier=p.sigma,
             claimed_releases=1,
-            paper="A(DP)²SGD's own σ(ε) rule is not in our sources (the DPDL and PDSL papers "
-            "describe the baseline in one sentence)",
+            paper="the DPDL and PDSL papers describe this A(DP)²SGD baseline in one sentence "
+            "and state no σ(ε) rule for it; A(DP)²SGD's own analysis is not applied here",
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:

@@ -12,16 +12,19 @@ expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples
     (19)(20) ṽ^i_t = β v^i_{t-1} + g̃^i_t,   x̃^i_t = x^i_{t-1} − η ṽ^i_t
     (21)(22) v^i_t = Σ_j w_ij ṽ^j_t,         x^i_t = Σ_j w_ij x̃^j_t
 
-Orientation (notes §6E): g^{ji} is i's data at j's model, computed by i and sent to j; the
-``cg`` message on link i→j is g̈^{ji}. Messages on i→j per round: ``model`` x^i_{t-1},
-``cg`` g̈^{ji}_t, ``mm`` ṽ^i_t, ``half-model`` x̃^i_t. Only ``cg`` is noised; ṽ and x̃
-carry the clipped but un-noised ĝ^{ii} (notes §1, an audit target).
+Orientation (Definition 2, Sec. III-B, and (8), as in CGA): g^{ji} is i's data at j's
+model, computed by i and sent to j; the ``cg`` message on link i→j is g̈^{ji}. Messages on
+i→j per round: ``model`` x^i_{t-1}, ``cg`` g̈^{ji}_t, ``mm`` ṽ^i_t, ``half-model`` x̃^i_t.
+Only ``cg`` is noised; ṽ and x̃ carry the clipped but un-noised ĝ^{ii} of (14) through (17)–(19),
+and the paper's proof (Appendix A, (40)) counts the noise of the received cross-gradients,
+drawn by the neighbours, as protecting it — an audit target.
 
-Choices the card leaves open, as parameters (paper values are stripped):
+Choices left open, as parameters (the defaults are not the paper's experimental values):
 ``momentum`` β = 0.5, ``calib_alpha`` α = 0.5, ``clip`` C = 1.0, ``cross_coef`` the
-weight of a received cross-gradient ("sqrt": 1/(√w_ij N) as on the card; "w": w_ij;
-"degree": 1/|N_i ∪ {i}|), the self-gradient ĝ^{ii} uses the same batch as g̈^{ii}
-(notes §6F), v_0 = 0 and all agents start from the shared x_0.
+weight of a received cross-gradient ("sqrt": 1/(√w_ij N) as in (17); "w": w_ij;
+"degree": 1/|N_i ∪ {i}|), the self-gradient ĝ^{ii} uses the same batch as g̈^{ii} (the
+paper calls (14) "an independent calculation" without saying whether it draws a new
+batch), v_0 = 0 and all agents start from the shared x_0.
 ND is the same algorithm with no clipping and no noise (``clip=None, sigma=0``).
 """
 
@@ -199,7 +202,7 @@ class DPDL(Defense):
           unseen ones. Then every received cross-gradient the View holds (``cg`` j→i) is
           subtracted with its public coefficient (17); once all are (global), the remainder is
           (coef_ii + α Σ_j w_ij C^{ij}) ĝ^{ii} + coef_ii z^{ii}/B — the clipped self-gradient
-          with only the self-pair's noise, scaled down by coef_ii ≈ 1/(√w_ii N) (notes §1).
+          with only the self-pair's noise, scaled down by coef_ii ≈ 1/(√w_ii N) (17).
           The scale uses E[C] ≈ ½ (C ∈ [0.27, 0.73]); the cosine loss ignores it.
         - ``half-model``: ṽ^i_t = (x^i_{t-1} − x̃^i_t)/η exactly, then as ``mm``.
         - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.

@@ -50,7 +50,7 @@ DP amplification by those steps (for non-neighbours) is not modelled.
 Choices the sources leave open, as parameters: ``lr`` η = 0.05; ``grad_bound`` G = 1.0;
 ``chebyshev`` = True (the paper's accelerated gossip); ``gossip_steps`` K = None, meaning
 ⌈ln N / √γ⌉ with Chebyshev and ⌈ln N / γ⌉ without (the gossip's mixing time to 1/N; the
-paper takes K from the spectral gap, its constant is not in our sources); γ =
+paper takes K from the spectral gap; the constant 1 is this toolkit's choice); γ =
 ``privaudit.topology.spectral_gap(W)`` = 1 − max(|λ₂|, |λ_N|), which is the paper's λ_W
 (smallest non-zero eigenvalue of I − W) when W has no large negative eigenvalue, capped at 1;
 ``calibration`` = "add-remove"; ``enforce`` = False.

@@ -23,8 +23,9 @@ after which LPPA *is* DSGT. Here the exchange happens in round 1, before round 1
 message, and is tagged round 1 with kind ``noise`` so that it is captured like any message
 (``reinject=True``: a fresh exchange every round, allowed by the paper, not its default).
 Σ_i d_i = 0 exactly (Theorem 1), so the tracking invariant and the average-model update
-are DSGT's; individual trajectories differ (the paper's "lossless" means this much only,
-notes §1.4), and the offset decays as W^t d (Appendix C), so late γ's are nearly clean.
+are DSGT's; individual trajectories differ (the paper's "lossless", Theorem 1 and its proof
+in Appendix B, shows only that the sums are preserved), and the offset decays as W^t d
+(Appendix C), so late γ's are nearly clean.
 
 DP-DSGT, LPPA's "DP method" baseline (Huang et al. 2024 as used in the paper's experiments):
 "adds β = 0.025 noise into the gradient tracking variable before transmission", i.e. before

@@ -51,7 +51,7 @@ from privaudit.messages import CaptureSpec, Tap
 from privaudit.network import SimNetwork
 from privaudit.simulator import Run
 from privaudit.targets import parse_target
-from privaudit.threat import build_threat
+from privaudit.threat import build_threat, victim_threat
 
 from . import bounds
 from .accounting import account
@@ -260,12 +260,7 @@ def _setting(
     else:
         src = 0 if victim is None else victim
         receivers = defense.receivers(kind, t, src, adj)
-        if threat == "link":
-            th = build_threat("link", link=(src, receivers[0]) if receivers else (src, src))
-        elif threat == "neighbor" and not attackers:
-            th = build_threat("neighbor", attackers=receivers[:1])
-        else:
-            th = build_threat(threat, attackers=attackers or [])
+        th = victim_threat(threat, src, receivers, attackers or [])
         dst = th.receiver(src, receivers, f"{kind!r} message in round {t}")
     privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), src)
     D = run.ctx.spec.numel

@@ -123,7 +123,7 @@ def _x(eps: float | None, top: float) -> float:
 def frontier_figure(
     summary: Sequence[dict[str, Any]], refs: Sequence[Reference], path: Path
 ) -> list[Path]:
-    """Three panels, one line per target, test accuracy on the y axis against (a) the
+    """Three panels, one colour per target, test accuracy on the y axis against (a) the
     accounted ε of the attacked message (∞ at the right edge: no formal guarantee), (b) the
     white-box audit's ε lower bound for one release, (c) the attack's PSNR on the same run's
     message. The references are drawn in every panel where they have an x: centralised
@@ -154,9 +154,10 @@ def frontier_figure(
             else:
                 xy = [(s[key], s["test_acc"]) for s in pts if s.get(key) is not None]
             xy.sort()
-            if xy:
-                xs, ys = zip(*xy, strict=True)
-                ax.plot(xs, ys, "-" + marker, color=color, mec="black", mew=0.4, ms=4, lw=0.8)
+            if xy:  # a line over ε; over the audit and the attack, whose x need not grow
+                xs, ys = zip(*xy, strict=True)  # with ε, points only
+                fmt = ("-" if key == "epsilon" else "") + marker
+                ax.plot(xs, ys, fmt, color=color, mec="black", mew=0.4, ms=4, lw=0.8)
         ax.plot([], [], "-", color="0.2")  # keeps the colour cycle out of the legend
         dpsgd = sorted((r.epsilon, r.accuracy) for r in refs if math.isfinite(r.epsilon_requested))
         if key == "epsilon" and dpsgd:

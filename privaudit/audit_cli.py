@@ -28,7 +28,13 @@ def add_parser(sub: Any, training_options: Any) -> None:
     au.add_argument("--round", type=int, default=1, help="white-box: the audited round")
     au.add_argument("--threat", default="link", help="link | neighbor | coalition | global")
     au.add_argument("--link", default=None, metavar="SRC,DST", help="the audited link")
-    au.add_argument("--attacker", default=None, metavar="A[,B,...]", help="neighbor/coalition")
+    au.add_argument(
+        "--attacker",
+        default=None,
+        metavar="A[,B,...]",
+        help="the neighbor, or the coalition's members (default: the victim's first receiver, "
+        "or every receiver)",
+    )
     au.add_argument("--victim", type=int, default=None, help="whose data carries the canary")
     au.add_argument(
         "--canary-norm",

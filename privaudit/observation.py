@@ -32,7 +32,8 @@ class Observation:
                   examples, so a realised ``batch_size`` b comes with a factor b/B.
     clip:         per-example clip norm C if the examples were clipped, else None.
     noise_std:    std of the Gaussian noise per coordinate of ``target`` (0 if none).
-    labels:       the true labels when the threat model reveals them, else None.
+    labels:       labels an attack is told (None in every built-in threat model: attacks
+                  infer them); set by hand to run an attack with known labels.
     mean, std:    per-channel normalisation the model expects; attacks work in [0, 1]
                   pixel space and normalise inside, so reconstructions are images.
     terms:        further gradient terms inside ``target``, each ``(params_s, coef_s,

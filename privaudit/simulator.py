@@ -61,6 +61,23 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_sigma_param(cfg: RunConfig) -> None:
+    """One error when ``-p sigma=…`` names a σ that ``--sigma``/``--epsilon`` set (it would
+    be replaced by the calibrated one). A ``sigma`` no accountant reads — AdaD²P's paper
+    constant (:func:`privaudit.eval.accounting.noised` is false for it) — stays a parameter."""
+    if "sigma" not in cfg.params:
+        return
+    from privaudit.eval.accounting import noised
+
+    defense = get_defense(cfg.defense)
+    W = metropolis_hastings(build_topology(cfg.topology, cfg.agents)).to(torch.float64)
+    if noised(defense, params_of(defense.Params, cfg.params), W):
+        raise PrivauditError(
+            f"-p sigma is {defense.name}'s calibrated noise multiplier and would be ignored; "
+            "use --sigma S (or --epsilon E) to set the noise multiplier"
+        )
+
+
 def resolve_privacy(
     cfg: RunConfig, defense: Defense, base: Any, W: Tensor, shard_sizes: list[int]
 ) -> tuple[Any, dict[str, Any]]:
@@ -117,6 +134,7 @@ class Run:
     def create(cls, cfg: RunConfig, path: str | Path) -> Run:
         """A new run at ``path``, or the run already there if its config is the same."""
         cfg.validate()
+        check_sigma_param(cfg)
         rd = RunDir(path)
         return cls._build(cfg, rd, existing=cls._claim(rd, cfg))
 

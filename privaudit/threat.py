@@ -8,8 +8,9 @@ architecture and the shared initial model); secrets never enter it.
 Four adversaries, weakest first (:data:`ORDER`):
 
 - ``link``: an eavesdropper on one undirected link ``a ↔ b`` (both directions);
-- ``neighbor``: one honest-but-curious agent ``a`` — its own state and every message on
-  its links (what it sends is its own state; what it receives is all it learns);
+- ``neighbor``: one honest-but-curious agent ``a`` — every message on its links, both what
+  it sends and what it receives; its private state (data, batches, noise draws, values it
+  never sends) is not in the View;
 - ``coalition``: a set of agents pooling what each of them sees;
 - ``global``: every message on every link.
 """
@@ -172,3 +173,20 @@ def build_threat(
             raise PrivauditError("--threat coalition needs its members: --attacker A,B,...")
         return Threat("coalition", agents)
     return Threat("global")
+
+
+def victim_threat(
+    name: str, victim: int, receivers: list[int], attackers: Iterable[int] = ()
+) -> Threat:
+    """The adversary that attacks ``victim``'s message when no link is named, with the
+    defaults of ``privaudit attack`` and ``privaudit audit``: ``link`` taps the link to the
+    first receiver; ``neighbor`` without ``attackers`` is the first receiver, ``coalition``
+    without them every receiver. ``receivers``: who gets the message from the victim."""
+    attackers = list(attackers)
+    if name == "link":
+        return build_threat("link", link=(victim, receivers[0]) if receivers else (victim, victim))
+    if name == "neighbor" and not attackers:
+        return build_threat("neighbor", attackers=receivers[:1])
+    if name == "coalition" and not attackers:
+        return build_threat("coalition", attackers=receivers)  # all who receive it
+    return build_threat(name, attackers=attackers)

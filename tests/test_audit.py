@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -179,6 +180,20 @@ def test_no_noise_target_reports_infinite_upper(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert code == 0
     assert "ε upper = ∞" in text and "no guarantee" in text and (out / "audit.json").exists()
+
+
+def test_coalition_without_attacker_is_every_receiver(tmp_path, capsys) -> None:
+    """As ``privaudit attack``: --threat coalition with no --attacker pools every agent the
+    victim sends to (victim 0 on the 4-ring: agents 1 and 3)."""
+    out = tmp_path / "a"
+    code = main(
+        ["audit", "--target", "dpdl-cg", "--threat", "coalition", "--trials", "64"]
+        + ["--out", str(out), *TINY]
+    )
+    text = capsys.readouterr().out
+    assert code == 0 and "coalition 1,3" in text
+    res = json.loads((out / "audit.json").read_text())
+    assert res["threat"] == "coalition 1,3" and res["copies"] == 2
 
 
 THREATS = [("link", None), ("neighbor", None), ("coalition", [1, 4]), ("global", None)]

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from privaudit import limits
-from privaudit.cli import main
+from privaudit.cli import checked_params, main
 from privaudit.config import RunConfig
 from privaudit.defenses import get_defense
 from privaudit.defenses.base import params_of
@@ -100,6 +100,14 @@ BAD = {
         "permutations must be an integer",
     ),
     "param negative calib alpha": ([*ND, "-p", "calib_alpha=-1"], "calib_alpha"),
+    "param sigma that --sigma/--epsilon set": (
+        [*TRAIN, "-p", "sigma=3"],
+        "use --sigma S (or --epsilon E) to set the noise multiplier",
+    ),
+    "audit param sigma that --sigma/--epsilon set": (
+        ["audit", "--target", "pdsl-cg", "--agents", "3", "--out", "{tmp}/x", "-p", "sigma=3"],
+        "use --sigma S (or --epsilon E)",
+    ),
     # attack options and flags
     "attack option not a number": ([*ATTACK, "-a", "tv=abc"], "tv must be a number"),
     "attack lr negative": ([*ATTACK, "-a", "lr=-1"], "lr must be a finite number > 0"),
@@ -126,7 +134,7 @@ BAD = {
     "audit canary norm inf": ([*AUDIT, "--canary-norm", "inf"], "--canary-norm"),
     "audit seed negative": ([*AUDIT, "--audit-seed", "-1"], "--audit-seed"),
     # compare, claims, reproduce
-    "compare epsilon inf": ([*COMPARE, "--epsilons", "inf"], "--epsilons"),
+    "compare epsilon nan": ([*COMPARE, "--epsilons", "1,nan"], "--epsilons"),  # inf: no noise
     "compare seed negative": ([*COMPARE, "--seeds", "-1"], "--seeds"),
     "compare round zero": ([*COMPARE, "--rounds", "0"], "--rounds must be ≥ 1"),
     "compare round huge": ([*COMPARE, "--rounds", str(10**8)], "--rounds"),
@@ -244,6 +252,19 @@ def test_cli_params_reach_the_run_typed(tmp_path, capsys) -> None:
     params = json.loads((out / "config.json").read_text())["resolved"]["params"]
     assert params["lr"] == 1.0 and isinstance(params["lr"], float)
     assert params["momentum"] == 0.9 and params["clip"] is None
+
+
+@pytest.mark.parametrize(
+    "defense, param, value",
+    [("adad2p", "sigma", 0.05), ("lppa", "beta", 0.1), ("dp-dsgt", "beta", 0.1)],
+)
+def test_noise_params_no_accountant_sets_are_kept(defense, param, value) -> None:
+    """AdaD²P's σ (a paper constant, never set from ε) and the Laplace β of LPPA and DP-DSGT
+    stay ``-p`` parameters: refused only where --sigma/--epsilon set σ."""
+    topology = "exponential" if get_defense(defense).topology == "exponential" else "ring"
+    cfg = RunConfig(defense=defense, agents=4, topology=topology, params={param: value})
+    assert checked_params(cfg) is cfg
+    assert getattr(params_of(get_defense(defense).Params, cfg.params), param) == value
 
 
 def test_a_config_read_back_is_typed_as_the_cli() -> None:
