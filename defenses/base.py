@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from privaudit import sampling, schema
-from privaudit.errors import PrivauditError
+from privaudit.errors import NameTaken, PrivauditError
 from privaudit.grads import PairGrads
 from privaudit.models import build_model
 from privaudit.network import Network
@@ -230,7 +230,11 @@ DEFENSES: dict[str, Defense] = {}
 
 
 def register(cls: type[Defense]) -> type[Defense]:
-    """Class decorator: add one instance of ``cls`` to :data:`DEFENSES` under ``cls.name``."""
+    """Class decorator: add one instance of ``cls`` to :data:`DEFENSES` under ``cls.name``,
+    for the built-ins and for plugins (:mod:`privaudit.plugins`) alike. A name already
+    taken is refused (:class:`~privaudit.errors.NameTaken`): nothing is silently replaced."""
+    if cls.name in DEFENSES:
+        raise NameTaken("defense", cls.name)
     DEFENSES[cls.name] = cls()
     return cls
 

@@ -60,6 +60,7 @@ from .errors import Interrupted, PrivauditError
 from .interrupts import signals_deferred
 from .messages import CaptureSpec, Tap
 from .network import Links, Network
+from .plugins import loaded_files
 from .rundir import SHARDS, RunDir
 
 DEFAULT_TIMEOUT_S = 300.0  # seconds a rank waits for a peer before it calls the peer lost
@@ -311,13 +312,19 @@ def _worker(
     timeout_s: float,
     progress: bool,
     launcher: int,
+    plugin_files: list[str],
 ):
     """The launcher's entry point (one call per rank); errors go to the launcher's report.
     The launcher's SIGTERM (its way to stop ranks) interrupts a rank as Ctrl-C does, so the
-    rank writes its interrupt checkpoint."""
+    rank writes its interrupt checkpoint. The rank first loads the launcher's plugins
+    (installed entry points, and ``plugin_files``: a forked rank's environment is the fork
+    server's, not the launcher's, so the files come as an argument)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from .plugins import load_plugins
+
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    record(load_plugins)(plugin_files, environment=False)
     capture = None if rounds is None else CaptureSpec.of(rounds=rounds)
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     record(train_rank)(cfg, out, capture, timeout_s, progress, launcher)
@@ -383,7 +390,7 @@ def launch(
         for q in quiet:
             q.setLevel(logging.CRITICAL)
         handlers = {sig: signal.getsignal(sig) for sig in HANDLED}  # the agent replaces them
-        args = (cfg.to_json(), str(out), rounds, timeout_s, progress, os.getpid())
+        args = (cfg.to_json(), str(out), rounds, timeout_s, progress, os.getpid(), loaded_files())
         try:
             elastic_launch(lc, _worker)(*args)
         except ChildFailedError as e:

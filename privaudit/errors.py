@@ -9,6 +9,16 @@ class Interrupted(PrivauditError):
     """A stop request (Ctrl-C, SIGTERM) ended a run at a round boundary; it can resume."""
 
 
+class NameTaken(PrivauditError):
+    """A registry (of defenses or of attacks) already holds ``name``: registering it again
+    would silently replace what is there (:mod:`privaudit.plugins` names the owner)."""
+
+    def __init__(self, what: str, name: str):
+        super().__init__(f"{what} name {name!r} is already taken; choose another name")
+        self.what = what
+        self.name = name
+
+
 def unknown(kind: str, name: str, valid) -> PrivauditError:
     """The error for a name that is not in a registry, listing the valid names."""
     return PrivauditError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(valid))}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from privaudit.defenses import DEFENSES, Defense
 
-from .errors import unknown
+from .errors import PrivauditError, unknown
 
 
 def all_targets() -> dict[str, tuple[Defense, str, str]]:
@@ -19,6 +19,8 @@ def all_targets() -> dict[str, tuple[Defense, str, str]]:
 def parse_target(name: str) -> tuple[Defense, str]:
     targets = all_targets()
     if name not in targets:
-        raise unknown("target", name, targets)
+        from .plugins import MISSING
+
+        raise PrivauditError(f"{unknown('target', name, targets)}; {MISSING}")
     defense, kind, _ = targets[name]
     return defense, kind
