@@ -24,16 +24,18 @@ from typing import Any
 import torch
 
 from privaudit import schema
-from privaudit.errors import PrivauditError, unknown
+from privaudit.errors import NameTaken, PrivauditError, unknown
 from privaudit.limits import SEED_END
 from privaudit.observation import Observation, Reconstruction
 
 from .analytic import analytic
+from .auto import auto
 from .dlg import dlg
 from .idlg import idlg
 from .ig import ig
 from .labels import METHODS as LABEL_METHODS
 from .labels import infer_labels
+from .rgap import rgap
 
 Attack = Callable[..., list[Reconstruction]]
 
@@ -42,9 +44,57 @@ ATTACKS: dict[str, Attack] = {
     "dlg": dlg,
     "idlg": idlg,
     "analytic": analytic,
+    "rgap": rgap,
+    "auto": auto,
 }
 
 DEFAULT_ATTACK = "ig"
+
+# the keyword-only options every attack takes: privaudit passes them to any attack
+COMMON_OPTIONS = ("iterations", "restarts", "seed", "device", "progress")
+
+
+def check_attack(name: str, fn: Any) -> None:
+    """Raise one clear error unless ``fn`` takes the attack signature (module docstring):
+    the observations as its first, positional argument, then keyword-only options with
+    defaults, :data:`COMMON_OPTIONS` among them (run without them, it would fail later)."""
+    fix = (
+        f"; fix: define it as def {name}(observations, *, iterations=None, restarts=None, "
+        "seed=0, device=None, progress=False, <your options, with defaults>) "
+        "-> list[Reconstruction]"
+    )
+    if not callable(fn) or isinstance(fn, type):
+        raise PrivauditError(f"attack {name!r} is a {type(fn).__name__}, not a function{fix}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise PrivauditError(f"attack {name!r} has no signature Python can inspect{fix}") from None
+    P = inspect.Parameter
+    variadic = (P.VAR_POSITIONAL, P.VAR_KEYWORD)
+    keyword = {p.name for p in params if p.kind is P.KEYWORD_ONLY}
+    required = [p.name for p in params[1:] if p.default is P.empty and p.kind not in variadic]
+    missing = [o for o in COMMON_OPTIONS if o not in keyword]
+    if not params or params[0].kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+        problem = "takes no positional argument for the observations"
+    elif required:
+        problem = f"requires {', '.join(required)} (every option needs a default)"
+    elif missing:
+        problem = f"lacks the keyword-only option(s) {', '.join(missing)}"
+    else:
+        return
+    raise PrivauditError(f"attack {name!r} {problem}{fix}")
+
+
+def register_attack(name: str, fn: Attack) -> Attack:
+    """Add the attack ``fn`` to :data:`ATTACKS` under ``name``: how a plugin adds one
+    (:mod:`privaudit.plugins`). Refused when the name is taken
+    (:class:`~privaudit.errors.NameTaken`) or ``fn`` does not take the attack signature
+    (:func:`check_attack`). Returns ``fn``."""
+    if name in ATTACKS:
+        raise NameTaken("attack", name)
+    check_attack(name, fn)
+    ATTACKS[name] = fn
+    return fn
 
 
 def options(name: str) -> list[str]:
@@ -67,6 +117,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "history_size": ("an integer in 1..10^4", lambda v: 1 <= v <= 10**4),
     "label_method": (f"one of {', '.join(LABEL_METHODS)}", lambda v: v in LABEL_METHODS),
     "line_search_fn": ("'strong_wolfe' or null", lambda v: v == "strong_wolfe"),
+    "rcond": ("a number in (0, 1)", lambda v: 0 < v < 1),
 }
 
 
@@ -131,14 +182,19 @@ def _empty(obs: Observation) -> Reconstruction:
 
 __all__ = [
     "ATTACKS",
+    "COMMON_OPTIONS",
     "DEFAULT_ATTACK",
     "RULES",
     "analytic",
+    "auto",
+    "check_attack",
     "check_options",
     "dlg",
     "idlg",
     "ig",
     "infer_labels",
     "options",
+    "register_attack",
+    "rgap",
     "run_attack",
 ]

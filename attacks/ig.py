@@ -40,7 +40,9 @@ of a near-zero gradient entry can flip, so pixels may differ by a few steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -67,6 +69,30 @@ from .labels import labels_for
 
 DEFAULT_ITERATIONS = 3000
 DEFAULT_RESTARTS = 1
+_START: ContextVar[torch.Tensor | None] = ContextVar("ig_start", default=None)
+
+
+@contextmanager
+def starting_from(images: torch.Tensor | None) -> Iterator[None]:
+    """Inside this block :func:`ig` starts the first restart of observation k from
+    ``images[k]`` ((K, B, *input_shape) in [0, 1]) instead of uniform noise, e.g. from
+    R-GAP's partial recovery (:mod:`.rgap`); None keeps the noise. A context, not an attack
+    option: a tensor cannot come from the command line."""
+    token = _START.set(images)
+    try:
+        yield
+    finally:
+        _START.reset(token)
+
+
+def _started(x: torch.Tensor, restarts: int, slots: int) -> torch.Tensor:
+    """``x`` (free rows ordered (k, slot, restart)) with the :func:`starting_from` images
+    in each observation's slot-0, restart-0 row."""
+    start = _START.get()
+    if start is not None:
+        rows = torch.arange(start.shape[0], device=x.device) * slots * restarts
+        x[rows] = start.to(x.device, x.dtype).reshape(x[rows].shape)
+    return x
 
 
 def gaussian_nll(obs: list[Observation], prob: Problem, restarts: int) -> Callable | None:
@@ -116,7 +142,8 @@ def ig(
     y = one_hot(labels, stack, r)
     dummy_grad = gradient_fn(stack, clip_aware)
 
-    x = init_images(generators(seed, len(obs)), r * prob.slots, stack).requires_grad_(True)
+    x = init_images(generators(seed, len(obs)), r * prob.slots, stack)
+    x = _started(x, r, prob.slots).requires_grad_(True)
     nll = gaussian_nll(obs, prob, r) if noise_aware else None
     opt = torch.optim.Adam([x], lr=lr)
     sched = (

@@ -5,15 +5,18 @@ with the system python: breaching lives only in that venv. Usage::
 
     _breaching_worker.py OBSERVATIONS.safetensors OUTPUT.safetensors
 
-The input (written by vs_breaching.py) holds, for observation ``k``: ``{k}.param.{name}`` (the
-LeNet's parameters), ``{k}.grad.{name}`` (the true gradient), ``{k}.x0`` (the initial image in
-[0, 1]) and ``{k}.y0`` (DLG's initial label logits); its metadata ``config`` is JSON with the
-hyperparameters and breaching config overrides.
+The input (written by vs_breaching.py or strength.py) holds, for observation ``k``:
+``{k}.param.{name}`` (the model's parameters), ``{k}.grad.{name}`` (the true gradient),
+``{k}.x0`` (the initial batch in [0, 1], (B, C, H, W): B is the batch size breaching is told)
+and ``{k}.y0`` (DLG's initial label logits); its metadata ``config`` is JSON with the
+hyperparameters and breaching config overrides, and optionally ``per_observation``:
+``{"k": {"model", "mean", "std"}}`` (default: the LeNet with ``config``'s mean/std).
 
 The worker imports everything, then reads one JSON command per line on stdin, so that the main
 script can interleave its own runs with breaching's (fair timing on a shared machine):
 
-- ``{"attack": "ig", "k": 0, "iterations": N, "keep": true}``: one breaching reconstruction;
+- ``{"attack": "ig", "k": 0, "iterations": N, "keep": true, "overrides": [...]}``: one
+  breaching reconstruction (``overrides``, optional: further config overrides for this run);
   replies one JSON line ``{"wall", "cpu", "evals", "steps", "objective"}`` on stdout (breaching's
   own prints go to stderr). ``wall``/``cpu`` cover ``attacker.reconstruct()`` only: no import,
   config or attacker construction. ``evals`` counts forward passes, ``steps`` optimizer steps.
@@ -59,14 +62,20 @@ def main(argv: list[str]) -> int:
     device = torch.device(cfg["device"])
     setup = dict(dtype=torch.float, device=device)
     shape = list(cfg["input_shape"])
-    mean = torch.tensor(cfg["mean"]).reshape(1, -1, 1, 1)
-    std = torch.tensor(cfg["std"]).reshape(1, -1, 1, 1)
     pixel_space = cfg["breaching_space"] == "pixel"
+    per_observation = cfg.get("per_observation", {})  # benchmarks/strength.py sets it
+
+    def spec(k: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+        """Observation k's model name and normalisation (default: the LeNet, cfg's)."""
+        s = per_observation.get(str(k), {})
+        mean = torch.tensor(s.get("mean", cfg["mean"])).reshape(1, -1, 1, 1)
+        std = torch.tensor(s.get("std", cfg["std"])).reshape(1, -1, 1, 1)
+        return s.get("model", "lenet"), mean, std
 
     class Normalized(torch.nn.Module):
         """``net((x − mean) / std)``: breaching then optimises [0, 1] pixels, as privaudit."""
 
-        def __init__(self, net: torch.nn.Module):
+        def __init__(self, net: torch.nn.Module, mean: torch.Tensor, std: torch.Tensor):
             super().__init__()
             self.net = net
             self.register_buffer("mean", mean.clone())
@@ -86,22 +95,25 @@ def main(argv: list[str]) -> int:
     register_optimizer_step_post_hook(count_step)
 
     def build(k: int):
-        net = build_model("lenet", tuple(shape), int(cfg["num_classes"]), 0)
+        name, mean, std = spec(k)
+        net = build_model(name, tuple(shape), int(cfg["num_classes"]), 0)
         params = {n: tensors[f"{k}.param.{n}"] for n, _ in net.named_parameters()}
         net.load_state_dict(params, strict=True)
-        net.fc.register_forward_hook(count_eval)  # one call per forward pass (copies share it)
-        model = Normalized(net) if pixel_space else net
+        net.register_forward_hook(count_eval)  # one call per forward pass (copies share it)
+        model = Normalized(net, mean, std) if pixel_space else net
         grads = [tensors[f"{k}.grad.{n}"].to(device) for n, _ in net.named_parameters()]
         return model.to(device), grads
 
-    def payloads(model, grads):
+    def payloads(model, grads, k: int):
         meta = dict(
             shape=shape, modality="vision", task="classification", classes=int(cfg["num_classes"])
         )
         if pixel_space:
             meta.update(mean=[0.0] * shape[0], std=[1.0] * shape[0])
         else:
-            meta.update(mean=list(cfg["mean"]), std=list(cfg["std"]))
+            _, mean, std = spec(k)
+            meta.update(mean=mean.flatten().tolist(), std=std.flatten().tolist())
+        points = int(tensors[f"{k}.x0"].shape[0])  # the batch size B
         server = dict(
             parameters=[p.detach().clone() for p in model.parameters()],
             buffers=[b.detach().clone() for b in model.buffers()] or None,
@@ -110,14 +122,16 @@ def main(argv: list[str]) -> int:
         user = dict(
             gradients=[g.clone() for g in grads],
             buffers=None,
-            metadata=dict(num_data_points=1, labels=None, local_hyperparams=None),
+            metadata=dict(num_data_points=points, labels=None, local_hyperparams=None),
         )
         return [server], [user]
 
-    def to_model_space(x):
+    def to_model_space(x, k: int):
+        _, mean, std = spec(k)
         return x if pixel_space else (x - mean.to(x)) / std.to(x)
 
-    def to_pixels(x):
+    def to_pixels(x, k: int):
+        _, mean, std = spec(k)
         x = x if pixel_space else x * std.to(x) + mean.to(x)
         return x.clamp(0, 1)
 
@@ -127,15 +141,15 @@ def main(argv: list[str]) -> int:
 
     configs = {}
 
-    def run(attack: str, k: int, iterations: int):
+    def run(attack: str, k: int, iterations: int, extra: list[str]):
         a = cfg[attack]
-        overrides = [f"optim.max_iterations={iterations}"] + list(a["overrides"])
+        overrides = [f"optim.max_iterations={iterations}"] + list(a["overrides"]) + extra
         cfg_attack = breaching.get_attack_config(a["config"], overrides=overrides)
         configs[attack] = OmegaConf.to_container(cfg_attack, resolve=True)
         model, grads = build(k)
         loss_fn = torch.nn.CrossEntropyLoss()
         attacker = breaching.attacks.prepare_attack(model, loss_fn, cfg_attack, setup)
-        x0 = to_model_space(tensors[f"{k}.x0"].to(device))
+        x0 = to_model_space(tensors[f"{k}.x0"].to(device), k)
         if attack == "dlg":
             # Same initial label logits as privaudit: breaching draws them with randn inside
             # _initialize_data; overwrite that (B, classes) draw with privaudit's start point.
@@ -149,7 +163,7 @@ def main(argv: list[str]) -> int:
                 return c
 
             attacker._initialize_data = init
-        server, user = payloads(model, grads)
+        server, user = payloads(model, grads, k)
         counts.update(evals=0, steps=0)
         sync()
         c, t = time.process_time(), time.perf_counter()
@@ -171,11 +185,12 @@ def main(argv: list[str]) -> int:
         cmd = json.loads(line)
         if cmd.get("finish"):
             break
-        info, out = run(cmd["attack"], int(cmd["k"]), int(cmd["iterations"]))
+        extra = list(cmd.get("overrides", []))
+        info, out = run(cmd["attack"], int(cmd["k"]), int(cmd["iterations"]), extra)
         runs.append(dict(cmd, **info))
         if cmd.get("keep"):
             key = f"{cmd['attack']}.{cmd['k']}"
-            kept[f"{key}.recon"] = to_pixels(out["data"].detach()).cpu().contiguous()
+            kept[f"{key}.recon"] = to_pixels(out["data"].detach(), int(cmd["k"])).cpu().contiguous()
             kept[f"{key}.label"] = torch.as_tensor(out["labels"]).reshape(-1).long().cpu()
         reply.write(json.dumps(info) + "\n")
     results = dict(

@@ -337,8 +337,11 @@ class Breaching:
             )
         return json.loads(line)
 
-    def run(self, attack: str, k: int, iterations: int, keep: bool = False) -> dict:
-        return self._ask({"attack": attack, "k": k, "iterations": iterations, "keep": keep})
+    def run(
+        self, attack: str, k: int, iterations: int, keep: bool = False, overrides: tuple = ()
+    ) -> dict:
+        cmd = {"attack": attack, "k": k, "iterations": iterations, "keep": keep}
+        return self._ask({**cmd, "overrides": list(overrides)})
 
     def finish(self) -> dict:
         from safetensors.torch import load_file, safe_open

@@ -181,11 +181,14 @@ def config_from_args(a: argparse.Namespace, defense: str, rounds: int | None) ->
 
 def checked_params(cfg: RunConfig) -> RunConfig:
     """``cfg`` after its defense parameters (``-p``, ``--lr``, ``--clip``) are checked against
-    the defense's schema: before any data is loaded or anything is written."""
+    the defense's schema, and a calibrated σ refused as ``-p sigma``: before any data is
+    loaded or anything is written."""
     from .defenses import get_defense
     from .defenses.base import params_of
+    from .simulator import check_sigma_param
 
     params_of(get_defense(cfg.defense).Params, cfg.params)
+    check_sigma_param(cfg)
     return cfg
 
 
@@ -390,8 +393,12 @@ def cmd_attack(a: argparse.Namespace) -> int:
         )
         return 0
     lp = f"{m['lpips']:.3f}" if m["lpips"] is not None else "n/a"
+    used = sorted({u for u in result["attack_used"] if u})
+    name = result["attack"]
+    if used and used != [name]:  # e.g. auto: the attack it picked
+        name = f"{name} ({', '.join(used)})"
     print(
-        f"{a.target} round {a.round}, {result['attack']} under "
+        f"{a.target} round {a.round}, {name} under "
         f"{'; '.join(sorted(set(result['adversaries'])))} (links {result['links']}), "
         f"ε = {eps if eps is not None else math.inf:.3g}: "
         f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
@@ -405,6 +412,14 @@ def cmd_attack(a: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="privaudit", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="FILE.py",
+        help="load your own defense or attack from this file, before the command (repeatable; "
+        "PRIVAUDIT_PLUGINS and installed packages' entry points load too; docs/extending.md)",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("targets", help="list attack targets (<defense>-<message>)")
@@ -447,7 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     at = sub.add_parser("attack", help="reconstruct a private batch from a target's messages")
     at.add_argument("--target", required=True, help="e.g. dpdl-cg (privaudit targets)")
     at.add_argument("--round", type=int, required=True, help="round whose message is attacked")
-    at.add_argument("--attack", default=None, help="ig (default) | dlg | idlg | analytic")
+    at.add_argument(
+        "--attack", default=None, help="ig (default) | dlg | idlg | analytic | rgap | auto"
+    )
     at.add_argument(
         "--threat",
         default=None,
@@ -499,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     try:
         args = build_parser().parse_args(argv)
+        from .plugins import load_plugins
+
+        load_plugins(args.plugin)  # entry points, PRIVAUDIT_PLUGINS, then --plugin files
         if getattr(args, "threads", None) is not None:
             limits.check_threads("--threads", args.threads)
             import torch

@@ -21,7 +21,7 @@ from .observation import Observation, Reconstruction
 from .rundir import write_json
 from .simulator import Run
 from .targets import parse_target
-from .threat import Threat, build_threat
+from .threat import Threat, build_threat, victim_threat
 
 
 def observe(
@@ -134,14 +134,7 @@ def _plan(
     plan = []
     for v in victims:
         receivers = defense.receivers(kind, t, v, adj)
-        if threat == "link":
-            th = build_threat("link", link=(v, receivers[0]) if receivers else (v, v))
-        elif threat == "neighbor" and not attackers:
-            th = build_threat("neighbor", attackers=receivers[:1])
-        elif threat == "coalition" and not attackers:
-            th = build_threat("coalition", attackers=receivers)  # all who receive it
-        else:
-            th = build_threat(threat, attackers=attackers)
+        th = victim_threat(threat, v, receivers, attackers)
         plan.append((th, v, th.receiver(v, receivers, what)))
     return plan
 
@@ -205,6 +198,8 @@ def reconstruct(
         "target": target,
         "round": round,
         "attack": attack,
+        # per observation, the attack whose answer it is ("auto" picks one; None: empty batch)
+        "attack_used": [r.meta.get("attack") for r in recons],
         "attack_options": {**kw, "seed": seed},
         "threat": obs[0].meta["threat"].split()[0],
         "adversaries": [o.meta["threat"] for o in obs],

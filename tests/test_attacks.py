@@ -245,7 +245,7 @@ def test_mixed_architectures_are_refused(lenet_obs):
 
 
 def test_registry():
-    assert set(ATTACKS) == {"ig", "dlg", "idlg", "analytic"}
+    assert set(ATTACKS) == {"ig", "dlg", "idlg", "analytic", "rgap", "auto"}
     assert DEFAULT_ATTACK in ATTACKS
 
 

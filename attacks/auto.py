@@ -1,0 +1,98 @@
+"""The strongest applicable attack, chosen per observation.
+
+Exact closed forms first, optimisation where the maths leaves no closed form:
+
+1. ``analytic`` (:mod:`.analytic`; Phong et al. 2017, Geiping et al. 2020 Prop. 1) when
+   B = 1 and the model's first layer is Linear with a bias: the input is a ratio of two
+   gradient rows.
+2. ``rgap`` (:mod:`.rgap`; Zhu & Blaschko 2021) when B = 1 and the model is a chain of
+   Conv2d/Linear layers and elementwise invertible activations whose every layer meets
+   R-GAP's rank condition (checked by running it: the rank is a property of the weights
+   and the recovered activations, not of the architecture alone).
+3. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: B > 1, a model R-GAP cannot
+   invert (max-pooling, residual connections), a sum of gradient terms — started from
+   R-GAP's partial recovery where a rank condition failed.
+
+``meta["attack"]`` names the attack whose answer is returned, ``meta["auto"]`` why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from privaudit.errors import PrivauditError
+from privaudit.observation import Observation, Reconstruction
+
+from .analytic import analytic, first_linear
+from .chain import Unsupported, linear_chain
+from .common import as_list
+from .ig import ig
+from .rgap import DEFAULT_RCOND, rgap
+
+
+def choose(obs: Observation) -> tuple[str, str]:
+    """``(attack, reason)`` for one observation before anything runs: "analytic", "rgap"
+    (subject to its rank condition, see :func:`auto`) or "ig"."""
+    if obs.batch_size != 1:
+        return "ig", f"B = {obs.batch_size}: the closed forms invert one example"
+    if obs.terms:
+        return "ig", "a sum of gradient terms: the closed forms invert one gradient"
+    try:
+        first_linear(obs.model)
+        return "analytic", "B = 1 and the first layer is Linear with bias"
+    except PrivauditError:
+        pass
+    try:
+        linear_chain(obs.model, tuple(obs.input_shape))
+    except Unsupported as e:
+        return "ig", f"R-GAP does not apply: {e}"
+    return "rgap", "B = 1 and the model is a chain R-GAP inverts"
+
+
+def auto(
+    observations: Observation | Sequence[Observation],
+    *,
+    iterations: int | None = None,
+    restarts: int | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    lr: float | None = None,
+    tv: float | None = None,
+    label_method: str = "auto",
+    rcond: float = DEFAULT_RCOND,
+) -> list[Reconstruction]:
+    """Each observation attacked by :func:`choose`'s pick (observation i with seed
+    ``seed + i``); an R-GAP pick whose rank condition fails becomes IG started from R-GAP's
+    recovery. ``lr``/``tv`` (None: IG's defaults) and ``iterations``/``restarts`` reach IG
+    only."""
+    obs = as_list(observations)
+    common: dict[str, Any] = {"device": device, "progress": progress}
+    common["label_method"] = label_method
+    opt: dict[str, Any] = {"iterations": iterations, "restarts": restarts}
+    opt.update({k: v for k, v in (("lr", lr), ("tv", tv)) if v is not None})
+    picks = [choose(o) for o in obs]
+    if all(a == "ig" for a, _ in picks):  # one batched optimisation
+        recs = ig(obs, seed=seed, **common, **opt)
+        return [_tagged(r, a, why) for r, (a, why) in zip(recs, picks, strict=True)]
+    out = []
+    for i, (o, (attack, why)) in enumerate(zip(obs, picks, strict=True)):
+        if attack == "analytic":
+            (rec,) = analytic(o, **common)
+        elif attack == "rgap":
+            (rec,) = rgap(o, seed=seed + i, rcond=rcond, **common, **opt)
+            if rec.meta["fallback"] is not None:
+                start = "R-GAP's recovery" if rec.meta["start"] == "rgap" else "noise"
+                attack, why = "ig", f"{rec.meta['fallback']}: IG started from {start}"
+        else:
+            (rec,) = ig(o, seed=seed + i, **common, **opt)
+        out.append(_tagged(rec, attack, why))
+    return out
+
+
+def _tagged(rec: Reconstruction, attack: str, why: str) -> Reconstruction:
+    meta = {**rec.meta, "attack": attack, "auto": why}
+    return Reconstruction(rec.images, rec.labels, rec.loss, meta)
