@@ -48,10 +48,11 @@ from paper_claims import paper_rows  # noqa: E402
 from privaudit import presets  # noqa: E402
 from privaudit.config import RunConfig  # noqa: E402
 from privaudit.defenses import DEFENSES, get_defense  # noqa: E402
+from privaudit.eval.frontier import REFERENCE_DEFENSE  # noqa: E402
 from privaudit.eval.reference import reference_for  # noqa: E402
 from privaudit.simulator import Run  # noqa: E402
 
-REFERENCE_POINT = "dp-dpsgd"  # the operating point the centralised references train at
+REFERENCE_POINT = REFERENCE_DEFENSE  # the operating point the centralised references train at
 
 
 def key_of(what: str, cfg: RunConfig, epsilon: float) -> str:
