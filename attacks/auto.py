@@ -5,13 +5,15 @@ Exact closed forms first, optimisation where the maths leaves no closed form:
 1. ``analytic`` (:mod:`.analytic`; Phong et al. 2017, Geiping et al. 2020 Prop. 1) when
    B = 1 and the model's first layer is Linear with a bias: the input is a ratio of two
    gradient rows.
-2. ``rgap`` (:mod:`.rgap`; Zhu & Blaschko 2021) when B = 1 and the model is a chain of
-   Conv2d/Linear layers and elementwise invertible activations whose every layer meets
-   R-GAP's rank condition (checked by running it: the rank is a property of the weights
-   and the recovered activations, not of the architecture alone).
-3. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: B > 1, a model R-GAP cannot
-   invert (max-pooling, residual connections), a sum of gradient terms — started from
-   R-GAP's partial recovery where a rank condition failed.
+2. ``rgap`` (:mod:`.rgap`; Zhu & Blaschko 2021) when B = 1, the message carries no noise
+   and the model is a chain of Conv2d/Linear layers and elementwise invertible activations
+   whose every layer meets R-GAP's rank condition (checked by running it: the rank is a
+   property of the weights and the recovered activations, not of the architecture alone).
+3. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: B > 1, a noised message (each
+   layer's least squares feeds its error to the next, so R-GAP falls to noise level where
+   gradient matching does not), a model R-GAP cannot invert (max-pooling, residual
+   connections), a sum of gradient terms — started from R-GAP's partial recovery where a
+   rank condition failed.
 
 ``meta["attack"]`` names the attack whose answer is returned, ``meta["auto"]`` why.
 """
@@ -49,6 +51,11 @@ def choose(obs: Observation) -> tuple[str, str]:
         linear_chain(obs.model, tuple(obs.input_shape))
     except Unsupported as e:
         return "ig", f"R-GAP does not apply: {e}"
+    if obs.noise_std > 0:
+        return "ig", (
+            f"a noised message (std {obs.noise_std:.3g}): R-GAP's layer-by-layer least "
+            "squares compounds the noise, where gradient matching averages it"
+        )
     return "rgap", "B = 1 and the model is a chain R-GAP inverts"
 
 
