@@ -52,8 +52,6 @@ from privaudit.eval.frontier import REFERENCE_DEFENSE  # noqa: E402
 from privaudit.eval.reference import reference_for  # noqa: E402
 from privaudit.simulator import Run  # noqa: E402
 
-REFERENCE_POINT = REFERENCE_DEFENSE  # the operating point the centralised references train at
-
 
 def key_of(what: str, cfg: RunConfig, epsilon: float) -> str:
     doc = json.dumps([what, cfg.identity(), epsilon], sort_keys=True, default=str)
@@ -148,14 +146,14 @@ def main() -> None:
             r = cell(defense, cfg, eps, lambda cfg=cfg: train(cfg))
             rows.append({**r, "defense": defense, "point": cfg.identity()})
     for eps in epsilons:  # at dp-dpsgd's operating point for that ε
-        cfg = run_config(args, REFERENCE_POINT, eps)
+        cfg = run_config(args, REFERENCE_DEFENSE, eps)
         r = cell("centralised DP-SGD", cfg, eps, lambda cfg=cfg, e=eps: reference(cfg, e))
         rows.append({**r, "defense": "centralised DP-SGD (opacus)", "point": cfg.identity()})
-    ref = run_config(args, REFERENCE_POINT, math.inf)
+    ref = run_config(args, REFERENCE_DEFENSE, math.inf)
     r = cell("centralised SGD", ref, math.inf, lambda: reference(ref, None))
     rows.append({**r, "defense": "centralised SGD, non-private", "point": ref.identity()})
     for eps in epsilons:  # the centralised run at the noise dp-dpsgd's average model carries
-        cfg = run_config(args, REFERENCE_POINT, eps)
+        cfg = run_config(args, REFERENCE_DEFENSE, eps)
         r = cell(AVERAGE_NOISE, cfg, eps, lambda cfg=cfg: average_noise_reference(cfg, out))
         rows.append({**r, "defense": AVERAGE_NOISE, "point": cfg.identity()})
     papers = []

@@ -158,7 +158,6 @@ def frontier_figure(
                 xs, ys = zip(*xy, strict=True)  # with ε, points only
                 fmt = ("-" if key == "epsilon" else "") + marker
                 ax.plot(xs, ys, fmt, color=color, mec="black", mew=0.4, ms=4, lw=0.8)
-        ax.plot([], [], "-", color="0.2")  # keeps the colour cycle out of the legend
         dpsgd = sorted((r.epsilon, r.accuracy) for r in refs if math.isfinite(r.epsilon_requested))
         if key == "epsilon" and dpsgd:
             xs, ys = zip(*dpsgd, strict=True)
@@ -184,10 +183,6 @@ def frontier_figure(
     return save_png_pdf(fig, path)
 
 
-def _eps(v: float | None) -> str:
-    return "∞" if v is None or math.isinf(v) else f"{v:.3g}"
-
-
 def frontier_markdown(
     summary: Sequence[dict[str, Any]],
     refs: Sequence[Reference],
@@ -197,6 +192,8 @@ def frontier_markdown(
     audited lower bound, test accuracy and the attack's PSNR/SSIM, and the operating point
     (``configs``: the run of each (defense, requested ε)); the references below."""
     from privaudit.targets import parse_target
+
+    from .report import eps_text
 
     head = [
         "target",
@@ -216,8 +213,8 @@ def frontier_markdown(
             + " | ".join(
                 [
                     f"`{s['target']}`",
-                    _eps(s["epsilon_requested"]),
-                    _eps(s["epsilon"]),
+                    eps_text(s["epsilon_requested"]),
+                    eps_text(s["epsilon"]),
                     "" if lo is None else f"{lo:.3g}",
                     f"{s['test_acc']:.3f}",
                     "—" if s["psnr"] is None else f"{s['psnr']:.1f}",
@@ -228,6 +225,6 @@ def frontier_markdown(
             + " |"
         )
     for r in refs:
-        row = [r.name, _eps(r.epsilon_requested), _eps(r.epsilon), "", f"{r.accuracy:.3f}"]
+        row = [r.name, eps_text(r.epsilon_requested), eps_text(r.epsilon), "", f"{r.accuracy:.3f}"]
         lines.append("| " + " | ".join(row + ["", "", r.setting]) + " |")
     return "\n".join(lines) + "\n"

@@ -42,7 +42,8 @@ MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 METRICS = ("psnr", "ssim", "mse")
 
 
-def _eps(v: float | None) -> str:
+def eps_text(v: float | None) -> str:
+    """ε for a table: ∞ for None (no accountable noise) and for inf."""
     return "∞" if v is None or (isinstance(v, float) and math.isinf(v)) else f"{v:.3g}"
 
 
@@ -217,7 +218,7 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
         cells = [
             f"`{s['target']}`",
             str(s["round"]),
-            _eps(s["epsilon"]),
+            eps_text(s["epsilon"]),
             f"{s['sigma']:.3g}",
             s["threat"],
             _pm(s, "psnr", 2),
@@ -228,7 +229,7 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
         ]
         if audit:
             lo, up = s["audit_epsilon_lo"], s["audit_epsilon_upper"]
-            cells.append("" if lo is None else f"{lo:.3g} / {_eps(up)}")
+            cells.append("" if lo is None else f"{lo:.3g} / {eps_text(up)}")
         lines.append("| " + " | ".join(cells) + " |")
     n = summary[0]
     note = (
@@ -539,7 +540,7 @@ def write_report(
                 tens = load(Path(r["dir"]))
                 if len(tens["truth"]) == 0:  # every victim's Poisson batch was empty
                     continue
-                label = f"{t}\nε = {_eps(r['epsilon'])}"
+                label = f"{t}\nε = {eps_text(r['epsilon'])}"
                 blocks.append(
                     (
                         label,
