@@ -1,9 +1,9 @@
 """Gradient inversion and label inference (imported as ``privaudit.attacks``).
 
-Attacks see only :class:`~privaudit.observation.Observation` objects — never a defense.
+Attacks see only :class:`~privaudit.core.observation.Observation` objects — never a defense.
 Every attack takes a *list* of Observations sharing one architecture and solves them as one
 batched problem (``torch.func.vmap`` over observations; see :mod:`.common`), returning one
-:class:`~privaudit.observation.Reconstruction` per Observation, in order::
+:class:`~privaudit.core.observation.Reconstruction` per Observation, in order::
 
     attack(observations, *, iterations=None, restarts=None, seed=0, device=None,
            progress=False, **options) -> list[Reconstruction]
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from privaudit import schema
-from privaudit.errors import NameTaken, PrivauditError, unknown
-from privaudit.limits import SEED_END
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core import schema
+from privaudit.core.errors import NameTaken, PrivauditError, unknown
+from privaudit.core.limits import SEED_END
+from privaudit.core.observation import Observation, Reconstruction
 
 from .analytic import analytic
 from .auto import auto
@@ -88,7 +88,7 @@ def check_attack(name: str, fn: Any) -> None:
 def register_attack(name: str, fn: Attack) -> Attack:
     """Add the attack ``fn`` to :data:`ATTACKS` under ``name``: how a plugin adds one
     (:mod:`privaudit.plugins`). Refused when the name is taken
-    (:class:`~privaudit.errors.NameTaken`) or ``fn`` does not take the attack signature
+    (:class:`~privaudit.core.errors.NameTaken`) or ``fn`` does not take the attack signature
     (:func:`check_attack`). Returns ``fn``."""
     if name in ATTACKS:
         raise NameTaken("attack", name)
@@ -106,7 +106,7 @@ def options(name: str) -> list[str]:
 
 
 # option → (its range in words, the check) for every attack that takes it; a value is first
-# coerced to the option's annotation (privaudit.schema), and None keeps an option's default
+# coerced to the option's annotation (privaudit.core.schema), and None keeps an option's default
 RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "iterations": ("an integer in 1..10^7", lambda v: 1 <= v <= 10**7),
     "restarts": ("an integer in 1..1024", lambda v: 1 <= v <= 1024),

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from privaudit.errors import PrivauditError
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.errors import PrivauditError
+from privaudit.core.observation import Observation, Reconstruction
 
 from .common import as_list, working_device
 from .labels import labels_for

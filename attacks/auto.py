@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from privaudit.errors import PrivauditError
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.errors import PrivauditError
+from privaudit.core.observation import Observation, Reconstruction
 
 from .analytic import analytic, first_linear
 from .chain import Unsupported, linear_chain

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from privaudit.errors import PrivauditError
+from privaudit.core.errors import PrivauditError
 
 ACTIVATIONS = (nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.ReLU)
 PASS_THROUGH = (nn.Identity, nn.Dropout, nn.Flatten)

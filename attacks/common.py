@@ -27,12 +27,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
+from rich.progress import Progress
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from privaudit.errors import PrivauditError
-from privaudit.observation import Observation
+from privaudit.core.errors import PrivauditError
+from privaudit.core.observation import Observation
 
 aten = torch.ops.aten
 GradFn = Callable[[Tensor, Tensor], Tensor]
@@ -367,7 +368,6 @@ def progress_bar(enabled: bool, total: int, description: str) -> Iterator[Callab
     if not enabled:
         yield lambda: None
         return
-    from rich.progress import Progress
 
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=total)

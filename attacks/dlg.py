@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.observation import Observation, Reconstruction
 
 from .common import (
     as_list,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.observation import Observation, Reconstruction
 
 from .dlg import lbfgs_attack
 

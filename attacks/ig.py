@@ -46,7 +46,7 @@ from contextvars import ContextVar
 
 import torch
 
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.observation import Observation, Reconstruction
 
 from .common import (
     Problem,

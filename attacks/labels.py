@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from privaudit.errors import PrivauditError, unknown
-from privaudit.observation import Observation
+from privaudit.core.errors import PrivauditError, unknown
+from privaudit.core.observation import Observation
 
 METHODS = ("auto", "counts", "llg")
 

@@ -56,8 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from privaudit.errors import PrivauditError
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.errors import PrivauditError
+from privaudit.core.observation import Observation, Reconstruction
 
 from .chain import Layer, Unsupported, invert, linear_chain
 from .common import as_list, cosine_distance, gradient_fn, one_hot, stack_observations

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from privaudit.models import build_model
+    from privaudit.scenario.models import build_model
 
     logging.getLogger("breaching").setLevel(logging.WARNING)
     tensors = load_file(src)

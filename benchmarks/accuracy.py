@@ -2,7 +2,7 @@
 
 For each defense (``--defenses``), the run of ``privaudit train --defense D --dataset DS
 --epsilon E`` at each ``--epsilons`` value (a defense without accountable noise once, at
-ε = ∞): its shipped operating point (``privaudit/presets.py``, found on a validation split
+ε = ∞): its shipped operating point (``privaudit/scenario/presets.py``, found on a validation split
 by ``benchmarks/tune.py``), the test accuracy of the agents' average model, σ, and the
 accounted ε (worst agent, Poisson q_i = B/n_i, add/remove adjacency). Then the two
 references at the same ε: centralised DP-SGD with opacus on the pooled training data (the
@@ -45,12 +45,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from paper_claims import paper_rows  # noqa: E402
 
-from privaudit import presets  # noqa: E402
-from privaudit.config import RunConfig  # noqa: E402
+from privaudit.api.frontier import REFERENCE_DEFENSE  # noqa: E402
+from privaudit.core.config import RunConfig  # noqa: E402
 from privaudit.defenses import DEFENSES, get_defense  # noqa: E402
-from privaudit.eval.frontier import REFERENCE_DEFENSE  # noqa: E402
 from privaudit.eval.reference import reference_for  # noqa: E402
-from privaudit.simulator import Run  # noqa: E402
+from privaudit.scenario import presets  # noqa: E402
+from privaudit.sim.run import Run  # noqa: E402
 
 
 def key_of(what: str, cfg: RunConfig, epsilon: float) -> str:
@@ -77,8 +77,8 @@ def run_config(args: argparse.Namespace, defense: str, epsilon: float) -> RunCon
 
 def noised(defense: str) -> bool:
     """Whether ``defense`` takes σ from the accountant (else it runs once, at ε = ∞)."""
-    from privaudit.eval.accounting import noised as has_noise
-    from privaudit.topology import build_topology, metropolis_hastings
+    from privaudit.core.accounting import noised as has_noise
+    from privaudit.scenario.topology import build_topology, metropolis_hastings
 
     d = get_defense(defense)
     W = metropolis_hastings(build_topology(d.topology or "ring", 4)).double()
@@ -182,7 +182,7 @@ AVERAGE_NOISE = "centralised DP-SGD at dp-dpsgd's average-model noise σ√N"
 def average_noise_reference(cfg: RunConfig, out: Path) -> dict[str, Any]:
     """Centralised DP-SGD whose noise equals what dp-dpsgd's network average carries at
     ``cfg``: dp-dpsgd's σ times √N, accounted at the pooled rate over the same steps."""
-    from privaudit.eval.accounting import epsilon_for_sigma
+    from privaudit.core.accounting import epsilon_for_sigma
     from privaudit.eval.reference import pooled_sample_rate
 
     run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))  # resolves σ, trains nothing
@@ -211,8 +211,8 @@ def paper_config(cfg: RunConfig, epsilon: float, out: Path) -> RunConfig:
     """``cfg`` at the σ the paper's own accounting gives ``epsilon``: its σ(ε) rule for one
     release where it states one (solved for σ by bisection: the rule's ε falls as σ grows),
     else its own multiplier and release count composed over the run
-    (:func:`privaudit.eval.accounting.calibrate` with ``claimed=True``)."""
-    from privaudit.eval.accounting import calibrate
+    (:func:`privaudit.core.accounting.calibrate` with ``claimed=True``)."""
+    from privaudit.core.accounting import calibrate
 
     run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))  # its graph and shards
     d, W = run.defense, run.ctx.W.cpu().double()

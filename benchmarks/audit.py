@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from privaudit.config import RunConfig
-from privaudit.eval.accounting import release_epsilon, sigma_for_epsilon
+from privaudit.core.accounting import release_epsilon, sigma_for_epsilon
+from privaudit.core.config import RunConfig
 from privaudit.eval.audit import audit
-from privaudit.simulator import Run
+from privaudit.sim.run import Run
 
 CHANNELS = {
     "dpdl-cg": {"defense": "dpdl", "topology": "ring"},

@@ -22,10 +22,10 @@ import warnings
 
 import torch
 
-from privaudit.config import RunConfig
-from privaudit.distributed import launch
-from privaudit.rundir import RunDir
-from privaudit.simulator import Run
+from privaudit.core.config import RunConfig
+from privaudit.sim.distributed import launch
+from privaudit.sim.run import Run
+from privaudit.sim.rundir import RunDir
 
 
 def timed(engine: str, cfg: RunConfig, root: str) -> tuple[float, float]:

@@ -9,8 +9,8 @@ pairs are still looped over in Python, but each pair's per-example gradients are
 ``torch.func`` call.
 
 It shares no code with the simulator beyond the model definition, ``DPDLParams`` and the
-batch sampling (:mod:`privaudit.sampling`): the batches come in as arguments (the indices the
-simulator recorded as secrets, or :func:`privaudit.sampling.poisson` draws), so both engines
+batch sampling (:mod:`privaudit.core.sampling`): the batches come in as arguments (the indices the
+simulator recorded as secrets, or :func:`privaudit.core.sampling.poisson` draws), so both engines
 can be fed the same batches and their messages compared (``benchmarks/run.py``,
 ``tests/test_benchmarks.py``). A batch holds only its real examples (Poisson: any number, 0
 included); every batch mean divides by the expected size B, as the simulator's.
@@ -158,9 +158,9 @@ class NaiveDPDL:
 
 def _dpdl_run(root, agents: int, rounds: int, sigma: float | None, device: str, seed: int = 0):
     """A DPDL run (default model and data) with every message of every round captured."""
-    from privaudit.config import RunConfig
-    from privaudit.messages import CaptureSpec
-    from privaudit.simulator import Run
+    from privaudit.core.config import RunConfig
+    from privaudit.core.messages import CaptureSpec
+    from privaudit.sim.run import Run
 
     eps = None if sigma is not None else 1.0
     cfg = RunConfig(

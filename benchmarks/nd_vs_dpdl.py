@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from privaudit.config import RunConfig
-from privaudit.pipeline import attack
-from privaudit.simulator import Run
+from privaudit.api.pipeline import attack
+from privaudit.core.config import RunConfig
+from privaudit.sim.run import Run
 
 
 def measure(defense: str, args: argparse.Namespace, root: str) -> dict:

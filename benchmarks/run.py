@@ -239,9 +239,9 @@ def time_engines(n: int, args: argparse.Namespace, tmp: Path) -> tuple[float, fl
     import torch
     from naive_dpdl import naive_for
 
-    from privaudit import sampling
-    from privaudit.config import RunConfig
-    from privaudit.simulator import Run
+    from privaudit.core import sampling
+    from privaudit.core.config import RunConfig
+    from privaudit.sim.run import Run
 
     dev = args.device
     sim_rounds, naive_rounds = (5, 1) if args.quick else (20, 3)
@@ -281,8 +281,8 @@ def throughput(res: Results, args: argparse.Namespace) -> None:
     from vs_breaching import build_observations, observation_of
 
     from privaudit.attacks import ig
-    from privaudit.data import load_dataset
     from privaudit.eval.metrics import psnr
+    from privaudit.scenario.data import load_dataset
 
     k, iters = 16, (50 if args.quick else 300)
     n_train = len(load_dataset("photos").train_x)
@@ -461,9 +461,9 @@ def end_to_end(res: Results, args: argparse.Namespace, tmp: Path) -> None:
 
 _MEMORY_SCRIPT = """
 import sys
-from privaudit.config import RunConfig
-from privaudit.messages import CaptureSpec
-from privaudit.simulator import Run
+from privaudit.core.config import RunConfig
+from privaudit.core.messages import CaptureSpec
+from privaudit.sim.run import Run
 import torch
 root, rounds, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 torch.set_num_threads(int(sys.argv[4]))
@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['load_average_1min_after']:.2f} on {info['cores']} cores)"
     )
     if args.json:
-        from privaudit.eval.metrics import to_jsonable
+        from privaudit.core.files import to_jsonable
 
         text = json.dumps(to_jsonable({"machine": info, "results": res.rows}), indent=2)
         if args.json == "-":

@@ -88,7 +88,7 @@ def trained(name: str, data: Any, steps: int, seed: int) -> tuple[Any, float]:
     import torch
     import torch.nn.functional as F
 
-    from privaudit.models import build_model
+    from privaudit.scenario.models import build_model
 
     model = build_model(name, data.input_shape, data.num_classes, MODEL_SEED + seed)
     norm = normaliser(model, data)
@@ -113,7 +113,7 @@ def normaliser(model: Any, data: Any):
     """The input map privaudit applies: identity for the LeNet, mean/std otherwise."""
     import torch
 
-    from privaudit.models import normalizes_inputs
+    from privaudit.scenario.models import normalizes_inputs
 
     if not normalizes_inputs(model):
         return lambda x: x
@@ -127,8 +127,8 @@ def observation(model: Any, data: Any, x: Any, y: Any) -> Any:
     import torch
     import torch.nn.functional as F
 
-    from privaudit.models import normalizes_inputs
-    from privaudit.observation import Observation
+    from privaudit.core.observation import Observation
+    from privaudit.scenario.models import normalizes_inputs
 
     loss = F.cross_entropy(model(normaliser(model, data)(x)), y)
     names_ = [n for n, _ in model.named_parameters()]
@@ -277,7 +277,7 @@ def breaching_rows(cells: list[dict], args: argparse.Namespace) -> dict[int, dic
 def benchmark(args: argparse.Namespace) -> dict:
     import torch
 
-    from privaudit.data import load_dataset
+    from privaudit.scenario.data import load_dataset
 
     torch.set_num_threads(max(1, args.threads))
     datasets = [("photos", load_dataset("photos"))]
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     report = benchmark(args)
     print_report(report)
     if args.json:
-        from privaudit.eval.metrics import to_jsonable
+        from privaudit.core.files import to_jsonable
 
         Path(args.json).write_text(json.dumps(to_jsonable(report), indent=2) + "\n")
     return 0

@@ -21,9 +21,9 @@ import tempfile
 import time
 from typing import Any
 
-from privaudit.config import RunConfig
-from privaudit.pipeline import attack
-from privaudit.simulator import Run
+from privaudit.api.pipeline import attack
+from privaudit.core.config import RunConfig
+from privaudit.sim.run import Run
 
 VICTIMS = list(range(8))
 

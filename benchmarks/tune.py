@@ -4,7 +4,7 @@ Every grid point trains the defense with ``eval_split="validation"`` — 10 % of
 split held out of training and measured instead of the test split, which the search never
 sees — once per ``--epsilons`` value (``inf``: no noise), and is scored by its mean
 validation accuracy over them. The best point is printed as the
-:class:`privaudit.presets.OperatingPoint` that ``privaudit/presets.py`` ships; a noised
+:class:`privaudit.scenario.presets.OperatingPoint` that ``privaudit/scenario/presets.py`` ships; a noised
 defense is searched one ε at a time, as it ships one point per ε. As is usual, the search
 itself is not accounted.
 
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from privaudit.config import RunConfig
-from privaudit.errors import Interrupted, PrivauditError
-from privaudit.simulator import Run
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import Interrupted, PrivauditError
+from privaudit.sim.run import Run
 
 RUN_FIELDS = ("model", "batch_size", "rounds", "dirichlet_alpha")
 

@@ -1,6 +1,6 @@
 """privaudit's IG and DLG against breaching's on the same observations.
 
-For each of ``--images`` real 32×32 photos (``privaudit.data.load_dataset("photos")``), this
+For each of ``--images`` real 32×32 photos (``privaudit.scenario.data.load_dataset("photos")``), this
 builds one observation: the DLG LeNet (``build_model("lenet", (3, 32, 32), 10, seed)``: sigmoid,
 uniform(−0.5, 0.5) init), one image and its label (B = 1), the dataset's normalisation, and the
 true gradient of the mean cross-entropy at the model's parameters. privaudit's attack runs on it
@@ -118,8 +118,8 @@ def build_observations(indices: list[int], seed: int):
     import torch
     import torch.nn.functional as F
 
-    from privaudit.data import load_dataset
-    from privaudit.models import build_model
+    from privaudit.scenario.data import load_dataset
+    from privaudit.scenario.models import build_model
 
     data = load_dataset("photos")
     mean = torch.tensor(data.mean, dtype=torch.float32).reshape(1, -1, 1, 1)
@@ -155,7 +155,7 @@ def build_observations(indices: list[int], seed: int):
 
 def observation_of(o: dict, data):
     """The privaudit Observation of one entry of :func:`build_observations` (labels hidden)."""
-    from privaudit.observation import Observation
+    from privaudit.core.observation import Observation
 
     return Observation(
         model=o["model"],
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print_report(report)
     if args.json:
-        from privaudit.eval.metrics import to_jsonable
+        from privaudit.core.files import to_jsonable
 
         text = json.dumps(to_jsonable(report), indent=2, allow_nan=False)
         if args.json == "-":
@@ -472,7 +472,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     if args.indices:
         indices = [int(s) for s in args.indices.split(",")]
     else:
-        from privaudit.data import load_dataset
+        from privaudit.scenario.data import load_dataset
 
         n_train = len(load_dataset("photos").train_x)
         indices = [int((i + 0.5) * n_train / args.images) for i in range(args.images)]

@@ -7,9 +7,9 @@ Every module of this package defines its defenses and adds them to the one regis
 import importlib
 import pkgutil
 
-from privaudit.errors import PrivauditError, unknown
-
-from .base import DEFENSES, Context, Defense, register
+from privaudit.core.context import Context
+from privaudit.core.errors import MISSING, PrivauditError, unknown
+from privaudit.defenses.base import DEFENSES, Defense, register
 
 for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _m != "base":
@@ -20,8 +20,6 @@ def get_defense(name: str) -> Defense:
     """The registered defense ``name``; unknown, one error listing the names and saying how
     a plugin's defense (a run trained with one records only its name) is loaded again."""
     if name not in DEFENSES:
-        from privaudit.plugins import MISSING
-
         raise PrivauditError(f"{unknown('defense', name, DEFENSES)}; {MISSING}")
     return DEFENSES[name]
 

@@ -74,14 +74,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy, dwork_roth_epsilon
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, register
 from privaudit.grads import clip_rows
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-from privaudit.topology import TOPOLOGIES, exponential
-
-from .base import Context, Defense, Privacy, State, dwork_roth_epsilon, register
+from privaudit.scenario.topology import TOPOLOGIES, exponential
 
 UNITS = ("example", "batch")
 

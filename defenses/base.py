@@ -8,115 +8,22 @@ observation → attack, README "What it does").
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from privaudit import sampling, schema
-from privaudit.errors import NameTaken, PrivauditError
-from privaudit.grads import PairGrads
-from privaudit.models import build_model
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.params import ParamSpec
-from privaudit.threat import View
-
-State = dict[str, Tensor]
-
-
-def agent_seed(seed: int, agent: int) -> int:
-    """The 64-bit seed of agent ``agent``'s generator in a run seeded ``seed``: the first 8
-    bytes of SHA-256("privaudit:<seed>:<agent>"), so streams are independent across agents
-    and identical in every engine (the simulator and agent's own rank)."""
-    digest = hashlib.sha256(f"privaudit:{seed}:{agent}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
-@dataclass
-class Context:
-    """Everything a round computes with: model, data shards, graph, randomness — for the
-    agents this process holds (``agents``: all N in the simulator, one per rank).
-
-    Randomness is per agent: ``generators[r]`` (seeded by :func:`agent_seed`) draws held
-    agent ``agents[r]``'s batches and the noise of every row it owns, in a fixed order, so
-    a rank holding one agent reproduces the simulator's draws for that agent exactly."""
-
-    model: nn.Module
-    spec: ParamSpec
-    grads: PairGrads
-    x0: Tensor  # shared initial model (D,) — public
-    train_x: Tensor  # (n, C, H, W), normalised
-    train_y: Tensor
-    parts: list[Tensor]  # held agent r's indices into train_x
-    adj: Tensor  # the whole graph (N, N) — public
-    W: Tensor  # the whole mixing matrix (N, N) — public
-    batch_size: int
-    generators: list[torch.Generator]  # one per held agent
-    device: torch.device
-    holdout: list[Tensor] = field(default_factory=list)  # held agent r's validation indices
-    # a public validation set drawn from the test split, shared by every agent (normalised
-    # like train_x) and left out of the run's test accuracy; None when the defense uses none
-    val_x: Tensor | None = None
-    val_y: Tensor | None = None
-    agents: list[int] | None = None  # global ids of the held agents, ascending (None: all)
-
-    def __post_init__(self) -> None:
-        if self.agents is None:
-            self.agents = list(range(self.n))
-
-    @property
-    def n(self) -> int:
-        """Agents in the run (N), held here or not."""
-        return self.adj.shape[0]
-
-    @property
-    def n_held(self) -> int:
-        """Agents held by this process: the rows of every state tensor."""
-        return len(self.agents)
-
-    def sample(self) -> Tensor:
-        """One round's Poisson batches of the held agents (:mod:`privaudit.sampling`): each
-        example of agent r's shard kept with probability q_r = B/n_r, drawn from the agent's
-        own generator; a padded index tensor ``(n_held, W)``, :data:`~privaudit.sampling.PAD`
-        in padded slots. B (``batch_size``) is the expected size, the denominator of every
-        batch mean."""
-        return sampling.pad(
-            [
-                sampling.poisson(part, sampling.rate(self.batch_size, len(part)), gen)
-                for part, gen in zip(self.parts, self.generators, strict=True)
-            ]
-        )
-
-    def gather(self, index: Tensor) -> tuple[Tensor, Tensor]:
-        """The inputs and labels of a padded ``index`` (:func:`privaudit.sampling.gather`)."""
-        return sampling.gather(index, self.train_x, self.train_y)
-
-    def draw(self, owner: Tensor | None, fn: Callable[[torch.Generator, int], Tensor]) -> Tensor:
-        """Random rows, each from its owner's generator: ``owner[r]`` is the held agent
-        (local row) that owns row r (None: row r is agent r's). Agent a's ``c`` rows come from
-        one call ``fn(generator_a, c)`` and keep their order, so the draws do not depend on
-        which other agents share the process. A loop over agents, not over rows."""
-        if owner is None:
-            return torch.cat([fn(g, 1) for g in self.generators])
-        counts = torch.bincount(owner, minlength=len(self.generators)).tolist()
-        parts = [fn(g, c) for g, c in zip(self.generators, counts, strict=True) if c]
-        if not parts:
-            raise ValueError("draw needs at least one row")
-        # the draws in agent order, then each row to its place: one gather, no scatter
-        return torch.cat(parts).index_select(0, torch.argsort(torch.argsort(owner, stable=True)))
-
-    def gaussian(self, owner: Tensor | None, *shape: int) -> Tensor:
-        """N(0, 1) rows of shape ``shape``, row r from agent ``owner[r]``'s generator."""
-        return self.draw(
-            owner, lambda g, c: torch.randn(c, *shape, generator=g, device=self.device)
-        )
+from privaudit.core.context import Context, State
+from privaudit.core.errors import NameTaken
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.params import ParamSpec
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.scenario.models import build_model
 
 
 def neighbours(adj: Tensor, i: int) -> list[int]:
@@ -154,54 +61,6 @@ def exchange_models(net: Network, x: Tensor) -> tuple[Tensor, Tensor]:
     return models, owner
 
 
-def params_of(cls: type, overrides: dict[str, Any]) -> Any:
-    """Build a params dataclass from ``overrides``, rejecting unknown names, values of the
-    wrong type (each coerced to its field's annotation by :mod:`privaudit.schema`, for the
-    CLI's ``-p`` and a run directory's config alike) and, by its ``validate``, bad values."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    bad = sorted(set(overrides) - set(fields))
-    if bad:
-        raise PrivauditError(
-            f"unknown parameter(s) {', '.join(bad)}; valid: {', '.join(sorted(fields))}"
-        )
-    obj = cls(**schema.coerce_all(overrides, schema.hints(cls)))
-    check = getattr(obj, "validate", None)
-    if check:
-        check()
-    return obj
-
-
-@dataclass(frozen=True)
-class Privacy:
-    """The mechanism facts a correct DP analysis of one message kind needs, for one agent.
-
-    Adjacency is add/remove one example of the agent's shard, and the batch is Poisson
-    sampled at the agent's rate q = B/n_i (what :meth:`Context.sample` draws).
-    ``noise_multiplier`` is the noise std of one release over its L2 sensitivity under that
-    adjacency (opacus' convention: σ for a per-example clip C with std σC on the clipped
-    sum; σ/2 for a flat clip of the batch aggregate, whose add/remove sensitivity is 2C);
-    ``releases`` counts the noised releases of the same batch per round (fresh noise each)
-    that this kind's messages are a function of. ``formal`` False: no finite ε, ``reason``
-    says why. ``claimed_multiplier`` and ``claimed_releases`` are what the paper's (or a naive)
-    accounting assumes — the ledger's "promise"; ``paper_epsilon(delta, impact)`` is the
-    paper's own ε for one release (or round) where it states a σ(ε) rule, ``impact`` the
-    canary's L2 change of the released vector, for rules stated in Δf.
-    """
-
-    mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
-    noise_multiplier: float = 0.0
-    releases: int = 0
-    clip: float | None = None
-    clip_unit: str | None = None  # "example" (per-example clip), "batch" (flat), None
-    formal: bool = False
-    reason: str = "no noise is added"
-    claimed_multiplier: float = 0.0
-    claimed_releases: int = 0
-    paper: str = "no privacy claim"
-    paper_epsilon: Callable[[float, float], float] | None = None
-    caveats: tuple[str, ...] = ()
-
-
 def degree(W: Tensor, agent: int | None = None) -> int:
     """Neighbours of ``agent`` (off-diagonal non-zeros of its row of W); the largest over
     all agents when ``agent`` is None (the worst agent)."""
@@ -211,12 +70,6 @@ def degree(W: Tensor, agent: int | None = None) -> int:
 def max_degree(W: Tensor) -> int:
     """Largest number of neighbours (off-diagonal non-zeros of a row of W)."""
     return int(((W != 0).sum(1) - (torch.diagonal(W) != 0).long()).max())
-
-
-def dwork_roth_epsilon(sigma: float, delta: float) -> float:
-    """ε of the classical Gaussian-mechanism rule σ = √(2 ln(1.25/δ))/ε (Dwork & Roth 2014,
-    Thm. A.1, valid only for ε < 1), solved for ε; ∞ without noise."""
-    return math.sqrt(2 * math.log(1.25 / delta)) / sigma if sigma > 0 else math.inf
 
 
 @functools.lru_cache(maxsize=16)
@@ -232,7 +85,7 @@ DEFENSES: dict[str, Defense] = {}
 def register(cls: type[Defense]) -> type[Defense]:
     """Class decorator: add one instance of ``cls`` to :data:`DEFENSES` under ``cls.name``,
     for the built-ins and for plugins (:mod:`privaudit.plugins`) alike. A name already
-    taken is refused (:class:`~privaudit.errors.NameTaken`): nothing is silently replaced."""
+    taken is refused (:class:`~privaudit.core.errors.NameTaken`): nothing is silently replaced."""
     if cls.name in DEFENSES:
         raise NameTaken("defense", cls.name)
     DEFENSES[cls.name] = cls()
@@ -272,7 +125,7 @@ class Defense:
         """The facts a correct accounting of ``kind`` messages needs, for ``agent``'s data
         (None: the worst agent); ``W`` is the mixing matrix. The one source of every ε the
         tool prints: the run's σ calibration, its reported ε, the audit's upper bounds and
-        the claims ledger all read it (:mod:`privaudit.eval.accounting`)."""
+        the claims ledger all read it (:mod:`privaudit.core.accounting`)."""
         return Privacy(reason=f"{self.name} adds no noise to its messages")
 
     # -- attack surface -------------------------------------------------------------

@@ -4,7 +4,7 @@ mechanism, the baseline of the DPDL and PDSL papers.
 The DPDL paper (§VI-A): "each agent first computes the average
 cross-gradient (or self-gradient) over its local data batch, and then conducts clipping
 operation and adds Gaussian noise". Per round t, agent i with its Poisson batch ξ^i_t of
-expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples):
+expected size B (:mod:`privaudit.core.sampling`; Σ_b runs over its realised examples):
 
     1. send x^i_{t-1} to the neighbours                                    (``model``)
     2. ĝ^{ji}_t = clip_C((1/B) Σ_b ∇F_i(x^j_{t-1}; ξ_b)) + z^{ji},  z ~ N(0, σ²C² I),
@@ -47,13 +47,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, degree, exchange_models, register
 from privaudit.grads import clip_rows
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-
-from .base import Context, Defense, Privacy, State, degree, exchange_models, register
 
 QPS = ("cga", "cone")
 BLOCKS = ("layer", "flat")

@@ -4,7 +4,7 @@ Both papers describe the baseline in one sentence each (DPDL §VI-A,
 "DP-DPSGD: … Gaussian mechanism is applied in decentralized parallel SGD [6] … each agent
 perturbs its local gradient shared with its neighbors"; PDSL §VI):
 D-PSGD (Lian et al. 2017) whose local gradient is noised before it leaves the agent. Per
-round t, agent i with its Poisson batch ξ^i_t of expected size B (:mod:`privaudit.sampling`;
+round t, agent i with its Poisson batch ξ^i_t of expected size B (:mod:`privaudit.core.sampling`;
 Σ_b runs over its realised examples), in adapt-then-combine form like ``dsgd``:
 
     ĝ^i_t = (1/B)(Σ_b clip_C(∇F_i(x^i_{t-1}; ξ_b)) + z^i_t),   z ~ N(0, σ²C² I)
@@ -27,12 +27,13 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-
-from .base import Context, Defense, Privacy, State, register
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, register
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """DPDL (Yuan, Xiao, Wang, Li 2026) and its undefended "ND" baseline.
 
 Equation numbers are the paper's. Per round t, agent i with its Poisson batch ξ^i_t of
-expected size B (:mod:`privaudit.sampling`; Σ_b runs over its realised examples):
+expected size B (:mod:`privaudit.core.sampling`; Σ_b runs over its realised examples):
 
     (8)(9)   ĝ^{ji}_{t,b} = clip_C(∇F_i(x^j_{t-1}; ξ_b))   for j ∈ N_i ∪ {i}
     (10)     g̈^{ji}_t = (1/B)(Σ_b ĝ^{ji}_{t,b} + z^{ji}_t),  z ~ N(0, σ²C² I), fresh per (j,i)
@@ -38,21 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-
-from .base import (
-    Context,
-    Defense,
-    Privacy,
-    State,
-    degree,
-    exchange_models,
-    neighbours,
-    register,
-)
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, degree, exchange_models, neighbours, register
 
 CROSS_COEFS = ("sqrt", "w", "degree")
 

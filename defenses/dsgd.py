@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-
-from .base import Context, Defense, State, register
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, register
 
 
 @dataclass

@@ -51,7 +51,7 @@ Choices the sources leave open, as parameters: ``lr`` η = 0.05; ``grad_bound`` 
 ``chebyshev`` = True (the paper's accelerated gossip); ``gossip_steps`` K = None, meaning
 ⌈ln N / √γ⌉ with Chebyshev and ⌈ln N / γ⌉ without (the gossip's mixing time to 1/N; the
 paper takes K from the spectral gap; the constant 1 is this toolkit's choice); γ =
-``privaudit.topology.spectral_gap(W)`` = 1 − max(|λ₂|, |λ_N|), which is the paper's λ_W
+``privaudit.scenario.topology.spectral_gap(W)`` = 1 − max(|λ₂|, |λ_N|), which is the paper's λ_W
 (smallest non-zero eigenvalue of I − W) when W has no large negative eigenvalue, capped at 1;
 ``calibration`` = "add-remove"; ``enforce`` = False.
 """
@@ -63,13 +63,14 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-from privaudit.topology import spectral_gap
-
-from .base import Context, Defense, Privacy, State, mix, register
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, mix, register
+from privaudit.scenario.topology import spectral_gap
 
 CALIBRATIONS = {"add-remove": 1.0, "replace-one": 2.0}  # s in units of ηG/B
 

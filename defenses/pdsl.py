@@ -79,13 +79,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, vmap
 
-from privaudit.errors import PrivauditError
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, degree, exchange_models, register
 from privaudit.grads import clip_rows
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-
-from .base import Context, Defense, Privacy, State, degree, exchange_models, register
 
 SHAPLEY = ("mc", "exact")
 EMPTY = ("zero", "current", "chance")

@@ -61,12 +61,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privaudit.errors import PrivauditError
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
-
-from .base import Context, Defense, Privacy, State, mix, neighbours, register
+from privaudit.core.context import Context, State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
+from privaudit.defenses.base import Defense, mix, neighbours, register
 
 OLD_GRAD = ("cached", "recompute")
 INJECT = ("every", "init")

@@ -42,19 +42,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import Tensor
 
-from privaudit import sampling
-from privaudit.errors import PrivauditError
+from privaudit.core import sampling
+from privaudit.core.accounting import account
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec, Tap
+from privaudit.core.network import SimNetwork
+from privaudit.core.threat import build_threat, victim_threat
 from privaudit.grads import clip_rows
-from privaudit.messages import CaptureSpec, Tap
-from privaudit.network import SimNetwork
-from privaudit.simulator import Run
-from privaudit.targets import parse_target
-from privaudit.threat import build_threat, victim_threat
+from privaudit.sim.run import Run
+from privaudit.sim.targets import parse_target
 
 from . import bounds
-from .accounting import account
 
 LOOSE = 0.5  # a lower bound below LOOSE × the upper bound is "loose"
 DOMINATE = 1e4  # flat-clip canary norm, in units of B·C: the clipped mean is ≈ C·direction
@@ -69,7 +70,7 @@ class CanaryGrads:
 
     Rows whose (padded) batch equals ``victim_x`` get ``canaries (k, D)`` as k extra
     examples of the batch with the defense's fixed normalisation B, the expected batch size
-    (``inner.denominator``; :mod:`privaudit.sampling`): ``clipped_mean`` adds Σ clip_C(c)/B
+    (``inner.denominator``; :mod:`privaudit.core.sampling`): ``clipped_mean`` adds Σ clip_C(c)/B
     (each canary clipped by the defense's own C), ``mean`` adds Σ c/B (a flat clip applies
     after), ``per_example`` adds them to the first example (the add-one batch, normalised
     by B). Batches come from :func:`audit_batch`, whose padded slots tell the agents apart
@@ -297,7 +298,6 @@ def _flat(obs: Any, names: tuple[str, ...]) -> Tensor:
 
 
 def _progress(total: int, what: str, enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     bar = Progress(
         "[progress.description]{task.description}",

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import optimize, stats
 
-from privaudit.errors import PrivauditError
+from privaudit.core.errors import PrivauditError
 
 
 def check_levels(confidence: float, delta: float) -> None:

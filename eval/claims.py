@@ -17,7 +17,7 @@ one row puts side by side
   against the correct per-release bound (a "violated" accounting would be a bug in the
   accounting); a violation is re-audited at a Bonferroni level (:func:`row`).
 
-Everything is accounted the way the tool accounts everything (:mod:`privaudit.eval.accounting`):
+Everything is accounted the way the tool accounts everything (:mod:`privaudit.core.accounting`):
 adjacency is adding or removing one example, each agent's batch is Poisson sampled at
 q_i = B/n_i, and the run's ε is the worst agent's. Per-release bounds are at sample rate 1,
 which is what a single-round white-box audit measures.
@@ -42,8 +42,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from privaudit.config import RunConfig
-from privaudit.errors import PrivauditError, unknown
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from privaudit.core.accounting import ADJACENCY, SAMPLING
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError, unknown
+from privaudit.core.files import atomic_write, to_jsonable, write_json
+from privaudit.defenses import DEFENSES, get_defense
+from privaudit.eval import bounds
+from privaudit.eval.audit import HELD_OUT, audit, check_trials
+from privaudit.sim.run import Run
+from privaudit.sim.targets import all_targets, parse_target
 
 TRIALS = 1000  # white-box trials per row
 ROW_SECONDS = 10.0  # a row whose trials would take longer runs fewer (at least a bound's worth)
@@ -69,8 +78,6 @@ COLUMNS = (
 def select(defenses: list[str] | None = None, targets: list[str] | None = None) -> list[str]:
     """The ledger's targets in registry order: every kind of the ``defenses`` plus the
     ``targets`` (entries may hold several names, comma-separated); all when both are empty."""
-    from privaudit.defenses import DEFENSES
-    from privaudit.targets import all_targets
 
     def names(entries: list[str] | None) -> list[str]:
         return [n.strip() for e in entries or [] for n in e.split(",") if n.strip()]
@@ -93,7 +100,6 @@ def select(defenses: list[str] | None = None, targets: list[str] | None = None) 
 def run_config(base: RunConfig, defense: str) -> RunConfig:
     """``base`` for ``defense``: its own topology when the base keeps the default one (the
     push-sum defenses need theirs), and enough rounds for every kind's round-1 audit."""
-    from privaudit.defenses import get_defense
 
     d = get_defense(defense)
     own = d.topology
@@ -106,7 +112,6 @@ def run_config(base: RunConfig, defense: str) -> RunConfig:
 
 
 def _digest(obj: Any) -> str:
-    from privaudit.eval.metrics import to_jsonable
 
     text = json.dumps(to_jsonable(obj), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
@@ -181,8 +186,6 @@ def row(
     canary (seed + 1), at confidence 1 − (1 − confidence)/``family`` (Bonferroni over the
     ledger's ``family`` rows); that second audit is the row's evidence, so every
     "violated" of a ledger holds together at ``confidence``."""
-    from privaudit.eval import bounds
-    from privaudit.eval.audit import HELD_OUT, audit
 
     defense = run.defense
     target = f"{defense.name}-{kind}"
@@ -316,7 +319,6 @@ def setting(
     family: int,
 ) -> dict[str, Any]:
     """What every row was computed on, stated in the output."""
-    from privaudit.eval.accounting import ADJACENCY, SAMPLING
 
     return {
         "agents": base.agents,
@@ -362,11 +364,6 @@ def ledger(
     (each defense with :func:`run_config`). Runs live in ``OUT/runs``, finished rows in
     ``OUT/rows`` (reused unless ``fresh``). Ctrl-C raises :class:`Interrupted` carrying the
     rows finished so far (each already cached)."""
-    from privaudit.eval.audit import check_trials
-    from privaudit.eval.metrics import to_jsonable
-    from privaudit.rundir import write_json
-    from privaudit.simulator import Run
-    from privaudit.targets import parse_target
 
     targets = targets or select()
     check_trials(trials, base.delta, confidence)
@@ -432,7 +429,6 @@ def ledger(
 
 
 def _bar(total: int, enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     bar = Progress(
         "[progress.description]{task.description}",
@@ -466,8 +462,6 @@ def _revive(obj: Any) -> Any:
 
 def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None = None) -> None:
     """``OUT/ledger.json`` and ``OUT/claims.md``, and the markdown at ``markdown_path``."""
-    from privaudit.eval.metrics import to_jsonable
-    from privaudit.rundir import atomic_write, write_json
 
     out = Path(out)
     write_json(out / "ledger.json", to_jsonable(doc))

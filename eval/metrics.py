@@ -6,14 +6,16 @@ clamped to [0, 1]; ground truth outside [0, 1] is an error (normalised inputs
 passed by mistake). Non-finite reconstruction pixels (a diverged attack) are
 kept: the metrics come out NaN rather than a made-up number.
 
-PSNR of identical images is ``math.inf``; :func:`to_jsonable` writes it as the
-string ``"inf"`` so JSON stays strict.
+PSNR of identical images is ``math.inf``; :func:`privaudit.core.files.to_jsonable` writes
+it as the string ``"inf"`` so JSON stays strict.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +31,6 @@ __all__ = [
     "ALEXNET_WEIGHTS",
     "aggregate",
     "alexnet_weights_path",
-    "from_jsonable",
     "label_accuracy",
     "label_set_accuracy",
     "lpips_distance",
@@ -40,7 +41,6 @@ __all__ = [
     "score",
     "score_many",
     "ssim",
-    "to_jsonable",
 ]
 
 Reduction = Literal["mean", "none"]
@@ -154,7 +154,6 @@ def _fix_hint(path: Path) -> str:
 
 def _build_lpips(path: Path) -> Any:
     """LPIPS(net='alex') with its backbone loaded from ``path``; never downloads."""
-    import warnings
 
     state = torch.load(path, map_location="cpu", weights_only=True)  # fails fast if corrupt
 
@@ -174,7 +173,6 @@ def _build_lpips(path: Path) -> Any:
 
 def _lpips_net(device: torch.device) -> tuple[Any, str | None]:
     """Cached network for ``device``, or ``(None, reason)``."""
-    import importlib.util
 
     if importlib.util.find_spec("lpips") is None:  # checked without the slow import
         return None, "LPIPS unavailable: the lpips package is not installed; pip install lpips."
@@ -386,7 +384,7 @@ def score_many(pairs: Iterable[tuple[Any, Any]], lpips: bool = True) -> dict[str
     """Score several observations and :func:`aggregate` them.
 
     Each pair is ``(truth, recon)``: ``truth = (images, labels)`` and ``recon`` either a
-    :class:`privaudit.observation.Reconstruction` or ``(images, labels)``. The result
+    :class:`privaudit.core.observation.Reconstruction` or ``(images, labels)``. The result
     also holds the individual scores under ``"scores"``.
     """
     scores = []
@@ -397,47 +395,3 @@ def score_many(pairs: Iterable[tuple[Any, Any]], lpips: bool = True) -> dict[str
     out = aggregate(scores)
     out["scores"] = scores
     return out
-
-
-# --------------------------------------------------------------------------- JSON
-
-_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Plain JSON types, with inf / -inf / NaN written as the strings "inf", "-inf", "nan".
-
-    Tensors and arrays become (nested) lists; the result passes ``json.dumps(allow_nan=False)``.
-    """
-    if isinstance(obj, torch.Tensor):
-        obj = obj.detach().cpu().numpy()
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
-        return obj
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot make {type(obj).__name__} JSON-serialisable")
-
-
-def from_jsonable(obj: Any) -> Any:
-    """Inverse of :func:`to_jsonable` for numbers: "inf", "-inf", "nan" back to floats."""
-    if isinstance(obj, str):
-        return _NONFINITE.get(obj, obj)
-    if isinstance(obj, dict):
-        return {k: from_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [from_jsonable(v) for v in obj]
-    return obj

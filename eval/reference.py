@@ -9,7 +9,7 @@ with opacus' :class:`~opacus.PrivacyEngine` and reports the test accuracy; with
 ``epsilon=None`` it trains the non-private reference (the same batches, no clipping, no noise).
 
 :func:`pooled_sample_rate` gives the pooled rate q that matches a decentralised run in which
-agent i samples its shard of n_i examples at q_i = B/n_i (:func:`privaudit.sampling.rate`).
+agent i samples its shard of n_i examples at q_i = B/n_i (:func:`privaudit.core.sampling.rate`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from privaudit.config import RunConfig
-from privaudit.eval.accounting import ACCOUNTANTS
+from privaudit.core.accounting import ACCOUNTANTS
+from privaudit.core.config import RunConfig
+from privaudit.scenario.data import dirichlet_partition, evaluation_split, load_dataset
+from privaudit.scenario.models import build_model, normalizes_inputs
 
 EVAL_CHUNK = 1024  # test examples per forward pass when scoring
 
@@ -245,7 +249,6 @@ def centralised_dpsgd(
         train_x, train_y, test_x, test_y, sample_rate, steps, lr, clip, epsilon, delta, accountant
     )
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     dev = torch.device(device)
     steps, q, n = int(steps), float(sample_rate), len(train_x)
@@ -339,7 +342,6 @@ def _make_private(
     """σ for (ε, δ) after ``steps`` steps at rate q, and ``work``/``optimizer`` made private
     by opacus, told the exact q (sampling is done by the caller)."""
     from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
 
     sigma = _noise_multiplier(epsilon, delta, q, steps, accountant)
     engine = PrivacyEngine(accountant=accountant)
@@ -363,8 +365,6 @@ def reference_for(cfg: RunConfig, epsilon: float | None, progress: bool = False)
     rate of its partition (:func:`pooled_sample_rate`), its rounds as steps, its ``lr`` and
     ``clip`` (defaults 0.05 and 1, the defenses' own); ``epsilon`` at the run's δ and
     accountant (None: the non-private reference)."""
-    from privaudit.data import dirichlet_partition, evaluation_split, load_dataset
-    from privaudit.models import build_model, normalizes_inputs
 
     data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
     data = evaluation_split(data, cfg.eval_split, cfg.seed)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privaudit.rundir import atomic_write
+from privaudit.core.files import atomic_write
 
 from .figures import save_figure, show_image
 
@@ -503,7 +503,7 @@ def write_report(
     rows: Sequence[dict[str, Any]], out: str | Path, load: Any, last_round: bool = False
 ) -> dict[str, list[Path]]:
     """Every table and figure of a sweep into ``out``; ``load(dir)`` returns a cell's
-    tensors (:func:`privaudit.eval.sweeps.load_tensors`). Grids are drawn for the first
+    tensors (:func:`privaudit.api.sweeps.load_tensors`). Grids are drawn for the first
     seed, one per (round, ε). ``last_round`` (a utility-preset sweep, whose runs end at
     different rounds): one grid per ε of each target's last round, and no round sweep or
     privacy–utility scatter (:mod:`.frontier` draws the frontier instead)."""

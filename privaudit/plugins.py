@@ -18,13 +18,13 @@ nothing is ever unpickled. Whatever a plugin registers is checked before any com
 it: a Defense must override ``round`` and ``observe``, declare ``kinds`` and a ``Params``
 dataclass whose defaults build, answer ``privacy()`` with :class:`Privacy` facts, and add
 only new names and new targets; an attack must take the attack signature. A broken plugin
-is one :class:`~privaudit.errors.PrivauditError`, ``plugin X: what is wrong; fix: …``, and
+is one :class:`~privaudit.core.errors.PrivauditError`, ``plugin X: what is wrong; fix: …``, and
 leaves the registries exactly as they were before it, so the built-ins keep working.
 
 Loading a file again is a no-op while what it registered is still registered. A run
 records only its defense's name: a process that opens a run of a plugin's defense must load
 the plugin again (:data:`MISSING`). The torch.distributed launcher hands
-:func:`loaded_files` to every rank it starts (:mod:`privaudit.distributed`).
+:func:`loaded_files` to every rank it starts (:mod:`privaudit.sim.distributed`).
 """
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import NameTaken, PrivauditError
+from privaudit.attacks import ATTACKS, check_attack, register_attack
+from privaudit.core.context import params_of
+from privaudit.core.errors import PLUGIN_DOCS, PLUGIN_ENV, NameTaken, PrivauditError
+from privaudit.core.privacy import Privacy
+from privaudit.defenses import DEFENSES, Defense, register
+from privaudit.scenario.topology import build_topology, metropolis_hastings
 
-ENV = "PRIVAUDIT_PLUGINS"
+ENV = PLUGIN_ENV
 GROUPS = {"defense": "privaudit.defenses", "attack": "privaudit.attacks"}
-DOCS = "docs/extending.md"
-MISSING = (
-    "a defense or attack from a plugin must be loaded again: privaudit --plugin FILE.py "
-    f"<command> …, {ENV}=FILE.py, or pip install its package ({DOCS})"
-)
+DOCS = PLUGIN_DOCS
 # names and kinds become target names and folder names (privaudit-out/<target>-r<round>)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 SIGNATURES = {
@@ -144,8 +145,6 @@ def _load_entry_point(what: str, ep: metadata.EntryPoint) -> None:
         obj = _importing(ep.load, None, f"repair it, or pip uninstall {dist}")
         if isinstance(obj, ModuleType):  # the same file given by path later: no second copy
             return [str(Path(obj.__file__).resolve())] if getattr(obj, "__file__", None) else []
-        from privaudit.attacks import ATTACKS, register_attack
-        from privaudit.defenses import DEFENSES, Defense, register
 
         if what == "defense" and isinstance(obj, type) and issubclass(obj, Defense):
             if type(DEFENSES.get(obj.name)) is not obj:  # else @register did it on import
@@ -185,8 +184,6 @@ def _importing(load: Callable[[], Any], path: str | None, fix: str) -> Any:
 
 # -- checking what a plugin registered ----------------------------------------------------------
 def _registries() -> dict[str, dict[str, Any]]:
-    from privaudit.attacks import ATTACKS
-    from privaudit.defenses import DEFENSES
 
     return {"defense": DEFENSES, "attack": ATTACKS}
 
@@ -258,8 +255,6 @@ def _check(before: dict[str, dict[str, Any]], require: bool) -> list[tuple[str, 
         if what == "defense":
             _check_defense(name, obj, targets, before)
         else:
-            from privaudit.attacks import check_attack
-
             check_attack(name, obj)
     return added
 
@@ -268,9 +263,6 @@ def _check_defense(
     name: str, d: Any, targets: dict[str, str], before: dict[str, dict[str, Any]]
 ) -> None:
     """The contract of docs/extending.md that can be checked without running a round."""
-    from privaudit.defenses import Defense
-    from privaudit.defenses.base import Privacy, params_of
-    from privaudit.topology import build_topology, metropolis_hastings
 
     cls = type(d)
     if not isinstance(d, Defense):

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from privaudit.config import RunConfig
+from privaudit.core.accounting import ADJACENCY, SAMPLING
+from privaudit.core.config import RunConfig
 from privaudit.defenses.base import neighbours
-from privaudit.eval.accounting import ADJACENCY, SAMPLING
-from privaudit.simulator import Run
+from privaudit.sim.run import Run
 
 ORDERS = np.concatenate([np.arange(1.1, 11, 0.1), np.arange(11, 65, 1.0)])
 
@@ -138,7 +138,7 @@ def test_the_papers_own_count_calibrates_the_sigma_the_paper_would_use(tmp_path)
     """``calibrate(claimed=True)`` is the σ at which the paper's count (DP-CGA: multiplier σ,
     d releases per round) reaches the ε: recomputed here with the independent RDP above.
     The correct count then puts the same σ far above that ε."""
-    from privaudit.eval.accounting import calibrate
+    from privaudit.core.accounting import calibrate
 
     run = _run(tmp_path, "dp-cga")
     T, d, delta = run.cfg.rounds, 2, run.cfg.delta  # ring: degree 2

@@ -8,18 +8,18 @@ import math
 import pytest
 import torch
 
-from privaudit.config import RunConfig
+from privaudit.api.pipeline import observe
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec, Tap
+from privaudit.core.network import SimNetwork
+from privaudit.core.threat import build_threat
 from privaudit.defenses import get_defense
 from privaudit.defenses.adad2p import active_rounds, hop, hops, peers, push_sum
-from privaudit.defenses.base import params_of
-from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
-from privaudit.messages import CaptureSpec, Tap
-from privaudit.network import SimNetwork
-from privaudit.pipeline import observe
-from privaudit.simulator import Run
-from privaudit.threat import build_threat
-from privaudit.topology import build_topology, exponential, metropolis_hastings
+from privaudit.scenario.topology import build_topology, exponential, metropolis_hastings
+from privaudit.sim.run import Run
 
 
 def tiny(defense: str, **kw) -> RunConfig:

@@ -10,9 +10,9 @@ from torch.func import functional_call, grad, vmap
 from privaudit.attacks import ATTACKS, DEFAULT_ATTACK, run_attack
 from privaudit.attacks.common import gradient_fn, one_hot, stack_observations
 from privaudit.attacks.labels import infer_labels
-from privaudit.errors import PrivauditError
-from privaudit.models import build_model
-from privaudit.observation import Observation
+from privaudit.core.errors import PrivauditError
+from privaudit.core.observation import Observation
+from privaudit.scenario.models import build_model
 
 MEAN = (0.5, 0.45, 0.4)
 STD = (0.25, 0.25, 0.25)

@@ -11,16 +11,16 @@ import pytest
 import torch
 from scipy import stats
 
-from privaudit.cli import main
-from privaudit.config import RunConfig
+from privaudit.cli.app import main
+from privaudit.core.accounting import account, release_epsilon
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
 from privaudit.defenses import DEFENSES, get_defense
-from privaudit.defenses.base import params_of
 from privaudit.defenses.dp_dpsgd import DPDPSGD
 from privaudit.eval import bounds
-from privaudit.eval.accounting import account, release_epsilon
 from privaudit.eval.audit import audit, verdict
-from privaudit.simulator import Run
-from privaudit.topology import build_topology, metropolis_hastings
+from privaudit.scenario.topology import build_topology, metropolis_hastings
+from privaudit.sim.run import Run
 
 W_RING = metropolis_hastings(build_topology("ring", 6)).double()
 

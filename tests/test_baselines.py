@@ -7,17 +7,17 @@ import math
 import pytest
 import torch
 
-from privaudit.config import RunConfig
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec
+from privaudit.core.network import SimNetwork
 from privaudit.defenses import get_defense
-from privaudit.defenses.base import params_of
 from privaudit.defenses.dp_cga import DPCGAParams, aggregate, box_qp
 from privaudit.defenses.muffliato import chebyshev_omega, gap_of, gossip
-from privaudit.errors import PrivauditError
 from privaudit.grads import clip_rows
-from privaudit.messages import CaptureSpec
-from privaudit.network import SimNetwork
-from privaudit.simulator import Run
-from privaudit.topology import metropolis_hastings, ring
+from privaudit.scenario.topology import metropolis_hastings, ring
+from privaudit.sim.run import Run
 
 
 def tiny(defense: str, **kw) -> RunConfig:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from privaudit.cli import main
+from privaudit.cli.app import main
 from privaudit.eval import claims
 from privaudit.eval.claims import _revive
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from privaudit.cli import main
+from privaudit.cli.app import main
 
 TINY = ["--agents", "3", "--batch-size", "1", "--no-progress", "--iterations", "4", "--no-lpips"]
 
@@ -264,8 +264,8 @@ def test_train_json_reports_each_agents_accuracy(tmp_path, capsys):
     through the model's own forward pass on the run's last checkpoint."""
     import torch
 
-    from privaudit.rundir import RunDir
-    from privaudit.simulator import Run
+    from privaudit.sim.run import Run
+    from privaudit.sim.rundir import RunDir
 
     run = tmp_path / "run"
     argv = ["train", "--defense", "dsgd", "--rounds", "20", "--agents", "4", "--out", str(run)]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from privaudit.cli import main
-from privaudit.config import RunConfig
+from privaudit.api.reproduce import PAPER_TABLE3, SCALE, format_table3, table3_rows
+from privaudit.api.sweeps import Sweep, execute, load_tensors, plan
+from privaudit.cli.app import main
+from privaudit.core.config import RunConfig
 from privaudit.eval.report import write_report
-from privaudit.eval.reproduce import PAPER_TABLE3, SCALE, format_table3, table3_rows
-from privaudit.eval.sweeps import Sweep, execute, load_tensors, plan
 
 # B = 2: every cell has a victim whose Poisson batch is not empty
 TINY = [
@@ -192,7 +192,7 @@ def test_table3_against_the_paper_numbers():
 
 def test_utility_plan_trains_each_defense_at_its_operating_point_per_eps():
     """No data is read by the plan: the shipped MNIST points are checked as they stand."""
-    from privaudit import presets
+    from privaudit.scenario import presets
 
     sweep = Sweep(
         ["dpdl-cg", "dsgd-half-model"],
@@ -225,7 +225,7 @@ def test_utility_plan_trains_each_defense_at_its_operating_point_per_eps():
 
 
 def test_compare_utility_draws_the_frontier_with_its_references(tmp_path, monkeypatch, capsys):
-    from privaudit import presets
+    from privaudit.scenario import presets
 
     def point(rounds: int, lr: float, eps: float | None) -> presets.OperatingPoint:
         return presets.OperatingPoint("lenet", 2, rounds, 0.5, {"lr": lr}, "test", eps)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from privaudit.data import (
+from privaudit.core.errors import PrivauditError
+from privaudit.scenario.data import (
     DATASETS,
     PHOTOS,
     dirichlet_partition,
@@ -14,7 +15,6 @@ from privaudit.data import (
     load_dataset,
     photos,
 )
-from privaudit.errors import PrivauditError
 
 SHARED_MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

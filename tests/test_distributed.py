@@ -14,14 +14,14 @@ import time
 import pytest
 import torch
 
-from privaudit.config import RunConfig
-from privaudit.distributed import describe_failure, launch
-from privaudit.errors import PrivauditError
-from privaudit.messages import CaptureSpec
-from privaudit.network import SimNetwork, make_links
-from privaudit.rundir import RunDir
-from privaudit.simulator import Run
-from privaudit.topology import metropolis_hastings, ring
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec
+from privaudit.core.network import SimNetwork, make_links
+from privaudit.scenario.topology import metropolis_hastings, ring
+from privaudit.sim.distributed import describe_failure, launch
+from privaudit.sim.run import Run
+from privaudit.sim.rundir import RunDir
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or sys.platform == "win32",
@@ -234,7 +234,7 @@ def test_ctrl_c_leaves_an_interrupt_checkpoint_and_the_run_resumes(tmp_path):
     ],
 )
 def test_train_cli_rejects_bad_engine_options(tmp_path, capsys, extra, message):
-    from privaudit.cli import main
+    from privaudit.cli.app import main
 
     argv = ["train", "--defense", "dsgd", "--agents", "4", "--rounds", "3"]
     code = main([*argv, "--out", str(tmp_path / "r"), "--no-progress", *extra])

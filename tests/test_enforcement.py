@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from privaudit.config import RunConfig
-from privaudit.defenses.base import params_of
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.messages import CaptureSpec, Tap
+from privaudit.core.network import SimNetwork
+from privaudit.core.sampling import PAD
 from privaudit.grads import clip_rows
-from privaudit.messages import CaptureSpec, Tap
-from privaudit.network import SimNetwork
-from privaudit.sampling import PAD
-from privaudit.simulator import Run
+from privaudit.sim.run import Run
 
 B = 4  # expected batch size
 
@@ -248,8 +248,8 @@ def test_muffliato_replace_one_calibration_with_enforcement_gives_the_same_noise
     ],
 )
 def test_bad_enforcement_params_are_refused(name, params, match):
+    from privaudit.core.errors import PrivauditError
     from privaudit.defenses import get_defense
-    from privaudit.errors import PrivauditError
 
     with pytest.raises(PrivauditError, match=match):
         params_of(get_defense(name).Params, params)

@@ -1,14 +1,13 @@
-"""PairGrads: the stacked per-example engine (privaudit.pairnet) against torch.func's vmap."""
+"""PairGrads: the stacked per-example engine (privaudit.grads.pairnet) against torch.func's vmap."""
 
 import pytest
 import torch
 from torch import nn
 
-from privaudit import pairnet
-from privaudit.allocator import keep_freed_memory
-from privaudit.grads import PairGrads, clip_rows
-from privaudit.models import build_model
-from privaudit.params import ParamSpec, flat_params
+from privaudit.core.params import ParamSpec, flat_params
+from privaudit.grads import PairGrads, clip_rows, pairnet
+from privaudit.scenario.models import build_model
+from privaudit.sim.allocator import keep_freed_memory
 
 
 def pairs(model: nn.Module, p: int = 3, b: int = 4, shape=(3, 32, 32), seed: int = 0):

@@ -21,15 +21,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from privaudit import limits
-from privaudit.cli import checked_params, main
-from privaudit.config import RunConfig
+from privaudit.cli.app import checked_params, main
+from privaudit.core import limits
+from privaudit.core.accounting import calibrate, epsilon_for_sigma, sigma_for_epsilon
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.errors import PrivauditError
+from privaudit.core.schema import coerce
 from privaudit.defenses import get_defense
-from privaudit.defenses.base import params_of
-from privaudit.errors import PrivauditError
-from privaudit.eval.accounting import calibrate, epsilon_for_sigma, sigma_for_epsilon
-from privaudit.schema import coerce
-from privaudit.topology import build_topology, metropolis_hastings
+from privaudit.scenario.topology import build_topology, metropolis_hastings
 
 SECONDS = 10  # every bad input is answered within this
 

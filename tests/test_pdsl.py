@@ -11,22 +11,17 @@ import math
 import pytest
 import torch
 
-from privaudit.config import RunConfig
-from privaudit.data import load_dataset, validation_indices
+from privaudit.api.pipeline import observe
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec
 from privaudit.defenses import get_defense
-from privaudit.defenses.base import params_of
-from privaudit.defenses.pdsl import (
-    code_bits,
-    exact_shapley,
-    shapley,
-    shapley_weights,
-)
-from privaudit.errors import PrivauditError
+from privaudit.defenses.pdsl import code_bits, exact_shapley, shapley, shapley_weights
 from privaudit.grads import clip_rows
-from privaudit.messages import CaptureSpec
-from privaudit.pipeline import observe
-from privaudit.simulator import Run
-from privaudit.topology import metropolis_hastings
+from privaudit.scenario.data import load_dataset, validation_indices
+from privaudit.scenario.topology import metropolis_hastings
+from privaudit.sim.run import Run
 
 
 def tiny(**kw) -> RunConfig:

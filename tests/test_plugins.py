@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from privaudit.attacks import ATTACKS
-from privaudit.cli import main
+from privaudit.cli.app import main
+from privaudit.core.accounting import release_epsilon
 from privaudit.defenses import DEFENSES
-from privaudit.eval.accounting import release_epsilon
 from privaudit.plugins import ENV
-from privaudit.rundir import RunDir
-from privaudit.simulator import Run
+from privaudit.sim.run import Run
+from privaudit.sim.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from privaudit import presets
-from privaudit.cli import build_parser, configured, main
-from privaudit.config import RunConfig
-from privaudit.data import VALIDATION_FRACTION, evaluation_split, photos
-from privaudit.errors import PrivauditError
+from privaudit.cli.app import build_parser, configured, main
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
+from privaudit.scenario import presets
+from privaudit.scenario.data import VALIDATION_FRACTION, evaluation_split, photos
 
 POINT = presets.OperatingPoint(
     model="tanh-cnn",
@@ -131,9 +131,9 @@ def test_validation_split_is_carved_from_training_only():
 
 def test_shipped_operating_points_are_valid_runs():
     """Every shipped point names a model, a defense and parameters the defense accepts."""
+    from privaudit.core.context import params_of
     from privaudit.defenses import get_defense
-    from privaudit.defenses.base import params_of
-    from privaudit.models import MODELS
+    from privaudit.scenario.models import MODELS
 
     for (defense, dataset), points in presets.OPERATING_POINTS.items():
         assert points and len({p.epsilon for p in points}) == len(points)

@@ -8,9 +8,9 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
-from privaudit.eval.accounting import epsilon_for_sigma
+from privaudit.core.accounting import epsilon_for_sigma
 from privaudit.eval.reference import ReferenceResult, centralised_dpsgd, pooled_sample_rate
-from privaudit.models import build_model
+from privaudit.scenario.models import build_model
 
 
 def _images(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,9 +180,9 @@ def test_pooled_sample_rate():
 def test_reference_of_a_run_uses_its_data_rate_and_steps():
     """The reference of a run configuration: its partition's pooled rate, its rounds as
     steps, its clip; the private one spends at most the run's ε."""
-    from privaudit.config import RunConfig
-    from privaudit.data import dirichlet_partition, evaluation_split, photos
+    from privaudit.core.config import RunConfig
     from privaudit.eval.reference import reference_for
+    from privaudit.scenario.data import dirichlet_partition, evaluation_split, photos
 
     cfg = RunConfig(
         dataset="photos", model="tanh-cnn", agents=4, batch_size=8, rounds=3,
@@ -208,8 +208,8 @@ def test_dp_dpsgd_average_model_carries_the_noise_of_centralised_dp_sgd_at_sigma
     one round, the same batches with and without noise."""
     import dataclasses
 
-    from privaudit.config import RunConfig
-    from privaudit.simulator import Run
+    from privaudit.core.config import RunConfig
+    from privaudit.sim.run import Run
 
     n, sigma, lr, clip, b = 5, 3.0, 0.1, 1.0, 4
     base = RunConfig(

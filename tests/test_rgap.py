@@ -14,10 +14,10 @@ from privaudit.attacks.auto import choose
 from privaudit.attacks.chain import Unsupported, linear_chain
 from privaudit.attacks.ig import ig, starting_from
 from privaudit.attacks.rgap import conv_matrices
-from privaudit.cli import main
-from privaudit.errors import PrivauditError
-from privaudit.models import build_model
-from privaudit.observation import Observation
+from privaudit.cli.app import main
+from privaudit.core.errors import PrivauditError
+from privaudit.core.observation import Observation
+from privaudit.scenario.models import build_model
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "leaky": lambda: nn.LeakyReLU(0.2)}
 

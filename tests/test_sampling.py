@@ -1,4 +1,4 @@
-"""Poisson sampling (privaudit.sampling): what a run draws is what the accountant assumes
+"""Poisson sampling (privaudit.core.sampling): what a run draws is what the accountant assumes
 (each example of agent i's shard independently at q_i = B/n_i), every engine's batch means
 ignore padded slots and divide by the expected size B, and the secrets hold exactly the
 realised batches."""
@@ -13,14 +13,14 @@ import torch
 from scipy import stats
 from torch import nn
 
-from privaudit import sampling
-from privaudit.config import RunConfig
+from privaudit.core import sampling
+from privaudit.core.config import RunConfig
+from privaudit.core.messages import CaptureSpec
+from privaudit.core.params import ParamSpec, flat_params
 from privaudit.eval.audit import CanaryGrads, audit_batch
 from privaudit.grads import PairGrads
-from privaudit.messages import CaptureSpec
-from privaudit.models import build_model
-from privaudit.params import ParamSpec, flat_params
-from privaudit.simulator import Run
+from privaudit.scenario.models import build_model
+from privaudit.sim.run import Run
 
 
 def test_poisson_batch_sizes_are_binomial_and_every_example_has_rate_q():
@@ -184,7 +184,7 @@ def test_stacked_engine_on_batches_of_many_sizes_matches_vmap(monkeypatch, chunk
     """12 batches of 0–11 examples, 3 pairs each: the stacked engine runs them in chunks of
     similar sizes (empty batches skipped, wide ones on their own; with a small
     ``CHUNK_FLOATS`` each run split further) and agrees with the padded vmap path."""
-    from privaudit import pairnet
+    from privaudit.grads import pairnet
 
     monkeypatch.setattr(pairnet, "CHUNK_FLOATS", chunk_floats)
     shape, B = (3, 16, 16), 4

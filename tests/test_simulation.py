@@ -9,12 +9,12 @@ import signal
 import pytest
 import torch
 
-from privaudit.config import RunConfig
-from privaudit.errors import PrivauditError
-from privaudit.eval.accounting import epsilon_for_sigma, sigma_for_epsilon
+from privaudit.core.accounting import epsilon_for_sigma, sigma_for_epsilon
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec
 from privaudit.grads import clip_rows
-from privaudit.messages import CaptureSpec
-from privaudit.simulator import Run
+from privaudit.sim.run import Run
 
 
 def tiny(defense: str = "nd", **kw) -> RunConfig:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from privaudit.cli import main
+from privaudit.cli.app import main
 from privaudit.defenses import DEFENSES
-from privaudit.targets import all_targets
+from privaudit.sim.targets import all_targets
 
 FAST = ["--batch-size", "4", "--iterations", "2", "--no-lpips", "--no-progress", "--json"]
 

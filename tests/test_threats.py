@@ -8,15 +8,15 @@ import math
 import pytest
 import torch
 
+from privaudit.api.pipeline import observe
 from privaudit.attacks import run_attack
 from privaudit.attacks.common import gradient_fn, one_hot, problem
-from privaudit.cli import main
-from privaudit.config import RunConfig
+from privaudit.cli.app import main
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
+from privaudit.core.threat import build_threat
 from privaudit.defenses import DEFENSES
-from privaudit.errors import PrivauditError
-from privaudit.pipeline import observe
-from privaudit.simulator import Run
-from privaudit.threat import build_threat
+from privaudit.sim.run import Run
 
 THREATS = {"link": {}, "neighbor": {}, "coalition": {"attackers": [1, 3]}, "global": {}}
 
@@ -138,7 +138,7 @@ def test_an_empty_victim_batch_has_nothing_to_reconstruct(tmp_path):
     """dsgd round 1, seed 4: agent 3's Poisson batch is empty. Its message carries a zero
     gradient, the Observation has batch size 0 and scale 0, and the attack pipeline answers
     it with an empty reconstruction, scored None, not a crash."""
-    from privaudit.pipeline import reconstruct
+    from privaudit.api.pipeline import reconstruct
 
     run = Run.create(tiny("dsgd", seed=4), tmp_path / "r")
     (o,) = observe(run, "dsgd-half-model", 1, threat="link", victims=[3], progress=False)
@@ -183,7 +183,7 @@ def test_a_coalition_averages_the_repeated_releases_of_one_batch(tmp_path):
 
 
 def run_capture(run: Run, t: int):
-    from privaudit.messages import CaptureSpec
+    from privaudit.core.messages import CaptureSpec
 
     return CaptureSpec.of(rounds=[t])
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from privaudit.errors import PrivauditError
-from privaudit.topology import (
+from privaudit.core.errors import PrivauditError
+from privaudit.scenario.topology import (
     TOPOLOGIES,
     Topology,
     build_topology,

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from privaudit.config import RunConfig
+from privaudit.api.pipeline import observe
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.errors import PrivauditError
+from privaudit.core.messages import CaptureSpec, Tap
+from privaudit.core.network import SimNetwork
 from privaudit.defenses import get_defense
-from privaudit.defenses.base import params_of
 from privaudit.defenses.tracking import paper_budget
-from privaudit.errors import PrivauditError
-from privaudit.messages import CaptureSpec, Tap
-from privaudit.network import SimNetwork
-from privaudit.pipeline import observe
-from privaudit.simulator import Run
+from privaudit.sim.run import Run
 
 
 def tiny(defense: str, **kw) -> RunConfig:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from privaudit.attacks import infer_labels, register_attack
-from privaudit.observation import Observation, Reconstruction
+from privaudit.core.observation import Observation, Reconstruction
 
 
 def guess(

@@ -33,12 +33,14 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from privaudit.core.context import State
+from privaudit.core.errors import PrivauditError
+from privaudit.core.network import Network
+from privaudit.core.observation import Observation
+from privaudit.core.privacy import Privacy
+from privaudit.core.threat import View
 from privaudit.defenses import Context, Defense, register
-from privaudit.defenses.base import Privacy, State, mix
-from privaudit.errors import PrivauditError
-from privaudit.network import Network
-from privaudit.observation import Observation
-from privaudit.threat import View
+from privaudit.defenses.base import mix
 
 
 @dataclass

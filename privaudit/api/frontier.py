@@ -1,0 +1,223 @@
+"""Privacy–utility frontiers: accuracy at the operating points against ε and against the attack.
+
+A comparison sweep at the ``utility`` preset (:mod:`privaudit.scenario.presets`) trains every defense at
+its operating point for each ε and attacks the message of its last round. This module adds
+the two references every frontier is read against, and draws and tabulates the frontier:
+
+- **centralised DP-SGD** (opacus, :func:`privaudit.eval.reference.reference_for`) on the
+  pooled training data at the same ε, δ and accountant — the best a decentralised algorithm
+  at that ε could hope for — and the same run without clip and noise (centralised SGD);
+- **non-private D-PSGD** (``dsgd``) at its own operating point: the decentralised ceiling.
+
+Both centralised references train at :data:`REFERENCE_DEFENSE`'s operating point for that ε
+(its model, expected batch size, steps, lr and clip). Results are cached under
+``OUT/references/`` like the sweep's runs, so a resumed or widened sweep reuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from privaudit.api.sweeps import Sweep, accuracy_path, configure, digest, load_json, plan, run_dir
+from privaudit.core.config import RunConfig
+from privaudit.core.files import atomic_write, to_jsonable, write_json
+from privaudit.eval.reference import reference_for
+from privaudit.eval.report import eps_text, save_png_pdf, style_axes, summarize, target_style
+from privaudit.sim.run import Run
+from privaudit.sim.targets import parse_target
+
+__all__ = [
+    "REFERENCE_DEFENSE",
+    "Reference",
+    "frontier_figure",
+    "frontier_markdown",
+    "references",
+    "setting",
+    "write_frontier",
+]
+
+REFERENCE_DEFENSE = "dp-dpsgd"  # whose operating point the centralised references train at
+CEILING_DEFENSE = "dsgd"  # the non-private decentralised reference
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """One reference point: ``name``, the ε it was asked for (∞: non-private), the ε it
+    spent, its test accuracy and the settings it trained at."""
+
+    name: str
+    epsilon_requested: float
+    epsilon: float
+    accuracy: float
+    setting: str
+
+
+def setting(cfg: RunConfig) -> str:
+    """A run's operating point in words: model, B, T and its numeric defense parameters."""
+    params = "".join(f", {k} {v:g}" for k, v in cfg.params.items() if isinstance(v, float | int))
+    return f"{cfg.model}, B = {cfg.batch_size}, T = {cfg.rounds}{params}"
+
+
+def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Reference]:
+    """The references of a utility-preset ``sweep`` at each of its ε (∞ allowed), for its
+    first seed: centralised DP-SGD / SGD at :data:`REFERENCE_DEFENSE`'s operating point
+    (cached under ``OUT/references``), and the non-private D-PSGD run, trained (or reused)
+    under ``OUT/runs`` like the sweep's own runs."""
+
+    out = Path(out)
+    seed = sweep.seeds[0]
+    refs: list[Reference] = []
+    for eps in sorted(set(sweep.epsilons)):
+        private = math.isfinite(eps)
+        cfg = configure(sweep, REFERENCE_DEFENSE, eps, seed)
+        name = "centralised DP-SGD (opacus)" if private else "centralised SGD, non-private"
+        tag = f"{'dpsgd' if private else 'sgd'}-eps{eps:g}-{digest(cfg.identity())}"
+        path = out / "references" / f"{tag}.json"
+        if not path.exists():
+            if progress:
+                print(f"reference: {name} at ε = {eps:g} ({setting(cfg)})", flush=True)
+            res = reference_for(cfg, eps if private else None)
+            write_json(path, to_jsonable(dataclasses.asdict(res)))
+        res = load_json(path)
+        refs.append(Reference(name, eps, res["epsilon"], res["accuracy"], setting(cfg)))
+    ceiling = configure(sweep, CEILING_DEFENSE, None, seed)
+    rdir = run_dir(out, ceiling)
+    path = accuracy_path(rdir)
+    if not path.exists():
+        run = Run.create(ceiling, rdir)
+        acc = run.test_accuracy(run.train(progress=progress))
+        write_json(path, {"test_acc": acc, "round": ceiling.rounds})
+    acc = load_json(path)["test_acc"]
+    refs.append(Reference("D-PSGD, non-private", math.inf, math.inf, acc, setting(ceiling)))
+    return refs
+
+
+def write_frontier(
+    sweep: Sweep, rows: Sequence[dict[str, Any]], out: str | Path, progress: bool = True
+) -> tuple[str, list[Path]]:
+    """The references, then ``frontier.md`` and ``frontier.png``/``.pdf`` in ``out``, for
+    the ``rows`` :func:`privaudit.api.sweeps.execute` returned for ``sweep``. Returns the
+    table and the files."""
+
+    out = Path(out)
+    refs = references(sweep, out, progress)
+    summary = summarize(rows)
+    runs, _ = plan(sweep)
+    configs = {(d, eps): cfg for (d, eps, seed), cfg in runs.items() if seed == sweep.seeds[0]}
+    table = frontier_markdown(summary, refs, configs)
+    atomic_write(out / "frontier.md", lambda tmp: Path(tmp).write_text(table))
+    return table, [out / "frontier.md", *frontier_figure(summary, refs, out / "frontier")]
+
+
+def _x(eps: float | None, top: float) -> float:
+    """Where ε sits on a log axis whose last tick, ``top``, stands for ∞."""
+    return top if eps is None or math.isinf(eps) else eps
+
+
+def frontier_figure(
+    summary: Sequence[dict[str, Any]], refs: Sequence[Reference], path: Path
+) -> list[Path]:
+    """Three panels, one colour per target, test accuracy on the y axis against (a) the
+    accounted ε of the attacked message (∞ at the right edge: no formal guarantee), (b) the
+    white-box audit's ε lower bound for one release, (c) the attack's PSNR on the same run's
+    message. The references are drawn in every panel where they have an x: centralised
+    DP-SGD as a dashed line over ε, the non-private ceilings as horizontal lines."""
+    from matplotlib.figure import Figure
+
+    targets = list(dict.fromkeys(s["target"] for s in summary))
+    style = target_style(targets)
+    finite = [s["epsilon"] for s in summary if s["epsilon"] is not None]
+    finite += [r.epsilon for r in refs]
+    finite = [e for e in finite if math.isfinite(e)]
+    top = 4 * max(finite) if finite else 10.0
+    fig = Figure(figsize=(9.6, 3.0), layout="constrained")
+    axes = fig.subplots(1, 3, sharey=True)
+    panels = [
+        ("epsilon", "accounted ε of the message (worst agent, whole run)"),
+        ("audit_epsilon_lo", "audited ε lower bound, one release"),
+        ("psnr", "reconstruction PSNR (dB), last round"),
+    ]
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for t in targets:
+            color, marker = style[t]
+            pts = [s for s in summary if s["target"] == t and s["test_acc"] is not None]
+            if key == "epsilon":
+                xy = [(_x(s["epsilon"], top), s["test_acc"]) for s in pts]
+            else:
+                xy = [(s[key], s["test_acc"]) for s in pts if s.get(key) is not None]
+            xy.sort()
+            if xy:  # a line over ε; over the audit and the attack, whose x need not grow
+                xs, ys = zip(*xy, strict=True)  # with ε, points only
+                fmt = ("-" if key == "epsilon" else "") + marker
+                ax.plot(xs, ys, fmt, color=color, mec="black", mew=0.4, ms=4, lw=0.8)
+        dpsgd = sorted((r.epsilon, r.accuracy) for r in refs if math.isfinite(r.epsilon_requested))
+        if key == "epsilon" and dpsgd:
+            xs, ys = zip(*dpsgd, strict=True)
+            ax.plot(xs, ys, "--x", color="black", lw=1.0, ms=4, label="centralised DP-SGD (opacus)")
+        for r, ls in zip(
+            [r for r in refs if not math.isfinite(r.epsilon_requested)], (":", "-."), strict=False
+        ):
+            ax.axhline(r.accuracy, color="0.35", lw=0.9, ls=ls, label=r.name)
+        if key == "epsilon":
+            ax.set_xscale("log")
+            asked = {s["epsilon_requested"] for s in summary} | {r.epsilon_requested for r in refs}
+            ticks = sorted(e for e in asked if e is not None and math.isfinite(e)) + [top]
+            ax.set_xticks(ticks, [f"{e:g}" for e in ticks[:-1]] + ["∞"])
+            ax.minorticks_off()
+        ax.set_xlabel(label, fontsize=7.5)
+        style_axes(ax)
+    axes[0].set_ylabel("test accuracy (average model)", fontsize=7.5)
+    for t in targets:
+        color, marker = style[t]
+        axes[2].plot([], [], "-" + marker, color=color, mec="black", mew=0.4, ms=4, label=t)
+    axes[0].legend(fontsize=6, frameon=False, loc="lower right")
+    axes[2].legend(fontsize=6, frameon=False, loc="best")
+    return save_png_pdf(fig, path)
+
+
+def frontier_markdown(
+    summary: Sequence[dict[str, Any]],
+    refs: Sequence[Reference],
+    configs: Mapping[tuple[str, float | None], RunConfig],
+) -> str:
+    """The frontier as one Markdown table: per target and requested ε, the accounted ε, the
+    audited lower bound, test accuracy and the attack's PSNR/SSIM, and the operating point
+    (``configs``: the run of each (defense, requested ε)); the references below."""
+
+    head = [
+        "target",
+        "ε asked",
+        "ε accounted",
+        "audited ε ≥ (one release)",
+        "test acc",
+        "PSNR dB",
+        "SSIM",
+        "operating point",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summary:
+        lo = s.get("audit_epsilon_lo")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"`{s['target']}`",
+                    eps_text(s["epsilon_requested"]),
+                    eps_text(s["epsilon"]),
+                    "" if lo is None else f"{lo:.3g}",
+                    f"{s['test_acc']:.3f}",
+                    "—" if s["psnr"] is None else f"{s['psnr']:.1f}",
+                    "—" if s["ssim"] is None else f"{s['ssim']:.3f}",
+                    setting(configs[(parse_target(s["target"])[0].name, s["epsilon_requested"])]),
+                ]
+            )
+            + " |"
+        )
+    for r in refs:
+        row = [r.name, eps_text(r.epsilon_requested), eps_text(r.epsilon), "", f"{r.accuracy:.3f}"]
+        lines.append("| " + " | ".join(row + ["", "", r.setting]) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,274 @@
+"""The one-way path of an attack: run → captured messages → View → Observations → attack →
+scores against the secret batch → ``result.json`` and a figure grid.
+
+This is the Python API behind ``privaudit attack``; notebooks call it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privaudit.attacks import DEFAULT_ATTACK, run_attack
+from privaudit.core.errors import PrivauditError
+from privaudit.core.files import to_jsonable, write_json
+from privaudit.core.messages import CaptureSpec
+from privaudit.core.observation import Observation, Reconstruction
+from privaudit.core.threat import Threat, build_threat, victim_threat
+from privaudit.eval.figures import reconstruction_grid
+from privaudit.eval.metrics import aggregate, score
+from privaudit.sim.run import Run
+from privaudit.sim.targets import parse_target
+
+
+def observe(
+    run: Run,
+    target: str,
+    round: int,
+    links: list[tuple[int, int]] | None = None,
+    threat: str | None = None,
+    progress: bool = True,
+    *,
+    attackers: list[int] | None = None,
+    victims: list[int] | None = None,
+) -> list[Observation]:
+    """One Observation per victim of ``target``'s message of ``round``, as the ``threat``
+    adversary sees it, capturing (or re-simulating from the nearest checkpoint) only the
+    links and rounds it needs.
+
+    ``links`` name the messages ``src → dst`` directly (``link`` threat by default);
+    otherwise each of ``victims`` (default: the first agent that is not an attacker) is
+    observed on its copy to the threat's receiver (:meth:`Threat.receiver`); the default
+    ``neighbor`` is the victim's first receiver, the default ``coalition`` all of them. With
+    ``threat=None`` the weakest adversary that can observe the target is used (``link``,
+    then ``neighbor`` — the receiver — then ``global``; with ``attackers`` given: ``neighbor``
+    for one, ``coalition`` for several); ``obs.meta["threat"]`` names it.
+
+    The attacker is told the realised size of each batch behind the message (the usual
+    known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
+    B): :func:`given_batch_size`."""
+    defense, kind = parse_target(target)
+    if defense.name != run.defense.name:
+        raise PrivauditError(
+            f"target {target} needs a {defense.name} run, but this run trains "
+            f"{run.defense.name}; pick a {run.defense.name}-* target or another --run"
+        )
+    rounds = defense.rounds_needed(kind, round, run.cfg.agents)
+    if round < 1 or max(rounds) > run.cfg.rounds:
+        last = run.cfg.rounds - (max(rounds) - round)
+        raise PrivauditError(
+            f"--round {round} is outside what this run can show for {target} "
+            f"(1..{last} of {run.cfg.rounds} rounds); pick a round in range or train longer"
+        )
+    if threat is None and attackers:  # attackers named: a neighbour, or a coalition
+        threat = "neighbor" if len(attackers) == 1 else "coalition"
+    if threat is None:
+        errors = []
+        for name in ("link", "neighbor", "global"):
+            try:
+                return observe(
+                    run, target, round, links, name, progress, attackers=None, victims=victims
+                )
+            except PrivauditError as e:
+                errors.append(f"{name}: {e}")
+        raise PrivauditError(f"no adversary observes {target} at round {round} ({errors[-1]})")
+    plan = _plan(run, defense, kind, round, links, threat, attackers or [], victims)
+    rounds = [t for t in rounds if t >= 1]
+    edges = run.edges()
+    capture = CaptureSpec.of(
+        rounds=rounds, links=set().union(*(th.links(edges) for th, *_ in plan))
+    )
+    messages = run.messages(capture, progress=progress)
+    public = run.public()
+    out = []
+    for th, src, dst in plan:
+        obs = defense.observe(th.view(messages, public), kind, round, src, dst)
+        obs.meta.update(target=target, round=round, src=src, dst=dst, threat=th.describe())
+        out.append(given_batch_size(run, obs, round))
+    return out
+
+
+def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
+    """``obs`` for an attacker told the realised size b of the victim's batch of round ``t``
+    (from the run's secrets): ``batch_size`` b, and ``scale`` × b/B, because a defense's
+    batch mean is (1/B) Σ over the b real examples = (b/B) × their mean (B the expected size,
+    :mod:`privaudit.core.sampling`). A term on another batch (``meta["term_rounds"]``, else
+    round ``t``) of b' examples gets its coefficient × b'/b: the attack models that batch
+    with b dummies too. b = 0 leaves nothing to reconstruct (scale 0)."""
+    B = run.cfg.batch_size
+    src = obs.meta["src"]
+    rounds = obs.meta.get("term_rounds", [t] * len(obs.terms))
+    size = {r: run.batch_sizes(r)[src] for r in {t, *rounds}}  # one secrets read per round
+    b = size[t]
+    terms = []
+    for (params, coef, same), r in zip(obs.terms, rounds, strict=True):
+        if not same and b > 0:
+            coef = coef * size[r] / b
+        terms.append((params, coef, same))
+    return dataclasses.replace(obs, batch_size=b, scale=obs.scale * b / B, terms=terms)
+
+
+def _plan(
+    run: Run,
+    defense: Any,
+    kind: str,
+    t: int,
+    links: list[tuple[int, int]] | None,
+    threat: str,
+    attackers: list[int],
+    victims: list[int] | None,
+) -> list[tuple[Threat, int, int]]:
+    """(adversary, src, dst) per observed message."""
+    adj = run.ctx.adj.cpu()
+    what = f"{kind!r} message in round {t}"
+    if links:
+        if threat == "link":
+            return [(build_threat("link", link=link), *link) for link in links]
+        th = build_threat(threat, attackers=attackers or [links[0][1]])
+        return [(th, s, d) for s, d in links]
+    if victims is None:
+        victims = [next(i for i in range(run.cfg.agents) if i not in attackers)]
+    plan = []
+    for v in victims:
+        receivers = defense.receivers(kind, t, v, adj)
+        th = victim_threat(threat, v, receivers, attackers)
+        plan.append((th, v, th.receiver(v, receivers, what)))
+    return plan
+
+
+@dataclass
+class Attempt:
+    """One attack on a target: ``result`` (JSON-ready, the fields of ``result.json``), the
+    secret batches, the reconstructions and the per-observation scores (eval only)."""
+
+    result: dict[str, Any]
+    truths: list[tuple[torch.Tensor, torch.Tensor]]
+    recons: list[Reconstruction]
+    scores: list[dict[str, Any]]
+
+
+def reconstruct(
+    run: Run,
+    target: str,
+    round: int,
+    *,
+    attack: str | None = None,
+    links: list[tuple[int, int]] | None = None,
+    threat: str | None = None,
+    attackers: list[int] | None = None,
+    victims: list[int] | None = None,
+    iterations: int | None = None,
+    restarts: int | None = None,
+    seed: int = 0,
+    options: dict[str, Any] | None = None,
+    lpips: bool = True,
+    progress: bool = True,
+) -> Attempt:
+    """Observe ``target`` at ``round`` (see :func:`observe`), attack every observation as one
+    batch (one per run of equal realised batch sizes) and score each against its secret
+    batch; an empty batch has nothing to reconstruct and scores None (left out of
+    ``metrics``).
+
+    ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG)."""
+
+    attack = attack or DEFAULT_ATTACK
+    t0 = time.perf_counter()
+    obs = observe(run, target, round, links, threat, progress, attackers=attackers, victims=victims)
+    kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
+    kw.update(options or {})
+    device = run.ctx.device
+    recons = run_attack(attack, [o.to(device) for o in obs], seed=seed, progress=progress, **kw)
+    wall = time.perf_counter() - t0
+    truths = [run.secret_batch(round, o.meta["src"]) for o in obs]
+    scores = [
+        score(ti, tl, r.images.detach().cpu(), r.labels.cpu(), lpips=lpips)
+        for (ti, tl), r in zip(truths, recons, strict=True)
+    ]
+    summary = aggregate(scores)
+    _, kind = parse_target(target)
+    privacy = run.resolved["kinds"][kind]  # the attacked message kind's ε (worst agent)
+    eps = privacy["epsilon"]
+    metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
+    result = {
+        "target": target,
+        "round": round,
+        "attack": attack,
+        # per observation, the attack whose answer it is ("auto" picks one; None: empty batch)
+        "attack_used": [r.meta.get("attack") for r in recons],
+        "attack_options": {**kw, "seed": seed},
+        "threat": obs[0].meta["threat"].split()[0],
+        "adversaries": [o.meta["threat"] for o in obs],
+        "threat_chosen": threat is None and not attackers,
+        "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
+        "epsilon": eps if math.isfinite(eps) else None,
+        "epsilon_reason": None if math.isfinite(eps) else privacy["reason"],
+        "epsilon_claimed": privacy["epsilon_claimed"],
+        "delta": run.cfg.delta,
+        "sigma": run.resolved["sigma"],
+        "batch_size": run.cfg.batch_size,  # expected (Poisson); realised: batch_sizes
+        "batch_sizes": [o.batch_size for o in obs],
+        "metrics": {m: summary[m]["mean"] for m in metrics},
+        "spread": {m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
+        "lpips_note": summary["lpips_note"],
+        "per_observation": [{k: s[k] for k in metrics} for s in scores],
+        "exact_observation": all(o.meta.get("exact", False) for o in obs),
+        "noise_std": [o.noise_std for o in obs],
+        "wall_s": float(f"{wall:.3f}"),
+        "run": str(run.dir.path),
+    }
+    return Attempt(result, truths, recons, scores)
+
+
+def attack(
+    run: Run,
+    target: str,
+    round: int,
+    *,
+    out: str | Path | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """:func:`reconstruct`, then write ``result.json`` and a figure grid to ``out``; returns
+    the result (with ``figure``, its path, when written: not when every victim's batch was
+    empty). ``kw``: :func:`reconstruct`'s."""
+
+    a = reconstruct(run, target, round, **kw)
+    result = a.result
+    if out is not None:
+        out = Path(out)
+        write_json(out / "result.json", to_jsonable(result))
+        if any(len(images) for images, _ in a.truths):  # else every batch was empty
+            grid = _figure(out / "grid.png", a.truths, a.recons, a.scores, result)
+            result["figure"] = str(grid)
+    return result
+
+
+def _figure(
+    path: Path,
+    truths: list[tuple[torch.Tensor, torch.Tensor]],
+    recons: list[Reconstruction],
+    scores: list[dict[str, Any]],
+    result: dict[str, Any],
+) -> Path:
+    """Truth over reconstruction for every observation's batch, side by side."""
+
+    true = torch.cat([t for t, _ in truths])
+    rec = torch.cat(
+        [r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores, strict=True)]
+    )
+    per = {
+        k: sum((s["per_image"][k] or [None] * len(s["perm"]) for s in scores), [])
+        for k in ("psnr", "ssim", "lpips")
+    }
+    eps = result["epsilon"]
+    title = (
+        f"{result['target']} · round {result['round']} · "
+        f"{f'ε = {eps:.3g}' if eps is not None else 'ε = ∞ (no formal DP bound)'} · "
+        f"{result['attack']} under {result['adversaries'][0]}"
+    )
+    return reconstruction_grid(true, rec, per, title, path)

@@ -1,0 +1,410 @@
+"""Plan, run and cache a comparison sweep: targets × attacked rounds × ε × seeds.
+
+One training run per (defense, ε, seed), trained once to the largest round any of its
+targets needs and kept under ``OUT/runs/``; one attack per (target, round, ε, seed), cached
+under ``OUT/results/`` as ``result.json`` (scores) beside ``recon.safetensors`` (the true
+and the matched reconstructed images, for the figures). Both paths end in a hash of
+everything that determines their content, so re-running the same sweep reuses every
+finished run and result (and reproduces the same numbers), an interrupted sweep resumes
+where it stopped, and sweeps with other settings can share one ``OUT``.
+
+A defense whose σ is not set from ε (no Gaussian noise multiplier: dsgd, nd, lppa,
+adad2p, …) is run once per seed and reported with ε = ∞ at every ε.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from safetensors.torch import load_file, save_file
+
+from privaudit.api.pipeline import reconstruct
+from privaudit.core import limits
+from privaudit.core.accounting import noised as sigma_noised
+from privaudit.core.config import RunConfig
+from privaudit.core.context import params_of
+from privaudit.core.errors import PrivauditError, unknown
+from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
+from privaudit.core.messages import CaptureSpec
+from privaudit.defenses import get_defense
+from privaudit.eval.audit import audit, check_trials
+from privaudit.scenario import presets
+from privaudit.scenario.data import load_dataset
+from privaudit.scenario.topology import build_topology, metropolis_hastings
+from privaudit.sim.run import Run
+from privaudit.sim.targets import parse_target
+
+__all__ = [
+    "Sweep",
+    "Cell",
+    "accuracy_path",
+    "configure",
+    "plan",
+    "execute",
+    "run_dir",
+    "result_dir",
+]
+
+RESULT_VERSION = 2  # bump when the content of a cached result changes
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One attack: ``target``'s message of ``round`` in the run of (ε, seed)."""
+
+    target: str
+    round: int
+    epsilon: float | None  # None: the defense adds no accountable noise (ε = ∞)
+    seed: int
+
+
+@dataclass
+class Sweep:
+    """Everything a comparison varies and fixes.
+
+    ``base``: the training configuration shared by every run (its ``defense``, ``rounds``,
+    ``epsilon`` and ``seed`` are set per run; its ``topology`` is replaced by a defense's
+    own graph when the defense needs one, e.g. the push-sum defenses' exponential graph).
+    ``victims``: agents ``0 .. victims−1`` are attacked in every cell (one Observation each,
+    as ``privaudit attack --victim``); ``threat=None`` lets each target use the weakest
+    adversary that observes it (:func:`privaudit.api.pipeline.observe`).
+    ``audit``: also run the white-box canary audit (:mod:`privaudit.eval.audit`) of each
+    noised target at its largest round, for an empirical ε lower bound.
+    ``preset``: ``attack`` (``base`` is every run's setting) or ``utility``: each (defense, ε)
+    trains at its operating point (:func:`privaudit.scenario.presets.apply`, with the user's
+    ``explicit`` settings on top), ``rounds`` empty attacks each run's last round, ε = ∞ in
+    ``epsilons`` runs a noised defense without noise (:mod:`.frontier` draws the result).
+    """
+
+    targets: list[str]
+    rounds: list[int]
+    epsilons: list[float]
+    seeds: list[int]
+    base: RunConfig = field(default_factory=RunConfig)
+    threat: str | None = None
+    victims: int = 4
+    attack: str | None = None
+    iterations: int | None = None
+    attack_options: dict[str, Any] = field(default_factory=dict)
+    lpips: bool = False
+    audit: bool = False
+    audit_trials: int | None = None
+    preset: str = "attack"
+    explicit: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> Sweep:
+        if not self.targets:
+            raise PrivauditError("--targets is empty; name at least one (privaudit targets)")
+        for t in self.targets:
+            parse_target(t)
+        if len(set(self.targets)) != len(self.targets):
+            raise PrivauditError("--targets names a target twice; list each once")
+        if self.preset not in presets.PRESETS:
+            raise unknown("preset", self.preset, presets.PRESETS)
+        if not self.rounds and self.preset != "utility":
+            raise PrivauditError("--rounds is empty; give at least one attacked round")
+        if self.rounds and min(self.rounds) < 1:
+            raise PrivauditError(f"--rounds must be ≥ 1, got {self.rounds}")
+        for r in self.rounds:
+            limits.check_int("--rounds", r, 1, limits.MAX_ROUNDS, "attacked rounds")
+        if not self.epsilons:
+            raise PrivauditError("--epsilons is empty; give at least one ε")
+        for eps in self.epsilons:
+            if eps != math.inf:  # ∞: the noised defenses without noise
+                limits.check_float("--epsilons", eps, *limits.EPSILON, hint="ε per agent")
+        if not self.seeds:
+            raise PrivauditError("--seeds is empty; give at least one seed")
+        for seed in self.seeds:
+            limits.check_seed("--seeds", seed)
+        if not 1 <= self.victims <= self.base.agents:
+            raise PrivauditError(
+                f"--victims must be 1..{self.base.agents} (at most --agents), got {self.victims}"
+            )
+        if self.base.sigma is not None:
+            raise PrivauditError("a sweep sets σ from --epsilons; --sigma is not supported here")
+        if self.audit and self.audit_trials is not None:
+            check_trials(self.audit_trials, self.base.delta)
+        return self
+
+
+def digest(obj: Any) -> str:
+    text = json.dumps(to_jsonable(obj), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def noised(defense_name: str, topology: str, agents: int) -> bool:
+    """Whether ``--epsilon`` sets the defense's σ (it makes Gaussian releases of a batch)."""
+
+    d = get_defense(defense_name)
+    W = metropolis_hastings(build_topology(topology, agents)).double()
+    return sigma_noised(d, params_of(d.Params, {}), W)
+
+
+def _topology(sweep: Sweep, defense: str) -> str:
+
+    own = get_defense(defense).topology
+    return own if own and sweep.base.topology == RunConfig.topology else sweep.base.topology
+
+
+def configure(sweep: Sweep, defense: str, epsilon: float | None, seed: int = 0) -> RunConfig:
+    """The training configuration of ``defense``'s run at ``epsilon`` (None: a defense without
+    accountable noise; ∞: a noised one without noise) before its rounds are fixed: ``base``,
+    or at the utility preset that (defense, ε)'s operating point under the explicit flags."""
+    noise: dict[str, Any] = {"epsilon": epsilon, "sigma": None}
+    if epsilon is None:
+        noise["sigma"] = sweep.base.sigma
+    elif math.isinf(epsilon):
+        noise = {"epsilon": None, "sigma": 0.0}
+    cfg = dataclasses.replace(
+        sweep.base, defense=defense, topology=_topology(sweep, defense), seed=seed, **noise
+    )
+    if sweep.preset == "utility":
+        cfg = presets.apply(cfg, "utility", sweep.explicit)[0]
+    return cfg
+
+
+def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], list[Cell]]:
+    """The runs ``{(defense, ε or None, seed): RunConfig}`` and the cells to attack."""
+    sweep.validate()
+    by_defense: dict[str, list[str]] = {}
+    for t in sweep.targets:
+        by_defense.setdefault(parse_target(t)[0].name, []).append(t)
+    runs: dict[tuple[str, float | None, int], RunConfig] = {}
+    cells: list[Cell] = []
+    n = sweep.base.agents
+    for name, targets in by_defense.items():
+        topo = _topology(sweep, name)
+        eps_list: Sequence[float | None] = sweep.epsilons if noised(name, topo, n) else [None]
+        for eps in eps_list:
+            for seed in sweep.seeds:
+                cfg = configure(sweep, name, eps, seed)
+                rounds = sweep.rounds or [cfg.rounds]  # utility: the operating point's last
+                need = max(
+                    max(parse_target(t)[0].rounds_needed(parse_target(t)[1], r, n))
+                    for t in targets
+                    for r in rounds
+                )
+                if sweep.preset == "utility":
+                    need = max(need, cfg.rounds)
+                runs[(name, eps, seed)] = dataclasses.replace(cfg, rounds=need).validate()
+                cells += [Cell(t, r, eps, seed) for t in targets for r in rounds]
+    return runs, cells
+
+
+def _psnr_ssim(metrics: dict[str, Any]) -> str:
+    """A result's PSNR and SSIM, or why it has none (every victim's batch was empty)."""
+    if metrics["psnr"] is None:
+        return "empty batches, nothing to reconstruct"
+    return f"PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.3f}"
+
+
+def _eps_tag(eps: float | None) -> str:
+    return "inf" if eps is None else f"{eps:g}"
+
+
+def run_dir(out: Path, cfg: RunConfig) -> Path:
+    """``OUT/runs/<defense>-eps<ε>-seed<s>-<hash of the run's identity>``."""
+    tag = _eps_tag(cfg.epsilon) if cfg.sigma is None else f"sigma{cfg.sigma:g}"
+    return out / "runs" / f"{cfg.defense}-eps{tag}-seed{cfg.seed}-{digest(cfg.identity())}"
+
+
+def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
+    return {
+        "version": RESULT_VERSION,
+        "run": cfg.identity(),
+        "target": cell.target,
+        "round": cell.round,
+        "threat": sweep.threat,
+        "victims": sweep.victims,
+        "attack": sweep.attack,
+        "iterations": sweep.iterations,
+        "options": sweep.attack_options,
+        "lpips": sweep.lpips,
+    }
+
+
+def result_dir(out: Path, sweep: Sweep, cell: Cell, cfg: RunConfig) -> Path:
+    """``OUT/results/<target>/r<round>-eps<ε>-seed<s>-<hash of run + attack settings>``."""
+    key = digest(_attack_key(sweep, cell, cfg))
+    name = f"r{cell.round}-eps{_eps_tag(cell.epsilon)}-seed{cell.seed}-{key}"
+    return out / "results" / cell.target / name
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    try:
+        return from_jsonable(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError) as e:
+        raise PrivauditError(f"{path} is unreadable ({e}); delete it to recompute") from None
+
+
+def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dict, dict]:
+    """Attack one cell: observe each victim's message, invert all as one batch, score.
+
+    Returns the result (the fields of :func:`privaudit.api.pipeline.attack`'s, plus per-image
+    scores) and the tensors for the figures (truth and matched reconstructions)."""
+
+    kw = {"iterations": sweep.iterations} if sweep.iterations is not None else {}
+    a = reconstruct(
+        run,
+        cell.target,
+        cell.round,
+        attack=sweep.attack,
+        threat=sweep.threat,
+        victims=list(range(sweep.victims)),
+        seed=cell.seed,
+        options=sweep.attack_options,
+        lpips=sweep.lpips,
+        progress=progress,
+        **kw,
+    )
+    result = {
+        **{k: v for k, v in a.result.items() if k not in ("wall_s", "threat_chosen")},
+        "seed": cell.seed,
+        "epsilon_requested": cell.epsilon,
+        "per_image": {
+            m: sum((list(s["per_image"][m] or []) for s in a.scores), []) for m in ("psnr", "ssim")
+        },
+    }
+    tensors = {
+        "truth": torch.cat([t for t, _ in a.truths]).contiguous(),
+        "truth_labels": torch.cat([lab for _, lab in a.truths]).contiguous(),
+        "recon": torch.cat(
+            [r.images.detach().cpu()[s["perm"]] for r, s in zip(a.recons, a.scores, strict=True)]
+        ).contiguous(),
+    }
+    return result, tensors
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+
+    try:
+        return load_file(str(path / "recon.safetensors"))
+    except Exception as e:  # a truncated or foreign file
+        raise PrivauditError(f"{path / 'recon.safetensors'} is unreadable ({e}); delete it") from e
+
+
+def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+
+    atomic_write(path / "recon.safetensors", lambda tmp: save_file(tensors, tmp))
+
+
+def execute(
+    sweep: Sweep,
+    out: str | Path,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Train what is missing, attack every cell not cached, and return one row per cell:
+    the cached result plus ``dir`` (its folder), ``test_acc`` (the run's average model at
+    its last round) and, with ``sweep.audit``, ``audit_epsilon_lo``.
+
+    Interrupting loses at most the cell in progress; the same call resumes."""
+
+    out = Path(out)
+    runs, cells = plan(sweep)
+    b = sweep.base
+    load_dataset(b.dataset, root=b.data_root, download=b.download)  # fail before any work
+    console = Console(stderr=True, highlight=False)
+    say = log or (console.print if progress else (lambda s: None))
+    rows: list[dict[str, Any]] = []
+    for (defense, eps, seed), cfg in runs.items():
+        mine = [
+            c
+            for c in cells
+            if (parse_target(c.target)[0].name, c.epsilon, c.seed) == (defense, eps, seed)
+        ]
+        rdir = run_dir(out, cfg)
+        todo = [c for c in mine if not (result_dir(out, sweep, c, cfg) / "result.json").exists()]
+        acc_path = accuracy_path(rdir)
+        run = None
+        if todo or not acc_path.exists():
+            say(
+                f"[{len(rows)}/{len(cells)}] {defense} ε={_eps_tag(eps)} seed {seed}: "
+                f"train to round {cfg.rounds} in {rdir}"
+            )
+            run = Run.create(cfg, rdir)
+            rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
+            finished = cfg.rounds in run.dir.checkpoint_rounds()  # else capture while training
+            capture = None if finished else CaptureSpec.of(rounds=rounds)
+            state = run.train(capture=capture, progress=progress)
+            if not acc_path.exists():
+                acc = run.test_accuracy(state)
+                write_json(acc_path, {"test_acc": acc, "round": cfg.rounds})
+        test_acc = load_json(acc_path)["test_acc"]
+        done: list[dict[str, Any]] = []
+        for c in mine:
+            rd = result_dir(out, sweep, c, cfg)
+            if not (rd / "result.json").exists():
+                assert run is not None
+                result, tensors = attack_cell(run, sweep, c, progress)
+                result["key"] = _attack_key(sweep, c, cfg)
+                _save_tensors(rd, tensors)
+                write_json(rd / "result.json", to_jsonable(result))  # last: marks it done
+                say(
+                    f"[{len(rows) + len(done) + 1}/{len(cells)}] {c.target} round {c.round} "
+                    f"ε={_eps_tag(eps)} seed {seed}: {_psnr_ssim(result['metrics'])} "
+                    f"({result['threat']})"
+                )
+            row = load_json(rd / "result.json")
+            row.update(dir=str(rd), test_acc=test_acc)
+            done.append(row)
+        if sweep.audit and eps is not None:
+            _audit(sweep, cfg, rdir, done, progress)
+        rows += done
+    return rows
+
+
+def accuracy_path(rdir: Path) -> Path:
+    """Where the test accuracy of the run in ``rdir`` (its average model, last round) is kept."""
+    return rdir.with_name(rdir.name + ".accuracy.json")
+
+
+def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
+    d, kind = parse_target(cell.target)
+    return [t for t in d.rounds_needed(kind, cell.round, cfg.agents) if t >= 1]
+
+
+def _audit(
+    sweep: Sweep,
+    cfg: RunConfig,
+    rdir: Path,
+    rows: list[dict[str, Any]],
+    progress: bool,
+) -> None:
+    """White-box canary audit of each target of this run at its largest attacked round
+    (cached beside the run). Its ε lower bound and the accountant's ε for the same single
+    release (the comparable upper bound: one round, sample rate 1) go into every row of this
+    run and target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
+
+    for target in sorted({r["target"] for r in rows}):
+        r = max(row["round"] for row in rows if row["target"] == target)
+        key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 2}
+        path = rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")
+        if not path.exists():
+            kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
+            res = audit(Run.create(cfg, rdir), target, "white-box", r, progress=progress, **kw)
+            write_json(
+                path,
+                to_jsonable(
+                    {
+                        "key": key,
+                        "epsilon_lo": res["epsilon_lo"],
+                        "epsilon_upper": res["upper"]["accountant"],
+                        "verdict": res["verdict"],
+                    }
+                ),
+            )
+        found = load_json(path)
+        for row in rows:
+            if row["target"] == target:
+                row["audit_epsilon_lo"] = found["epsilon_lo"]
+                row["audit_epsilon_upper"] = found["epsilon_upper"]

@@ -1,0 +1,5 @@
+import sys
+
+from privaudit.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,193 @@
+"""``privaudit audit``: ε upper bounds (accounting) beside an ε lower bound (canary audit)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from privaudit.core import limits
+from privaudit.core.errors import PrivauditError
+
+
+def add_parser(sub: Any, training_options: Any) -> None:
+    """Register ``audit`` on the CLI's subparsers (``training_options``: cli's helper)."""
+    au = sub.add_parser(
+        "audit", help="ε the accounting promises vs ε a canary audit proves (lower bound)"
+    )
+    au.add_argument("--target", required=True, help="e.g. dpdl-cg (privaudit targets)")
+    au.add_argument("--mode", default="white-box", help="white-box (default) | one-run")
+    au.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="white-box: re-runs of the round (default 4000); one-run: canaries (default 1000)",
+    )
+    au.add_argument("--confidence", type=float, default=0.95, help="of the lower bound")
+    au.add_argument("--round", type=int, default=1, help="white-box: the audited round")
+    au.add_argument("--threat", default="link", help="link | neighbor | coalition | global")
+    au.add_argument("--link", default=None, metavar="SRC,DST", help="the audited link")
+    au.add_argument(
+        "--attacker",
+        default=None,
+        metavar="A[,B,...]",
+        help="the neighbor, or the coalition's members (default: the victim's first receiver, "
+        "or every receiver)",
+    )
+    au.add_argument("--victim", type=int, default=None, help="whose data carries the canary")
+    au.add_argument(
+        "--canary-norm",
+        type=float,
+        default=None,
+        help="canary gradient norm (default: C, a dominating norm for a flat clip, else 1)",
+    )
+    au.add_argument("--audit-seed", type=int, default=0)
+    au.add_argument("--run", default=None, help="an existing run directory (else one is made)")
+    au.add_argument("--out", default=None, help="output folder (default privaudit-out/audit-T)")
+    au.add_argument("--json", action="store_true", help="print audit.json on stdout")
+    training_options(au, None)  # --rounds default: the default run length (σ from ε over it)
+    au.set_defaults(func=cmd_audit)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return "∞" if math.isinf(x) else f"{x:.3g}"
+
+
+def cmd_audit(a: argparse.Namespace) -> int:
+    from privaudit.cli.app import DEFAULTS, check_out, checked_params, config_from_args
+    from privaudit.core.files import to_jsonable, write_json
+    from privaudit.core.threat import ORDER, parse_agents, parse_link
+    from privaudit.eval.audit import audit
+    from privaudit.sim.run import Run
+    from privaudit.sim.targets import parse_target
+
+    limits.check_float("--delta", a.delta, limits.DELTA_MIN, 1.0, hi_open=True)
+    limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
+    if a.mode not in ("white-box", "one-run"):
+        raise PrivauditError(f"--mode must be white-box or one-run, got {a.mode!r}")
+    if a.threat not in ORDER:
+        raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
+    defense, kind = parse_target(a.target)
+    trials = (4000 if a.mode == "white-box" else 1000) if a.trials is None else a.trials
+    limits.check_int("--trials", trials, 1, limits.MAX_TRIALS)
+    _check_trials(a.mode, trials, a.delta, a.confidence)
+    limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
+    if a.canary_norm is not None:
+        limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
+    limits.check_seed("--audit-seed", a.audit_seed)
+    out = check_out(a.out or f"privaudit-out/audit-{a.target}")
+    if a.run:
+        run = Run.open(a.run, device=a.device)
+        _check_victim(a.victim, run.cfg.agents, f"the run in {a.run}")
+    else:
+        _check_victim(a.victim, a.agents, "--agents")
+        need = max(defense.rounds_needed(kind, a.round, a.agents))
+        # σ is resolved over the whole run
+        rounds = max(need, DEFAULTS.rounds) if a.rounds is None else a.rounds
+        run = Run.create(checked_params(config_from_args(a, defense.name, rounds)), out / "run")
+    n = run.cfg.agents
+    link = parse_link(a.link, run.edges()) if a.link else None
+    result = audit(
+        run,
+        a.target,
+        mode=a.mode,
+        round=a.round,
+        trials=trials,
+        confidence=a.confidence,
+        threat=a.threat,
+        link=link,
+        attackers=parse_agents(a.attacker, n) if a.attacker else None,
+        victim=a.victim,
+        canary_norm=a.canary_norm,
+        seed=a.audit_seed,
+        progress=not a.no_progress,
+    )
+    doc = to_jsonable(result)
+    write_json(out / "audit.json", doc)
+    if a.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(_report(result))
+    print(f"wrote {out / 'audit.json'}")
+    return 0
+
+
+def _check_victim(victim: int | None, agents: int, source: str) -> None:
+    """``--victim`` names one of the run's agents 0..N-1 (N from ``source``)."""
+    if victim is not None and not (isinstance(agents, int) and 0 <= victim < agents):
+        last = agents - 1 if isinstance(agents, int) else "N-1"
+        raise PrivauditError(
+            f"--victim must be an agent of the run, 0..{last} ({agents} agents: {source}), "
+            f"got {victim}"
+        )
+
+
+def _check_trials(mode: str, trials: int, delta: float, confidence: float) -> None:
+    from privaudit.eval import bounds
+
+    if mode == "white-box":
+        need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2)
+        what = "trials"
+    else:
+        need = bounds.one_run_canaries_needed(delta, confidence)
+        what = "canaries"
+    if trials < need:
+        raise PrivauditError(
+            f"--trials {trials} is too few for any bound at confidence {confidence} "
+            f"(δ = {delta:g}); the {mode} audit needs at least {need} {what}"
+        )
+
+
+def _report(r: dict[str, Any]) -> str:
+    acc = r["accounting"]
+    lo = r["epsilon_lo"]
+    k = acc["copies"]
+    unit = (
+        f"{'one release' if k == 1 else f'the {k} releases the observation combines'} "
+        "(sample rate 1)"
+        if r["mode"] == "white-box"
+        else "the whole run"
+    )
+    where = f"round {r['round']}" if r["mode"] == "white-box" else f"{r['rounds']} rounds"
+    lines = [
+        f"{r['target']} · {r['mode']} audit · {where} · {r['threat']} · victim {r['victim']} · "
+        f"{r['trials']} {'trials' if r['mode'] == 'white-box' else 'canaries'} · "
+        f"δ = {r['delta']:g}",
+        f"mechanism: {acc['mechanism']}; {acc['reason']}",
+    ]
+    if not acc["formal"]:
+        lines.append(f"ε upper = ∞: no formal DP ({acc['reason']})")
+    lines.append(f"ε lower ≥ {lo:.3g} at confidence {r['confidence']:g} ({acc['adjacency']})")
+    if "gdp" in r:
+        g = r["gdp"]
+        lines.append(
+            f"  Gaussian DP: μ = {g['mu']:.3g} [{g['mu_lo']:.3g}, {g['mu_hi']:.3g}] → "
+            f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]"
+        )
+    if "clopper_pearson" in r:
+        cp = r["clopper_pearson"]
+        cap = " (capped by the trial count: more trials raise it)" if cp["capped"] else ""
+        lines.append(f"  Clopper–Pearson: ε ≥ {cp['epsilon_lo']:.3g}{cap}")
+    if "one_run" in r:
+        o = r["one_run"]
+        lines.append(
+            f"  one run: {int(o['correct'])} of {int(o['guesses'])} guesses correct "
+            f"({int(o['canaries'])} canaries)"
+        )
+    lines.append(f"ε upper, {unit}:")
+    for name, up in r["upper"].items():
+        lines.append(f"  {name:<18} {_fmt(up):>8}   → {r['verdicts'][name]}")
+    run_eps = acc["run"]
+    lines.append(
+        f"ε over the run ({acc['rounds']} rounds, q = {acc['sample_rate']:.3g}, "
+        f"{acc['releases_per_round']} release(s)/round, {acc['accountant']}): "
+        f"{_fmt(run_eps)} (the paper's count: {_fmt(acc['run_claimed'])})"
+    )
+    lines.append(f"paper: {acc['paper']}")
+    for c in acc["caveats"]:
+        lines.append(f"caveat: {c}")
+    lines.append(f"verdict: {r['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""``privaudit claims``: every defense's privacy claim beside the correct ε and an audit's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from privaudit.core import limits
+from privaudit.core.errors import PrivauditError
+
+OUT = "privaudit-out/claims"
+
+
+def add_parser(sub: Any, training_options: Any) -> None:
+    """Register ``claims`` on the CLI's subparsers (``training_options``: cli's helper)."""
+    from privaudit.cli.app import DEFAULTS
+    from privaudit.eval.claims import CONFIDENCE, ROW_SECONDS, TRIALS
+
+    c = sub.add_parser(
+        "claims",
+        help="the claims ledger: each paper's privacy claim, the correct ε, an audit's ε",
+        description=(
+            "For every defense and message kind (privaudit targets) on one run configuration: "
+            "the paper's privacy claim and the ε its own accounting gives, the correct "
+            "accounted ε (∞ with the reason where there is no formal guarantee), a white-box "
+            "canary audit's ε lower bound for one release of round 1, and the verdicts. "
+            "Finished rows are kept in OUT/rows: an interrupted ledger resumes. Writes "
+            "OUT/ledger.json and OUT/claims.md (and --markdown PATH)."
+        ),
+    )
+    c.add_argument(
+        "--defense",
+        action="append",
+        default=None,
+        metavar="D[,D...]",
+        help="only these defenses (repeatable or comma-separated; default: all)",
+    )
+    c.add_argument(
+        "--target",
+        action="append",
+        default=None,
+        metavar="T[,T...]",
+        help="only these targets, e.g. pdsl-cg (with --defense: both; privaudit targets)",
+    )
+    c.add_argument(
+        "--trials",
+        type=int,
+        default=TRIALS,
+        help=f"white-box trials per row (default {TRIALS})",
+    )
+    c.add_argument(
+        "--row-seconds",
+        type=float,
+        default=ROW_SECONDS,
+        metavar="S",
+        help=f"a row whose trials would take longer than S seconds runs as many as fit, "
+        f"at least a bound's worth (default {ROW_SECONDS:g}; 0: no limit)",
+    )
+    c.add_argument(
+        "--confidence", type=float, default=CONFIDENCE, help="of the lower bounds (0.95)"
+    )
+    c.add_argument("--audit-seed", type=int, default=0)
+    c.add_argument(
+        "--out", default=OUT, help=f"folder for runs, cached rows and the ledger (default {OUT})"
+    )
+    c.add_argument(
+        "--markdown",
+        default=None,
+        metavar="PATH",
+        help="also write the markdown table to PATH (e.g. figures/claims.md)",
+    )
+    c.add_argument("--fresh", action="store_true", help="recompute rows cached in OUT/rows")
+    c.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    training_options(c, DEFAULTS.rounds)
+    c.set_defaults(func=cmd_claims)
+
+
+def cmd_claims(a: argparse.Namespace) -> int:
+    from privaudit.cli.app import DEFAULTS, check_out, config_from_args
+    from privaudit.core.files import to_jsonable
+    from privaudit.eval import claims
+
+    limits.check_int("--trials", a.trials, 1, limits.MAX_TRIALS)
+    limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
+    limits.check_float("--row-seconds", a.row_seconds, 0.0, limits.MAX_SECONDS, hint="0: no limit")
+    limits.check_seed("--audit-seed", a.audit_seed)
+    check_out(a.out)
+    targets = claims.select(a.defense, a.target)
+    if a.markdown is not None and Path(a.markdown).is_dir():
+        raise PrivauditError(f"--markdown takes a file path, got the folder {a.markdown}")
+    # the shared configuration; each defense (and its own topology) is set per run
+    base = config_from_args(a, DEFAULTS.defense, a.rounds)
+    try:
+        doc = claims.ledger(
+            base,
+            a.out,
+            targets=targets,
+            trials=a.trials,
+            confidence=a.confidence,
+            seed=a.audit_seed,
+            row_seconds=a.row_seconds or None,
+            fresh=a.fresh,
+            # a bar would put an empty line before JSON that goes to a pipe or a file
+            progress=not a.no_progress and (sys.stdout.isatty() or not a.json),
+        )
+    except claims.Interrupted as stop:
+        done = len(stop.ledger["rows"])
+        if not done:
+            raise PrivauditError("interrupted before any row was done") from None
+        claims.write(stop.ledger, a.out)  # the partial ledger, never over --markdown
+        raise PrivauditError(
+            f"interrupted: {done} row{'s' * (done != 1)} done, kept in {a.out}; run the same "
+            "command again to resume"
+        ) from None
+    claims.write(doc, a.out, a.markdown)
+    if a.json:
+        print(json.dumps(to_jsonable(doc), indent=2, allow_nan=False))
+        return 0
+    print(claims.table(doc))
+    where = f"{Path(a.out) / 'ledger.json'}, {Path(a.out) / 'claims.md'}"
+    if a.markdown:
+        where += f" and {a.markdown}"
+    cached = sum(1 for r in doc["rows"] if r.get("cached"))
+    print(
+        f"\n{len(doc['rows'])} rows in {doc['seconds']:.0f} s"
+        f"{f' ({cached} from {a.out}/rows)' if cached else ''}; wrote {where}"
+    )
+    return 0

@@ -1,0 +1,350 @@
+"""``privaudit compare`` (defenses side by side) and ``privaudit reproduce`` (a paper's table)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from privaudit.core import limits
+from privaudit.core.errors import PrivauditError
+
+COMPARE_TARGETS = "dsgd-half-model,nd-cg,dpdl-cg,pdsl-cg,lppa-gt,adad2p-half-model"
+# --preset utility: the privacy–utility frontier of these, at their operating points
+FRONTIER_TARGETS = (
+    "dsgd-half-model,dpdl-cg,dp-dpsgd-half-model,pdsl-cg,dp-cga-cg,muffliato-model,"
+    "clipd2p-half-model"
+)
+FRONTIER_EPSILONS = [1.0, 2.0, 4.0, 8.0, float("inf")]
+# (victims, attack iterations, audit trials) a sweep uses unless told: the utility preset's
+# batches (B = 64) cost ~60× an iteration of B = 1, and its audits re-run whole rounds
+SWEEP_DEFAULTS = {"attack": (4, 1000, None), "utility": (1, 200, 256)}
+
+
+def _list(kind: type, what: str):
+    def parse(text: str) -> list:
+        try:
+            return [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise PrivauditError(f"{what} must be a comma-separated list, got {text!r}") from None
+
+    return parse
+
+
+def add_parser(sub: Any, training_options: Any) -> None:
+    """Register ``compare`` and ``reproduce`` (``training_options``: cli's helper)."""
+    from privaudit.cli.app import add_attack_option
+
+    c = sub.add_parser(
+        "compare",
+        help="attack several targets over rounds, ε and seeds: grid, sweeps, table",
+        description=(
+            "Train one run per (defense, ε, seed) (reused when already under OUT/runs), attack "
+            "each (target, round, ε, seed) once (cached under OUT/results) and write the "
+            "figure grids, sweep plots, privacy–utility plot and tables into OUT. Defaults "
+            "(B = 1, 4 victims, rounds 1,50, ε = 1, seed 0, 1000 IG iterations) finish the "
+            f"six default targets ({COMPARE_TARGETS}) on a 2-core CPU in minutes. With "
+            "--preset utility: the privacy–utility frontier — every run at its defense's "
+            "operating point for that ε, the last round attacked (1 victim, 200 IG "
+            "iterations) and audited (256 trials), ε = 1,2,4,8,inf, the references "
+            "(centralised DP-SGD with opacus, centralised SGD, non-private D-PSGD) and the "
+            f"targets {FRONTIER_TARGETS}; frontier.png/.md."
+        ),
+        conflict_handler="resolve",  # --rounds/--epsilon/--seed become lists below
+    )
+    c.add_argument(
+        "--targets",
+        default=None,
+        type=_list(str, "--targets"),
+        help=f"comma-separated targets (default {COMPARE_TARGETS}; utility preset: "
+        f"{FRONTIER_TARGETS})",
+    )
+    c.add_argument("--out", required=True, help="output folder (runs, results, figures)")
+    c.add_argument(
+        "--figures",
+        default=None,
+        metavar="DIR",
+        help="also copy the PNG figures and summary.md into DIR (e.g. the README's figures/)",
+    )
+    c.add_argument(
+        "--threat",
+        default=None,
+        help="link | neighbor | coalition | global (default: per target, the "
+        "weakest adversary that observes it)",
+    )
+    c.add_argument(
+        "--victims",
+        type=int,
+        default=None,
+        help="agents 0..V-1 are attacked in every cell (default 4; utility preset: 1)",
+    )
+    c.add_argument(
+        "--attack", default=None, help="ig (default) | dlg | idlg | analytic | rgap | auto"
+    )
+    c.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="attack iterations (1000; utility preset: 200)",
+    )
+    add_attack_option(c)
+    c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
+    c.add_argument(
+        "--audit",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="white-box canary audit of each noised target at its last round: "
+        "an empirical ε lower bound beside the accounted ε (default: on with the utility "
+        "preset, off otherwise)",
+    )
+    c.add_argument(
+        "--audit-trials",
+        type=int,
+        default=None,
+        help="audit trials (the audit's default; utility preset: 256)",
+    )
+    training_options(c, None)
+    g = c.add_argument_group("sweep")
+    g.add_argument(
+        "--rounds",
+        type=_list(int, "--rounds"),
+        default=None,
+        help="attacked rounds, comma-separated (default 1,50; utility preset: each run's "
+        "last round, and given, the runs stop at the largest)",
+    )
+    g.add_argument(
+        "--epsilons",
+        "--epsilon",
+        dest="epsilons",
+        default=None,
+        type=_list(float, "--epsilons"),
+        help="ε per agent over the run, comma-separated; inf runs a noised defense without "
+        "noise (default 1; utility preset: 1,2,4,8,inf)",
+    )
+    g.add_argument(
+        "--seeds",
+        "--seed",
+        dest="seeds",
+        default=[0],
+        type=_list(int, "--seeds"),
+        help="run and attack seeds, comma-separated (default 0)",
+    )
+    c.set_defaults(func=cmd_compare)
+
+    r = sub.add_parser(
+        "reproduce",
+        help="a paper's experiment beside its published numbers (dpdl-table3)",
+        description=(
+            "dpdl-table3: the DPDL paper's Table III (MNIST; ring/bipartite/complete × N; "
+            "ND-CG, ND-MM, DPDL-CG, DPDL-MM; MSE/PSNR/SSIM) on real MNIST, printed beside the "
+            "paper's numbers. Scale --agents and --rounds down for a CPU run."
+        ),
+        conflict_handler="resolve",
+    )
+    r.add_argument("experiment", help="dpdl-table3")
+    r.add_argument("--out", default=None, help="output folder (default privaudit-out/EXP)")
+    r.add_argument(
+        "--scenarios",
+        type=_list(str, "--scenarios"),
+        default=["ND-CG", "ND-MM", "DPDL-CG", "DPDL-MM"],
+        help="comma-separated (default ND-CG,ND-MM,DPDL-CG,DPDL-MM)",
+    )
+    r.add_argument("--victims", type=int, default=2, help="attacked agents per cell (2)")
+    r.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
+    add_attack_option(r)
+    training_options(r, None)
+    r.add_argument(
+        "--topologies",
+        "--topology",
+        dest="topologies",
+        type=_list(str, "--topologies"),
+        default=["ring", "bipartite", "complete"],
+        help="comma-separated (default ring,bipartite,complete)",
+    )
+    r.add_argument(
+        "--agents",
+        type=_list(int, "--agents"),
+        default=[10, 20, 30],
+        help="N, comma-separated (default 10,20,30, the paper's)",
+    )
+    r.add_argument(
+        "--rounds",
+        type=int,
+        default=50,
+        help="the attacked round (the paper's is unknown; default 50)",
+    )
+    r.add_argument("--dataset", default="mnist", help="mnist (default; photos for a dry run)")
+    r.add_argument(
+        "--seeds",
+        "--seed",
+        dest="seeds",
+        default=[0],
+        type=_list(int, "--seeds"),
+        help="seeds, comma-separated (default 0)",
+    )
+    r.set_defaults(func=cmd_reproduce)
+
+
+def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
+    """The shared RunConfig of a sweep from the training options (ε and seed set per run)."""
+    from privaudit.cli.app import config_from_args
+
+    if a.sigma is not None:
+        raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
+    return config_from_args(_namespace(a, agents), "dpdl", 1)
+
+
+def _namespace(a: argparse.Namespace, agents: int | None = None) -> argparse.Namespace:
+    eps = getattr(a, "epsilon", None) or 1.0  # compare: set per run from --epsilons
+    ns = argparse.Namespace(**{"topology": None, **vars(a), "epsilon": eps, "seed": 0})
+    if agents is not None:
+        ns.agents = agents
+    return ns
+
+
+def _check_attack(a: argparse.Namespace) -> None:
+    """The attack, its flags and its ``-a`` options, before any training."""
+    from privaudit.cli.app import attack_options, check_out
+
+    if a.out is not None:
+        check_out(a.out)
+
+    attack_options(a, getattr(a, "attack", None))
+    limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from privaudit.api.sweeps import Sweep, execute, load_tensors
+    from privaudit.cli.app import explicit_settings
+    from privaudit.core.threat import ORDER
+    from privaudit.eval.report import markdown, summarize, write_report
+    from privaudit.scenario import presets
+    from privaudit.sim.targets import parse_target
+
+    if a.threat is not None and a.threat not in ORDER:
+        raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
+    preset = a.preset or "attack"
+    if preset not in presets.PRESETS:
+        raise PrivauditError(f"--preset must be one of {', '.join(presets.PRESETS)}")
+    frontier = preset == "utility"
+    if not frontier and a.batch_size is None:
+        a.batch_size = 1  # the attack comparison's default: one image per batch
+    victims, iterations, trials = SWEEP_DEFAULTS[preset]
+    a.victims = victims if a.victims is None else a.victims
+    a.iterations = iterations if a.iterations is None else a.iterations
+    a.audit_trials = trials if a.audit_trials is None else a.audit_trials
+    _check_attack(a)
+    if a.audit_trials is not None:
+        limits.check_int("--audit-trials", a.audit_trials, 1, limits.MAX_TRIALS)
+    targets = a.targets or (FRONTIER_TARGETS if frontier else COMPARE_TARGETS).split(",")
+    sweep = Sweep(
+        targets=targets,
+        rounds=a.rounds if a.rounds is not None else ([] if frontier else [1, 50]),
+        epsilons=a.epsilons or (FRONTIER_EPSILONS if frontier else [1.0]),
+        seeds=a.seeds,
+        base=_base(a),
+        threat=a.threat,
+        victims=a.victims,
+        attack=a.attack,
+        iterations=a.iterations,
+        attack_options=dict(a.attack_option),
+        lpips=a.lpips,
+        audit=frontier if a.audit is None else a.audit,
+        audit_trials=a.audit_trials,
+        preset=preset,
+        explicit=explicit_settings(_namespace(a), max(a.rounds) if a.rounds else None),
+    ).validate()
+    if frontier:
+        for name in dict.fromkeys(parse_target(t)[0].name for t in targets):
+            if presets.operating_point("utility", name, sweep.base.dataset) is None:
+                print(
+                    f"{name}: no operating point on {sweep.base.dataset} yet; it runs at the "
+                    "attack preset's settings",
+                    file=sys.stderr,
+                )
+    t0 = time.perf_counter()
+    out = Path(a.out)
+    rows = execute(sweep, out, progress=not a.no_progress)
+    written = write_report(rows, out, load_tensors, last_round=frontier)
+    print(markdown(summarize(rows)))
+    if frontier:
+        from privaudit.api.frontier import write_frontier
+
+        table, written["frontier"] = write_frontier(sweep, rows, out, progress=not a.no_progress)
+        print(table)
+    if a.figures:
+        import shutil
+
+        dest = Path(a.figures)
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in [out / "summary.md", *(p for ps in written.values() for p in ps)]:
+            if p.suffix in (".png", ".md"):
+                shutil.copyfile(p, dest / p.name)
+        print(f"copied the figures and summary.md to {dest}")
+    files = [p for ps in written.values() for p in ps if p.suffix != ".pdf"]
+    names = ", ".join(p.name for p in files[:3])
+    wall = time.perf_counter() - t0
+    print(
+        f"wrote {len(files)} files (and PDFs of the figures) to {out}, e.g. {names}; {wall:.0f} s"
+    )
+    return 0
+
+
+def _dpdl_table3(a: argparse.Namespace) -> int:
+    from privaudit.api.reproduce import dpdl_table3, format_table3, markdown_table3, table3_rows
+    from privaudit.core.files import to_jsonable, write_json
+
+    out = Path(a.out or "privaudit-out/dpdl-table3")
+    if not a.agents:
+        raise PrivauditError("--agents is empty; give at least one N, e.g. 10,20,30")
+    for n in a.agents:
+        limits.check_int("--agents", n, 2, limits.MAX_AGENTS)
+    limits.check_int("--rounds", a.rounds, 1, limits.MAX_ROUNDS, "the attacked round")
+    if not a.seeds:
+        raise PrivauditError("--seeds is empty; give at least one seed")
+    for seed in a.seeds:
+        limits.check_seed("--seeds", seed)
+    t0 = time.perf_counter()
+    rows = dpdl_table3(
+        out,
+        _base(a, agents=max(a.agents)),
+        a.topologies,
+        a.agents,
+        a.rounds,
+        a.seeds,
+        victims=a.victims,
+        iterations=a.iterations,
+        attack_options=dict(a.attack_option),
+        progress=not a.no_progress,
+        scenarios=[sc.upper() for sc in a.scenarios],
+    )
+    table = table3_rows(rows)
+    first = next((r for r in rows if r["sigma"]), rows[0])  # a DPDL row: its σ
+    setting = (
+        f"ours: Poisson batches of {first['batch_size']} image(s) per victim on average, "
+        f"{a.victims} victims, round "
+        f"{a.rounds}, ε = {a.epsilon:g} (σ = {first['sigma']:.3g} in the first DPDL run), "
+        f"{first['attack']} "
+        f"{a.iterations} iterations, dataset {a.dataset}, seeds {','.join(map(str, a.seeds))}"
+    )
+    print(f"DPDL (Yuan et al. 2026) Table III beside ours — {setting}")
+    print(format_table3(table))
+    note = f"\n{setting}; {time.perf_counter() - t0:.0f} s.\n"
+    write_json(out / "table3.json", to_jsonable({"setting": setting, "rows": table}))
+    (out / "table3.md").write_text(markdown_table3(table, note))
+    print(f"wrote {out / 'table3.md'} and {out / 'table3.json'}")
+    return 0
+
+
+EXPERIMENTS = {"dpdl-table3": _dpdl_table3}
+
+
+def cmd_reproduce(a: argparse.Namespace) -> int:
+    if a.experiment not in EXPERIMENTS:
+        from privaudit.core.errors import unknown
+
+        raise unknown("experiment", a.experiment, EXPERIMENTS)
+    _check_attack(a)
+    return EXPERIMENTS[a.experiment](a)

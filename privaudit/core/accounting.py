@@ -1,0 +1,462 @@
+"""Privacy accounting with opacus (never hand-rolled): σ from ε and ε from σ.
+
+Every ε the tool prints comes from here, and every one of them from a defense's mechanism
+facts (:meth:`Defense.privacy`, a :class:`~privaudit.defenses.base.Privacy` per message
+kind and agent): the run's σ calibration (:func:`calibrate`), the ε a run reports per
+message kind and per agent (:func:`run_privacy`), and the audit's upper bounds
+(:func:`account`).
+
+The mechanism accounted: adjacency is adding or removing one example of an agent's shard;
+agent i's batch is Poisson sampled, each of its n_i examples independently with
+probability q_i = B/n_i (what the engine draws); one round releases that batch ``r`` times
+(e.g. DPDL: one noised cross-gradient per neighbour), each a Gaussian mechanism with noise
+multiplier z (noise std over add/remove sensitivity) and independent noise. The r releases
+together are one Gaussian mechanism with multiplier z/√r (their joint sensitivity is √r
+times one's), so a round is one sampled Gaussian mechanism at z/√r, and T rounds compose.
+Each agent has its own ε (its own q_i and degree); the run's ε is the worst agent's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import numbers
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privaudit.core import limits
+from privaudit.core.errors import PrivauditError
+from privaudit.core.sampling import rate
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from privaudit.core.privacy import Privacy
+    from privaudit.defenses.base import Defense
+
+ADJACENCY = "add/remove one example"
+SAMPLING = "Poisson, q_i = B / n_i per agent"
+ACCOUNTANTS = ("rdp", "prv")
+
+# The PRV accountant discretises the privacy loss on a grid whose size grows with √T and as
+# σ shrinks (Gopi et al. 2021, opacus' domain rule); it answers in about 0.7 µs per point
+# and a few hundred bytes per point. Past this size it is not asked (about 1.5 s, 1 GB).
+PRV_MAX_POINTS = 2**21
+# what one search for σ may spend on PRV grids in all (about 25 s; 2,000 rounds at q = 0.01
+# and ε = 8 spend 6e6)
+PRV_SEARCH_POINTS = 2**25
+# opacus' search tolerance on ε (absolute), and a bound on its bisection's steps: past it,
+# the bracket's upper end (whose ε is at most the target) is returned
+EPSILON_TOLERANCE = 0.005
+MAX_BISECTIONS = 200
+
+
+class AccountantLimit(PrivauditError):
+    """A question the accountant cannot answer in bounded time and memory."""
+
+
+def _check(epsilon: float | None, delta: float, sample_rate: float, rounds: int) -> None:
+    if epsilon is not None:
+        limits.check_float("--epsilon", epsilon, *limits.EPSILON, hint="ε per agent")
+    limits.check_float("--delta", delta, limits.DELTA_MIN, 1.0, hi_open=True)
+    limits.check_float("the sample rate", sample_rate, 0.0, 1.0, lo_open=True)
+    limits.check_int("--rounds", rounds, 1, limits.MAX_ROUNDS)
+
+
+def _check_accountant(accountant: str) -> None:
+    if accountant not in ACCOUNTANTS:
+        raise PrivauditError(f"--accountant must be rdp or prv, got {accountant!r}")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """opacus' warnings off: an RDP optimum at the first or last order (huge or tiny σ), PRV's
+    log(0) at q = 1 and its NaN tails far from the grid (the result is checked instead)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        yield
+
+
+def _prv_points(z: float, delta: float, sample_rate: float, rounds: int) -> float:
+    """The size of the grid opacus' PRV accountant would discretise on (its own rule)."""
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+    from opacus.accountants.analysis.prv import compute_safe_domain_size as safe_size
+
+    eps_error, delta_error = 0.01, delta / 1000  # opacus' defaults in get_epsilon
+    try:
+        with _quiet():
+            half = safe_size(
+                prvs=[PoissonSubsampledGaussianPRV(sample_rate, z)],
+                max_self_compositions=[rounds],
+                eps_error=eps_error,
+                delta_error=delta_error,
+            )
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return math.inf
+    mesh = eps_error / math.sqrt(rounds * math.log(12 / delta_error) / 2)
+    return 2 * half / mesh
+
+
+def _epsilon(
+    z: float,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    accountant: str,
+    points: float | None = None,
+) -> float:
+    """ε of ``rounds`` compositions of the Poisson-subsampled Gaussian at multiplier z > 0
+    from opacus: ∞ where RDP overflows (z → 0); :class:`AccountantLimit` where PRV's grid
+    (``points``, when already known) would be too large or too fine for ``delta``."""
+    from opacus.accountants import create_accountant
+
+    z = min(z, limits.SIGMA_MAX)  # more noise only lowers ε: an upper bound for any larger z
+    if accountant == "prv":
+        if points is None:
+            points = _prv_points(z, delta, sample_rate, rounds)
+        where = f"σ = {z:.3g}, q = {sample_rate:.3g}, {rounds} rounds"
+        if not points <= PRV_MAX_POINTS:
+            raise AccountantLimit(
+                f"the prv accountant would need a grid of {points:.3g} points ({where}), over "
+                f"its limit of {PRV_MAX_POINTS}; use --accountant rdp"
+            )
+        if float(np.finfo(np.longdouble).eps) * points > delta * 0.999:
+            raise AccountantLimit(
+                f"δ = {delta:g} is too small for the prv accountant's grid ({where}); "
+                "use --accountant rdp or a larger --delta"
+            )
+    acc = create_accountant(accountant)
+    acc.history = [(z, sample_rate, rounds)]
+    with _quiet():
+        try:
+            eps = float(acc.get_epsilon(delta=delta))
+        except (OverflowError, ZeroDivisionError):
+            return math.inf
+        except (ValueError, RuntimeError, MemoryError) as e:  # PRV far from its grid
+            if accountant == "rdp":
+                raise
+            raise AccountantLimit(
+                f"the prv accountant cannot compute ε at σ = {z:.3g}, q = {sample_rate:.3g}, "
+                f"{rounds} rounds, δ = {delta:g} ({e}); use --accountant rdp"
+            ) from None
+    return max(eps, 0.0) if not math.isnan(eps) else math.inf  # PRV's rounding can dip < 0
+
+
+def sigma_for_epsilon(
+    epsilon: float,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    releases_per_round: int = 1,
+    accountant: str = "rdp",
+) -> float:
+    """Smallest noise multiplier σ (per release) giving (ε, δ)-DP over ``rounds`` rounds.
+
+    opacus' own search (``get_noise_multiplier``: double σ from 20 until ε ≤ target, then
+    bisect to within 0.005 of it), bounded: the target must be reachable at
+    σ = :data:`~privaudit.core.limits.SIGMA_MAX` (else one error naming the floor and the fix),
+    the bisection takes at most :data:`MAX_BISECTIONS` steps, and a probe the accountant
+    cannot answer counts as not private enough."""
+    _check(epsilon, delta, sample_rate, rounds)
+    _check_accountant(accountant)
+    setting = (
+        f"δ = {delta:g}, sample rate {sample_rate:.3g}, {rounds} rounds, "
+        f"{max(releases_per_round, 1)} release(s) per round"
+    )
+    failure: list[str] = []
+    spent = [0.0]  # PRV grid points evaluated by this search
+
+    def eps_at(z: float) -> float:
+        points = None
+        if accountant == "prv":
+            points = _prv_points(min(z, limits.SIGMA_MAX), delta, sample_rate, rounds)
+            spent[0] += min(points, PRV_MAX_POINTS)
+            if spent[0] > PRV_SEARCH_POINTS:
+                raise PrivauditError(
+                    f"the prv accountant's search for the σ of ε = {epsilon:g} ({setting}) "
+                    f"would evaluate over {PRV_SEARCH_POINTS:.3g} grid points; "
+                    "use --accountant rdp"
+                )
+        try:
+            return _epsilon(z, delta, sample_rate, rounds, accountant, points)
+        except (AccountantLimit, ValueError, RuntimeError, MemoryError) as e:
+            failure[:] = [str(e)]
+            return math.inf
+
+    floor = eps_at(limits.SIGMA_MAX)
+    if not floor <= epsilon:
+        if failure:
+            raise PrivauditError(
+                f"the {accountant} accountant cannot reach ε = {epsilon:g} ({setting}): "
+                f"{failure[0]}"
+            )
+        raise PrivauditError(
+            f"ε = {epsilon:g} is out of reach of the {accountant} accountant ({setting}): even "
+            f"σ = {limits.SIGMA_MAX:g} gives ε = {floor:.3g}; raise --epsilon or --delta"
+            + (", or use --accountant prv (tighter)" if accountant == "rdp" else "")
+        )
+    sigma_low, sigma_high, eps_high = 0, 10, math.inf
+    while eps_high > epsilon:  # ends by σ = 2^17·10 > SIGMA_MAX, where ε ≤ the floor
+        sigma_high = 2 * sigma_high
+        eps_high = eps_at(sigma_high)
+    for _ in range(MAX_BISECTIONS):
+        if epsilon - eps_high <= EPSILON_TOLERANCE:
+            break
+        sigma = (sigma_low + sigma_high) / 2
+        eps = eps_at(sigma)
+        if eps < epsilon:
+            sigma_high, eps_high = sigma, eps
+        else:
+            sigma_low = sigma
+    return float(sigma_high) * math.sqrt(max(releases_per_round, 1))
+
+
+def epsilon_for_sigma(
+    sigma: float,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    releases_per_round: int = 1,
+    accountant: str = "rdp",
+) -> float:
+    """ε spent by ``rounds`` rounds at noise multiplier σ per release (∞ without noise, and
+    where the accountant overflows as σ → 0). A σ beyond
+    :data:`~privaudit.core.limits.SIGMA_MAX` is accounted at that bound (an upper bound on ε)."""
+    _check(None, delta, sample_rate, rounds)
+    _check_accountant(accountant)
+    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or math.isnan(sigma):
+        raise PrivauditError(f"the noise multiplier must be a number ≥ 0, got {sigma!r}")
+    if sigma <= 0:
+        return math.inf
+    z = sigma / math.sqrt(max(releases_per_round, 1))
+    return _epsilon(z, delta, sample_rate, rounds, accountant)
+
+
+# what opacus' PRV accountant raises far from its grid (tiny σ, huge T), and its limits here
+_PRV_FAILURES = (AccountantLimit, ValueError, RuntimeError, OverflowError, MemoryError)
+
+
+def release_epsilon(noise_multiplier: float, delta: float, accountant: str = "prv") -> float:
+    """ε of one Gaussian release at ``noise_multiplier`` (std / sensitivity), sample rate 1:
+    the building block every per-round count composes (PRV is tight here; RDP is not). As
+    :func:`kind_epsilon`, PRV's failure far from its grid returns the RDP bound."""
+    try:
+        return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, accountant)
+    except _PRV_FAILURES:
+        if accountant == "rdp":
+            raise
+        return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, "rdp")
+
+
+def kind_epsilon(
+    privacy: Privacy,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    accountant: str = "rdp",
+    claimed: bool = False,
+) -> float:
+    """ε for one agent over ``rounds`` rounds of ``privacy.releases`` releases at rate q and
+    the correct multiplier; ∞ without a formal guarantee. ``claimed``: the paper's promise
+    instead (``claimed_multiplier``, ``claimed_releases``). PRV can fail far from its grid
+    (tiny σ): then the RDP bound is returned."""
+    if claimed:
+        z, r = privacy.claimed_multiplier, privacy.claimed_releases
+    else:
+        z, r = (privacy.noise_multiplier, privacy.releases) if privacy.formal else (0.0, 0)
+    if z <= 0 or r < 1:
+        return math.inf
+    try:
+        return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant)
+    except _PRV_FAILURES:
+        if accountant == "rdp":
+            raise
+        return epsilon_for_sigma(z, delta, sample_rate, rounds, r, "rdp")
+
+
+def sample_rates(shard_sizes: Sequence[int], batch_size: int) -> list[float]:
+    """Each agent's Poisson sampling rate q_i = min(1, B / n_i), as the engine draws it."""
+    return [rate(batch_size, n) for n in shard_sizes]
+
+
+def _with_sigma(params: Any, sigma: float) -> Any:
+    return dataclasses.replace(params, sigma=sigma)
+
+
+def _has_sigma(params: Any) -> bool:
+    return dataclasses.is_dataclass(params) and any(
+        f.name == "sigma" for f in dataclasses.fields(params)
+    )
+
+
+def calibrate(
+    defense: Defense,
+    params: Any,
+    W: Tensor,
+    rates: Sequence[float],
+    epsilon: float,
+    delta: float,
+    rounds: int,
+    accountant: str = "rdp",
+    claimed: bool = False,
+) -> float | None:
+    """The smallest ``params.sigma`` for which every agent's ε is at most ``epsilon``: over
+    the message kinds whose Privacy is formal (their largest ε), or, when none is, by the
+    paper's claimed accounting (the run then reports ε = ∞ beside the claim). The noise
+    multiplier is linear in σ, so σ = z / z(σ = 1) with z from opacus. None: this defense's
+    σ is never set from ε (no kind has a Gaussian multiplier, formal or claimed).
+    ``claimed``: the σ the paper's own count would choose (its claimed multiplier and
+    releases for every kind), to train a paper's setting as the paper would."""
+    if not _has_sigma(params):
+        return None
+    unit = _with_sigma(params, 1.0)
+    kinds = list(defense.kinds)
+    per_agent = [[defense.privacy(unit, k, W, a) for k in kinds] for a in range(len(rates))]
+    formal = not claimed and any(
+        pr.formal and pr.noise_multiplier > 0 for row in per_agent for pr in row
+    )
+    sigma, cache = 0.0, {}
+    for q, row in zip(rates, per_agent, strict=True):
+        for pr in row:
+            if formal:
+                z1, r = (pr.noise_multiplier, pr.releases) if pr.formal else (0.0, 0)
+            else:
+                z1, r = pr.claimed_multiplier, pr.claimed_releases
+            if z1 <= 0 or r < 1:
+                continue
+            key = (q, r)
+            if key not in cache:
+                cache[key] = sigma_for_epsilon(epsilon, delta, q, rounds, r, accountant)
+            sigma = max(sigma, cache[key] / z1)
+    return sigma if sigma > 0 else None
+
+
+def run_privacy(
+    defense: Defense,
+    params: Any,
+    W: Tensor,
+    rates: Sequence[float],
+    delta: float,
+    rounds: int,
+    accountant: str = "rdp",
+) -> dict[str, Any]:
+    """What a run reports: ε per message kind (worst agent), per agent (worst kind), the run's
+    ε (the worst agent's, over the formal kinds; ∞ when none is formal) and the paper's
+    claimed ε beside it, with the adjacency and the sampling stated."""
+    kinds: dict[str, Any] = {}
+    agents = [{"agent": a, "sample_rate": q, "epsilon": 0.0} for a, q in enumerate(rates)]
+    eps_cache: dict = {}
+
+    def eps(pr: Privacy, q: float, claimed: bool) -> float:
+        key = (
+            pr.noise_multiplier,
+            pr.releases,
+            pr.formal,
+            pr.claimed_multiplier,
+            pr.claimed_releases,
+            q,
+            claimed,
+        )
+        if key not in eps_cache:
+            eps_cache[key] = kind_epsilon(pr, delta, q, rounds, accountant, claimed)
+        return eps_cache[key]
+
+    formal_any = False
+    for k in defense.kinds:
+        worst, claim, first = 0.0, 0.0, None
+        for a, q in enumerate(rates):
+            pr = defense.privacy(params, k, W, a)
+            first = first or pr
+            e = eps(pr, q, False)
+            worst, claim = max(worst, e), max(claim, eps(pr, q, True))
+            if pr.formal and math.isfinite(e):
+                agents[a]["epsilon"] = max(agents[a]["epsilon"], e)
+        formal_any |= first.formal
+        kinds[k] = {
+            "mechanism": first.mechanism,
+            "epsilon": worst,
+            "formal": first.formal,
+            "reason": first.reason,
+            "noise_multiplier": first.noise_multiplier,
+            "releases_per_round": first.releases,
+            "epsilon_claimed": claim,
+        }
+    if not formal_any:
+        for row in agents:
+            row["epsilon"] = math.inf
+    formal_eps = [v["epsilon"] for v in kinds.values() if v["formal"]]
+    claims = [v["epsilon_claimed"] for v in kinds.values()]
+    informal = [v["reason"] for v in kinds.values() if not v["formal"]]
+    return {
+        "epsilon": max(formal_eps) if formal_eps else math.inf,
+        "epsilon_reason": None if formal_eps else (informal[0] if informal else None),
+        "epsilon_claimed": max(claims) if claims else math.inf,
+        "delta": delta,
+        "adjacency": ADJACENCY,
+        "sampling": SAMPLING,
+        "accountant": accountant,
+        "kinds": kinds,
+        "agents": agents,
+    }
+
+
+def account(
+    privacy: Privacy,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    accountant: str = "rdp",
+    copies: int = 1,
+) -> dict:
+    """Every upper bound side by side, for one agent and one message kind:
+
+    - ``release``: the ``copies`` releases one Observation combines (one Gaussian at
+      multiplier z/√copies; PRV, sample rate 1) — what a single-round white-box audit of
+      that Observation is compared with;
+    - ``release_claimed``: the same at the paper's claimed multiplier;
+    - ``run`` / ``run_claimed``: over the whole run (``accountant``, rate q, every release);
+    - ``paper``: the paper's own rule, filled in by the audit (it may need the canary's Δf).
+    """
+    k = max(copies, 1)
+    if privacy.formal:
+        correct = release_epsilon(privacy.noise_multiplier / math.sqrt(k), delta)
+    else:
+        correct = math.inf
+    claimed = release_epsilon(privacy.claimed_multiplier / math.sqrt(k), delta)
+    return {
+        "mechanism": privacy.mechanism,
+        "formal": privacy.formal,
+        "reason": privacy.reason,
+        "adjacency": ADJACENCY,
+        "noise_multiplier": privacy.noise_multiplier,
+        "claimed_multiplier": privacy.claimed_multiplier,
+        "releases_per_round": privacy.releases,
+        "claimed_releases_per_round": privacy.claimed_releases,
+        "copies": k,
+        "sample_rate": sample_rate,
+        "rounds": rounds,
+        "accountant": accountant,
+        "release": correct,
+        "release_claimed": claimed,
+        "run": kind_epsilon(privacy, delta, sample_rate, rounds, accountant),
+        "run_claimed": kind_epsilon(privacy, delta, sample_rate, rounds, accountant, True),
+        "paper": privacy.paper,
+        "caveats": list(privacy.caveats),
+    }
+
+
+def noised(defense: Defense, params: Any, W: Tensor) -> bool:
+    """Whether ``params.sigma`` scales a Gaussian noise multiplier of some message kind
+    (formal or only claimed), i.e. whether ``--epsilon``/``--sigma`` set it."""
+    if not _has_sigma(params):
+        return False
+    unit = _with_sigma(params, 1.0)
+    for k in defense.kinds:
+        pr = defense.privacy(unit, k, W)
+        if (pr.formal and pr.noise_multiplier > 0) or pr.claimed_multiplier > 0:
+            return True
+    return False

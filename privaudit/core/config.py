@@ -1,0 +1,103 @@
+"""A run's configuration: every choice that determines its messages, validated up front."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from privaudit.core import limits, schema
+from privaudit.core.errors import PrivauditError, unknown
+
+# Fields that do not change the messages: a run may be resumed with different values.
+NON_IDENTITY = ("device", "checkpoint_every", "data_root", "download", "preset")
+
+AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph is dense N×N"
+
+EVAL_SPLITS = ("test", "validation")  # what a run's test accuracy is measured on
+
+
+@dataclass
+class RunConfig:
+    """Defaults are the README's main command: DPDL, 10 agents on a ring, photos, LeNet."""
+
+    defense: str = "dpdl"
+    rounds: int = 200
+    agents: int = 10
+    topology: str = "ring"
+    dataset: str = "photos"
+    data_root: str | None = None
+    download: bool = False
+    model: str = "lenet"
+    batch_size: int = 8
+    dirichlet_alpha: float = 0.5  # label skew of the partition (not DPDL's α)
+    epsilon: float | None = 1.0  # target ε per agent over the run; None: use ``sigma``
+    delta: float = 1e-5
+    sigma: float | None = None  # noise multiplier; overrides ``epsilon`` when set
+    accountant: str = "rdp"
+    params: dict[str, Any] = field(default_factory=dict)  # defense parameters (lr, clip, …)
+    seed: int = 0
+    device: str = "cpu"
+    checkpoint_every: int = 50
+    # where accuracy is measured: "test", or "validation" (10 % of the training split held
+    # out of training; what an operating-point search may look at)
+    eval_split: str = "test"
+    # the preset the unset training flags came from (privaudit/scenario/presets.py); informational
+    preset: str | None = None
+
+    def validate(self) -> RunConfig:
+        """Every field in its documented range (:mod:`privaudit.core.limits`), or one clear error:
+        a run never starts on a value the accountant or the engine cannot answer."""
+        limits.check_int("--agents", self.agents, 2, limits.MAX_AGENTS, AGENTS_HINT)
+        limits.check_int("--rounds", self.rounds, 1, limits.MAX_ROUNDS)
+        limits.check_int("--batch-size", self.batch_size, 1)
+        if self.epsilon is not None:
+            limits.check_float("--epsilon", self.epsilon, *limits.EPSILON, hint="ε per agent")
+        limits.check_float("--delta", self.delta, limits.DELTA_MIN, 1.0, hi_open=True)
+        if self.sigma is not None:
+            limits.check_sigma("--sigma", self.sigma)
+        limits.check_float("--dirichlet-alpha", self.dirichlet_alpha, *limits.DIRICHLET_ALPHA)
+        limits.check_int("--checkpoint-every", self.checkpoint_every, 1)
+        limits.check_seed("--seed", self.seed)
+        if self.accountant not in ("rdp", "prv"):
+            raise PrivauditError(f"--accountant must be rdp or prv, got {self.accountant!r}")
+        if self.accountant == "prv" and self.delta < limits.PRV_MIN_DELTA:
+            raise PrivauditError(
+                f"--delta {self.delta:g} is below what the prv accountant resolves "
+                f"({limits.PRV_MIN_DELTA:g}: floating-point error dominates); "
+                "use --accountant rdp or a larger --delta"
+            )
+        if self.eval_split not in EVAL_SPLITS:
+            raise unknown("evaluation split", self.eval_split, EVAL_SPLITS)
+        if not isinstance(self.device, str) or not (
+            self.device in ("cpu", "cuda") or self.device.startswith("cuda:")
+        ):
+            raise PrivauditError(f"--device must be cpu or cuda, got {self.device!r}")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in NON_IDENTITY:
+            d.pop(k)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """A config read back (a run directory's config.json): every field's type checked
+        against its annotation (:mod:`privaudit.core.schema`, as the CLI's values), then
+        :meth:`validate`."""
+        if not isinstance(d, dict):
+            raise PrivauditError(f"config must be a JSON object, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(d) - names)
+        if bad:
+            raise PrivauditError(f"config has unknown field(s) {', '.join(bad)}")
+        values = schema.coerce_all(d, schema.hints(cls), what="config field")
+        try:
+            return cls(**values).validate()
+        except TypeError as e:
+            raise PrivauditError(f"malformed config: {e}") from None

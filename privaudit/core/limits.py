@@ -1,0 +1,165 @@
+"""The documented range of every numeric input, and the checks that enforce them.
+
+Each bound is where the component behind it still answers in well under a few seconds and
+in bounded memory (measured with opacus 1.6 on a 2-core CPU), or where a larger value is
+meaningless:
+
+- ε ∈ [1e-3, 1e3]: a DP guarantee outside is no guarantee (ε > 1e3) or needs σ beyond
+  :data:`SIGMA_MAX` for any run (ε < 1e-3). Inside, the RDP accountant answers in
+  milliseconds; whether a given ε is reachable at the run's δ, q and T is the accountant's
+  bracket check (:mod:`privaudit.core.accounting`), e.g. RDP cannot certify ε below about
+  0.1 at δ = 1e-5 however large σ is.
+- δ ∈ [1e-30, 1): RDP is exact and fast down to 1e-30 (below, no ε ≤ 1 is reachable);
+  the PRV accountant's floating-point check refuses δ below about 1e-12
+  (:data:`PRV_MIN_DELTA`).
+- σ = 0 (no noise) or σ ∈ (0, 1e6]: 1e6 is opacus' own search ceiling (``MAX_SIGMA``); at
+  σ = 1e300 its RDP formulas overflow, and at σ → 0 every ε is infinite.
+- rounds T ≤ 1e7; agents N ≤ 10,000: the simulator keeps dense N×N graph and mixing
+  matrices (float64 W alone is 0.8 GB at N = 10,000) and loops over links.
+- seeds in [0, 2^63): torch generators take 64-bit seeds, numpy no negative ones.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+
+from privaudit.core.errors import PrivauditError
+
+EPSILON = (1e-3, 1e3)
+DELTA_MIN = 1e-30
+PRV_MIN_DELTA = 1e-12
+SIGMA_MAX = 1e6
+MAX_ROUNDS = 10**7
+MAX_AGENTS = 10_000
+SEED_END = 2**63  # seeds lie in [0, SEED_END)
+DIRICHLET_ALPHA = (1e-3, 1e6)
+MAX_SECONDS = 1e6  # a timeout: about 11 days
+MAX_TRIALS = 10**7  # audit trials or canaries
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def check_float(
+    flag: str,
+    value: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    hint: str = "",
+) -> float:
+    """``value`` as a finite float in the interval [lo, hi] (an end open where asked; None:
+    unbounded), or one :class:`PrivauditError` naming ``flag``, the range and the value."""
+    ok = _number(value) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    if ok:
+        return float(value)
+    if lo is not None and hi is not None:
+        where = f"in {'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
+    elif lo is not None:
+        where = f"{'>' if lo_open else '≥'} {_fmt(lo)}"
+    elif hi is not None:
+        where = f"{'<' if hi_open else '≤'} {_fmt(hi)}"
+    else:
+        where = ""
+    tail = f" ({hint})" if hint else ""
+    raise PrivauditError(f"{flag} must be a finite number {where}, got {value!r}{tail}".strip())
+
+
+def check_int(
+    flag: str, value: Any, lo: int | None = None, hi: int | None = None, hint: str = ""
+) -> int:
+    """``value`` as an int in [lo, hi] (None: unbounded), or one :class:`PrivauditError`."""
+    ok = _integer(value)
+    if ok and lo is not None:
+        ok = value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if ok:
+        return int(value)
+    if lo is not None and hi is not None:
+        where = f"in {lo}..{hi}"
+    elif lo is not None:
+        where = f"≥ {lo}"
+    else:
+        where = f"≤ {hi}"
+    tail = f" ({hint})" if hint else ""
+    raise PrivauditError(f"{flag} must be an integer {where}, got {value!r}{tail}")
+
+
+def check_seed(flag: str, value: Any) -> int:
+    """A seed: an integer in [0, 2^63) (torch generators take 64-bit seeds)."""
+    if _integer(value) and 0 <= value < SEED_END:
+        return int(value)
+    raise PrivauditError(f"{flag} must be an integer in [0, 2^63), got {value!r}")
+
+
+def check_sigma(flag: str, value: Any) -> float:
+    """A noise multiplier: 0 (no noise) or a finite number in (0, :data:`SIGMA_MAX`]."""
+    return check_float(flag, value, 0.0, SIGMA_MAX, hint="0: no noise")
+
+
+def check_threads(flag: str, value: Any) -> int:
+    """CPU threads for torch: 1 up to this machine's cores."""
+    cores = os.cpu_count() or 1
+    return check_int(flag, value, 1, cores, f"this machine has {cores} CPU cores")
+
+
+def device_memory(device: str) -> int | None:
+    """Bytes of memory on ``device``: the free memory of a CUDA device, the physical RAM of
+    the host otherwise; None where the system does not say."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        return None
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+# float32 (N, D) tensors a round holds at least: the models, one state vector (momentum,
+# tracking), the gradients and the messages
+STATE_COPIES = 4
+# bytes per entry of the dense N×N graph: the bool adjacency, the float64 mixing matrix and
+# the float64 temporaries of building it
+GRAPH_BYTES = 41
+
+
+def check_memory(agents: int, held: int, params: int, device: str) -> None:
+    """Refuse, before anything is allocated, a run whose state cannot fit: ``held`` agents'
+    :data:`STATE_COPIES` float32 copies of ``params`` parameters, and the dense graph of
+    ``agents`` agents (:data:`GRAPH_BYTES` per entry); a lower bound on what a round needs."""
+    state = STATE_COPIES * 4 * held * params
+    graph = GRAPH_BYTES * agents * agents
+    have = device_memory(device)
+    if have is None or state + graph <= have:
+        return
+    gb = 2.0**30
+    raise PrivauditError(
+        f"{agents} agents of a {params:,}-parameter model need at least "
+        f"{(state + graph) / gb:.3g} GB ({state / gb:.3g} GB of state, {graph / gb:.3g} GB "
+        f"of N×N graph), more than the {have / gb:.3g} GB of {device}; lower --agents or "
+        "choose a smaller --model"
+    )

@@ -1,0 +1,205 @@
+"""The communication layer a defense talks to, the same under both engines.
+
+A defense never moves tensors between agents itself, and never indexes a global edge list.
+It computes over the agents *this process holds* (rows of its stacked state: all N in the
+simulator, one per rank under torch.distributed) and talks through this vocabulary:
+
+- per-agent rows ``(k, ...)``: one row per held agent, in ascending agent order;
+- per-out-edge rows: one per link whose *sender* is held (the messages this process sends);
+- per-in-edge rows: one per link whose *receiver* is held (the messages it receives).
+
+Both edge lists follow the run's global link order (sorted by (src, dst)), so a receiver
+sums its incoming rows in the same order in every engine. In the simulator the out- and
+in-edges are the same list, every link.
+
+``send`` moves per-out-edge rows to per-in-edge rows, ``broadcast`` sends each held agent's
+row to its neighbours, ``gossip`` broadcasts then mixes with W. ``from_sender`` /
+``at_receiver`` lift per-agent rows onto edges, ``on_reverse`` reads, for each out-edge
+i→j, what i received on j→i, ``sum_incoming`` / ``sum_outgoing`` reduce edges to agents,
+``w_in`` / ``w_self`` are the mixing weights. Time-varying graphs pass ``edges=`` (the full
+global list of this call's links, identical in every process). The tap sits in ``send``:
+every message is recorded where it crosses a link, never by the algorithm.
+:class:`SimNetwork` holds all N agents stacked; :class:`privaudit.sim.distributed.DistNetwork`
+implements the same transfer with torch.distributed point-to-point operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from privaudit.core.messages import Tap
+
+Edges = Sequence[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Links:
+    """A list of directed links ``edges`` seen from a process holding some agents."""
+
+    edges: tuple[tuple[int, int], ...]  # all links of the call, global order
+    out_edges: tuple[tuple[int, int], ...]  # those whose sender is held, in ``edges`` order
+    in_edges: tuple[tuple[int, int], ...]  # those whose receiver is held, in ``edges`` order
+    out_src: Tensor  # per out-edge: local row of the sender
+    out_dst: Tensor  # per out-edge: global id of the receiver
+    in_src: Tensor  # per in-edge: global id of the sender
+    in_dst: Tensor  # per in-edge: local row of the receiver
+    in_dst_global: Tensor  # per in-edge: global id of the receiver
+    reverse: Tensor | None  # per out-edge i→j: index of in-edge j→i (None if one is missing)
+
+
+def make_links(edges: Edges, agents: Sequence[int], device: torch.device | str) -> Links:
+    """The :class:`Links` of ``edges`` for a process holding ``agents`` (ascending)."""
+    edges = tuple((int(s), int(d)) for s, d in edges)
+    row = {a: r for r, a in enumerate(agents)}
+    out = tuple(e for e in edges if e[0] in row)
+    inn = tuple(e for e in edges if e[1] in row)
+    where = {e: k for k, e in enumerate(inn)}
+    rev = [where.get((d, s)) for s, d in out]
+
+    def t(xs: list[int]) -> Tensor:
+        return torch.tensor(xs, dtype=torch.long, device=device)
+
+    return Links(
+        edges=edges,
+        out_edges=out,
+        in_edges=inn,
+        out_src=t([row[s] for s, _ in out]),
+        out_dst=t([d for _, d in out]),
+        in_src=t([s for s, _ in inn]),
+        in_dst=t([row[d] for _, d in inn]),
+        in_dst_global=t([d for _, d in inn]),
+        reverse=None if any(r is None for r in rev) else t(rev),  # type: ignore[misc]
+    )
+
+
+class Network:
+    """The shared vocabulary over the agents a process holds; subclasses move the rows."""
+
+    def __init__(
+        self,
+        adj: Tensor,
+        W: Tensor,
+        agents: Sequence[int] | None = None,
+        tap: Tap | None = None,
+        device: torch.device | str = "cpu",
+    ):
+        self.n = int(adj.shape[0])
+        self.agents = list(range(self.n)) if agents is None else sorted(int(a) for a in agents)
+        self.device = torch.device(device)
+        self.W = W.to(self.device)
+        adj = adj.to("cpu")
+        self.edges: list[tuple[int, int]] = [
+            (i, j) for i in range(self.n) for j in range(self.n) if i != j and bool(adj[i, j])
+        ]
+        self.tap = tap if tap is not None else Tap()
+        self.round = 0
+        self._links: dict[tuple[tuple[int, int], ...], Links] = {}
+        self.links = self.links_of(None)
+        self.held = torch.tensor(self.agents, dtype=torch.long, device=self.device)
+
+    def to(self, device: torch.device | str) -> Network:
+        """The same network with its index tensors and W on ``device``."""
+        self.device = torch.device(device)
+        self.W = self.W.to(self.device)
+        self.held = self.held.to(self.device)
+        self._links.clear()
+        del self.links
+        self.links = self.links_of(None)
+        return self
+
+    def links_of(self, edges: Edges | None) -> Links:
+        """The (cached) :class:`Links` of ``edges``, the run's graph when None."""
+        if edges is None and hasattr(self, "links"):
+            return self.links
+        key = tuple(self.edges if edges is None else ((int(s), int(d)) for s, d in edges))
+        if key not in self._links:
+            self._links[key] = make_links(key, self.agents, self.device)
+        return self._links[key]
+
+    def tapped(self, link: tuple[int, int]) -> bool:
+        """Whether this process's tap sees ``link`` (its receiver is held)."""
+        return link[1] in self.agents
+
+    # -- moving rows: the one engine-specific operation ----------------------------------
+    def _transfer(self, kind: str, per_out_edge: Tensor, links: Links) -> Tensor:
+        raise NotImplementedError
+
+    def agree(self, stop: bool) -> bool:
+        """Whether any process asks to stop (here: this one): called by every process at
+        the same round boundary, so that all stop after the same round."""
+        return stop
+
+    def send(self, kind: str, per_out_edge: Tensor, edges: Edges | None = None) -> Tensor:
+        """Row ``e`` goes from out-edge ``e``'s sender to its receiver; returns the rows
+        received on the in-edges. ``edges`` overrides the graph's links for this call
+        (time-varying or directed graphs, e.g. one push-sum peer per round)."""
+        return self._transfer(kind, per_out_edge, self.links_of(edges))
+
+    def broadcast(self, kind: str, per_agent: Tensor) -> Tensor:
+        """Held agent ``i`` sends ``per_agent[i]`` to each neighbour; returns per-in-edge rows."""
+        return self.send(kind, self.from_sender(per_agent))
+
+    def gossip(self, kind: str, per_agent: Tensor) -> Tensor:
+        """Broadcast, then ``x_i ← w_ii x_i + Σ_j w_ij x_j`` (the self term needs no link)."""
+        received = self.broadcast(kind, per_agent)
+        w = self.w_in.to(per_agent.dtype).unsqueeze(-1)
+        out = self.w_self.to(per_agent.dtype).unsqueeze(-1) * per_agent
+        return out.index_add(0, self.links.in_dst, w * received)
+
+    # -- lifting and reducing -------------------------------------------------------------
+    def from_sender(self, per_agent: Tensor, edges: Edges | None = None) -> Tensor:
+        """Per-out-edge rows: each out-edge carries its sender's row of ``per_agent``."""
+        return per_agent[self.links_of(edges).out_src]
+
+    def at_receiver(self, per_agent: Tensor, edges: Edges | None = None) -> Tensor:
+        """Per-in-edge rows: each in-edge gets its receiver's row of ``per_agent``."""
+        return per_agent[self.links_of(edges).in_dst]
+
+    def on_reverse(self, per_in_edge: Tensor) -> Tensor:
+        """Per-out-edge rows: for out-edge i→j, what i received on j→i (graph links only)."""
+        rev = self.links.reverse
+        if rev is None:
+            raise ValueError("on_reverse needs every link's reverse link in the graph")
+        return per_in_edge[rev]
+
+    def sum_incoming(self, per_in_edge: Tensor, edges: Edges | None = None) -> Tensor:
+        """``out[i] = Σ_{in-edges e into i} per_in_edge[e]``, summed in global link order."""
+        out = per_in_edge.new_zeros((len(self.agents), *per_in_edge.shape[1:]))
+        return out.index_add(0, self.links_of(edges).in_dst, per_in_edge)
+
+    def sum_outgoing(self, per_out_edge: Tensor, edges: Edges | None = None) -> Tensor:
+        """``out[i] = Σ_{out-edges e of i} per_out_edge[e]``, summed in global link order."""
+        out = per_out_edge.new_zeros((len(self.agents), *per_out_edge.shape[1:]))
+        return out.index_add(0, self.links_of(edges).out_src, per_out_edge)
+
+    # -- public facts about the graph, for the held agents ---------------------------------
+    @property
+    def w_in(self) -> Tensor:
+        """Per in-edge j→i: the mixing weight w_ij (W's dtype)."""
+        return self.W[self.links.in_dst_global, self.links.in_src]
+
+    @property
+    def w_self(self) -> Tensor:
+        """Per held agent: w_ii (W's dtype)."""
+        return torch.diagonal(self.W)[self.held]
+
+    @property
+    def in_degree(self) -> Tensor:
+        """Per held agent: its number of in-edges (neighbours on an undirected graph)."""
+        return torch.bincount(self.links.in_dst, minlength=len(self.agents))
+
+
+class SimNetwork(Network):
+    """In-process network over all N agents stacked: a send is the identity on the rows
+    (out-edges and in-edges are the same list), recorded by the tap on the way."""
+
+    def __init__(self, adj: Tensor, W: Tensor, tap: Tap | None = None):
+        super().__init__(adj, W, None, tap, device=W.device)
+
+    def _transfer(self, kind: str, per_out_edge: Tensor, links: Links) -> Tensor:
+        self.tap.record(self.round, kind, list(links.edges), per_out_edge)
+        return per_out_edge

@@ -1,0 +1,45 @@
+"""A message kind's privacy facts: what a correct DP analysis of it needs (mechanism, noise
+multiplier, releases per round), beside what its paper claims."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """The mechanism facts a correct DP analysis of one message kind needs, for one agent.
+
+    Adjacency is add/remove one example of the agent's shard, and the batch is Poisson
+    sampled at the agent's rate q = B/n_i (what :meth:`Context.sample` draws).
+    ``noise_multiplier`` is the noise std of one release over its L2 sensitivity under that
+    adjacency (opacus' convention: σ for a per-example clip C with std σC on the clipped
+    sum; σ/2 for a flat clip of the batch aggregate, whose add/remove sensitivity is 2C);
+    ``releases`` counts the noised releases of the same batch per round (fresh noise each)
+    that this kind's messages are a function of. ``formal`` False: no finite ε, ``reason``
+    says why. ``claimed_multiplier`` and ``claimed_releases`` are what the paper's (or a naive)
+    accounting assumes — the ledger's "promise"; ``paper_epsilon(delta, impact)`` is the
+    paper's own ε for one release (or round) where it states a σ(ε) rule, ``impact`` the
+    canary's L2 change of the released vector, for rules stated in Δf.
+    """
+
+    mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
+    noise_multiplier: float = 0.0
+    releases: int = 0
+    clip: float | None = None
+    clip_unit: str | None = None  # "example" (per-example clip), "batch" (flat), None
+    formal: bool = False
+    reason: str = "no noise is added"
+    claimed_multiplier: float = 0.0
+    claimed_releases: int = 0
+    paper: str = "no privacy claim"
+    paper_epsilon: Callable[[float, float], float] | None = None
+    caveats: tuple[str, ...] = ()
+
+
+def dwork_roth_epsilon(sigma: float, delta: float) -> float:
+    """ε of the classical Gaussian-mechanism rule σ = √(2 ln(1.25/δ))/ε (Dwork & Roth 2014,
+    Thm. A.1, valid only for ε < 1), solved for ε; ∞ without noise."""
+    return math.sqrt(2 * math.log(1.25 / delta)) / sigma if sigma > 0 else math.inf

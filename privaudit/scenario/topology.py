@@ -1,0 +1,242 @@
+"""Communication graphs on N agents and their gossip (mixing) matrices.
+
+A graph is an undirected, loop-free ``(N, N)`` boolean adjacency matrix (``torch.bool``).
+The builders:
+
+- ``ring``: i ~ i ± 1 (mod N); the DPDL / D-PSGD default (Lian et al. 2017).
+- ``complete``: every pair.
+- ``bipartite``: complete bipartite K_{N/2,N/2}, agents ``0..N/2-1`` against ``N/2..N-1``
+  (the DPDL paper's "bipartite" graph has its sizes stripped; this is our choice).
+- ``torus``: 2-D torus on an r×c grid, r·c = N, r the largest divisor of N with r ≤ √N;
+  agent k sits at (k // c, k % c) and talks to its 4 wrap-around grid neighbours. Neighbours
+  that coincide (r or c = 2) count once, so N = 4 is a 4-cycle. Prime N has no r, c ≥ 2 grid
+  and is refused.
+- ``exponential``: i ~ i ± 2^k (mod N) for every 2^k < N — the (symmetrized) exponential
+  graph of SGP (Assran et al. 2019) and Ying et al. 2021.
+
+Gossip uses Metropolis–Hastings weights (Xiao, Boyd & Kim 2007): symmetric, doubly
+stochastic, positive diagonal, computable by each agent from its neighbours' degrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from privaudit.core.errors import PrivauditError, unknown
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise PrivauditError(
+            f"--agents must be at least 2 (got {n!r}): decentralized learning needs a neighbour"
+        )
+
+
+def _from_pairs(n: int, pairs) -> Tensor:
+    adj = torch.zeros(n, n, dtype=torch.bool)
+    for i, j in pairs:
+        if i != j:
+            adj[i, j] = adj[j, i] = True
+    return adj
+
+
+def ring(n: int) -> Tensor:
+    """Cycle i ~ i ± 1 mod N (N = 2: a single edge)."""
+    _check_n(n)
+    return _from_pairs(n, ((i, (i + 1) % n) for i in range(n)))
+
+
+def complete(n: int) -> Tensor:
+    """All pairs."""
+    _check_n(n)
+    return ~torch.eye(n, dtype=torch.bool)
+
+
+def bipartite(n: int) -> Tensor:
+    """Complete bipartite K_{N/2,N/2}: first half against second half; N must be even."""
+    _check_n(n)
+    if n % 2:
+        raise PrivauditError(
+            f"the bipartite topology splits agents into two equal halves, so --agents must be "
+            f"even (got {n}); use {n - 1} or {n + 1}"
+        )
+    h = n // 2
+    adj = torch.zeros(n, n, dtype=torch.bool)
+    adj[:h, h:] = True
+    adj[h:, :h] = True
+    return adj
+
+
+def torus_shape(n: int) -> tuple[int, int]:
+    """(r, c) with r·c = N and r the largest divisor of N with r ≤ √N; r, c ≥ 2 required."""
+    _check_n(n)
+    r = max(d for d in range(1, int(np.sqrt(n)) + 1) if n % d == 0)
+    if r < 2:
+        raise PrivauditError(
+            f"the torus topology needs an r×c grid with r, c ≥ 2, and --agents {n} has none "
+            f"(it is prime); use a composite number such as {n + 1 if n > 2 else 4} or "
+            f"another topology"
+        )
+    return r, n // r
+
+
+def torus(n: int) -> Tensor:
+    """2-D wrap-around grid (see module docstring); degree 4 when r, c ≥ 3."""
+    r, c = torus_shape(n)
+    pairs = []
+    for k in range(n):
+        a, b = divmod(k, c)
+        pairs += [(k, ((a + 1) % r) * c + b), (k, a * c + (b + 1) % c)]
+    return _from_pairs(n, pairs)
+
+
+def exponential(n: int) -> Tensor:
+    """i ~ i ± 2^k mod N for every 2^k < N (symmetrized exponential graph)."""
+    _check_n(n)
+    pairs = []
+    k = 1
+    while k < n:
+        pairs += [(i, (i + k) % n) for i in range(n)]
+        k *= 2
+    return _from_pairs(n, pairs)
+
+
+TOPOLOGIES: dict[str, Callable[[int], Tensor]] = {
+    "ring": ring,
+    "complete": complete,
+    "bipartite": bipartite,
+    "torus": torus,
+    "exponential": exponential,
+}
+
+
+def build_topology(name: str, n: int) -> Tensor:
+    """The adjacency matrix of topology ``name`` on ``n`` agents."""
+    if name not in TOPOLOGIES:
+        raise unknown("topology", name, TOPOLOGIES)
+    _check_n(n)
+    return TOPOLOGIES[name](n)
+
+
+def _check_adj(adj: Tensor) -> Tensor:
+    adj = torch.as_tensor(adj).to(torch.bool)
+    if adj.ndim != 2 or adj.shape[0] != adj.shape[1]:
+        raise PrivauditError(f"an adjacency matrix must be square (got shape {tuple(adj.shape)})")
+    if not torch.equal(adj, adj.T):
+        raise PrivauditError("the adjacency matrix is not symmetric; the graph must be undirected")
+    if adj.diagonal().any():
+        raise PrivauditError("the adjacency matrix has self loops; set its diagonal to False")
+    return adj
+
+
+def degrees(adj: Tensor) -> Tensor:
+    """Number of neighbours of each agent (int64)."""
+    return _check_adj(adj).sum(1)
+
+
+def metropolis_hastings(adj: Tensor) -> Tensor:
+    """Metropolis–Hastings weights: w_ij = 1/(1 + max(d_i, d_j)) on edges, w_ii = 1 − Σ_j w_ij.
+
+    Returns a float64 ``(N, N)`` tensor, symmetric and doubly stochastic with w_ii > 0.
+    """
+    adj = _check_adj(adj)
+    d = adj.sum(1).to(torch.float64)
+    w = 1.0 / (1.0 + torch.maximum(d[:, None], d[None, :]))
+    w = torch.where(adj, w, torch.zeros((), dtype=torch.float64))
+    w = w + torch.diag(1.0 - w.sum(1))
+    return w
+
+
+def validate_mixing(W: Tensor, adj: Tensor | None = None, atol: float = 1e-10) -> None:
+    """Raise :class:`PrivauditError` unless ``W`` is a valid gossip matrix.
+
+    Valid: square, finite, symmetric, non-negative, rows and columns summing to 1, and —
+    when ``adj`` is given — zero off the graph's edges (agents only mix with neighbours).
+    """
+    W = torch.as_tensor(W, dtype=torch.float64)
+    fix = "build it with metropolis_hastings(adj)"
+    if W.ndim != 2 or W.shape[0] != W.shape[1]:
+        raise PrivauditError(f"mixing matrix W must be square (got shape {tuple(W.shape)}); {fix}")
+    if not torch.isfinite(W).all():
+        raise PrivauditError(f"mixing matrix W has NaN or infinite entries; {fix}")
+    asym = (W - W.T).abs().max().item()
+    if asym > atol:
+        raise PrivauditError(f"mixing matrix W is not symmetric (max |W − Wᵀ| = {asym:.3g}); {fix}")
+    if W.min().item() < -atol:
+        raise PrivauditError(
+            f"mixing matrix W has negative entries (min {W.min().item():.3g}); {fix}"
+        )
+    for axis, what in ((1, "rows"), (0, "columns")):
+        err = (W.sum(axis) - 1.0).abs().max().item()
+        if err > atol:
+            raise PrivauditError(
+                f"mixing matrix W's {what} do not sum to 1 (max error {err:.3g}); {fix}"
+            )
+    if adj is not None:
+        adj = _check_adj(adj)
+        if adj.shape != W.shape:
+            raise PrivauditError(
+                f"mixing matrix W has shape {tuple(W.shape)} but the graph has {adj.shape[0]} "
+                f"agents; {fix}"
+            )
+        off = ~adj & ~torch.eye(adj.shape[0], dtype=torch.bool)
+        if (W[off].abs() > atol).any():
+            raise PrivauditError(f"mixing matrix W mixes agents that are not neighbours; {fix}")
+
+
+def neighbors(adj: Tensor, i: int) -> list[int]:
+    """Sorted neighbours of agent ``i``."""
+    return torch.nonzero(torch.as_tensor(adj)[i]).flatten().tolist()
+
+
+def directed_edges(adj: Tensor) -> list[tuple[int, int]]:
+    """Every directed link (src, dst), src ≠ dst, sorted — the order messages are tapped in."""
+    adj = _check_adj(adj)
+    return [(int(s), int(d)) for s, d in torch.nonzero(adj).tolist()]
+
+
+def spectral_gap(W: Tensor) -> float:
+    """1 − max(|λ₂|, |λ_N|) of a symmetric W: the per-step contraction of gossip consensus.
+
+    Larger is faster mixing; 0 means a disconnected (or periodic) graph never reaches consensus.
+    """
+    ev = torch.linalg.eigvalsh(torch.as_tensor(W, dtype=torch.float64))
+    if ev.numel() < 2:
+        return 1.0
+    slem = max(abs(ev[0].item()), abs(ev[-2].item()))
+    return 1.0 - slem
+
+
+@dataclass
+class Topology:
+    """A named graph with its Metropolis–Hastings mixing matrix."""
+
+    name: str
+    adj: Tensor
+    W: Tensor
+
+    @classmethod
+    def build(cls, name: str, n: int) -> Topology:
+        adj = build_topology(name, n)
+        return cls(name, adj, metropolis_hastings(adj))
+
+    @property
+    def n(self) -> int:
+        return self.adj.shape[0]
+
+    def neighbors(self, i: int) -> list[int]:
+        return neighbors(self.adj, i)
+
+    @property
+    def edges(self) -> list[tuple[int, int]]:
+        """Directed links (src, dst), sorted."""
+        return directed_edges(self.adj)
+
+    @property
+    def spectral_gap(self) -> float:
+        return spectral_gap(self.W)

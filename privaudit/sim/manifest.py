@@ -1,0 +1,97 @@
+"""A run directory's manifest: what privaudit wrote there, so that what it reads is checked.
+
+``RUN/manifest.json`` maps each file's path (relative to the run) to the SHA-256 and size
+of the bytes privaudit wrote, and for a safetensors file its tensors' dtypes and shapes::
+
+    {"format": 1, "files": {"checkpoints/round-000050.safetensors":
+        {"sha256": "…", "bytes": 2470152, "tensors": {"state.x": ["F32", [10, 61706]], …}}}}
+
+A file is read only if its bytes hash to the recorded digest: a truncated, edited, replaced
+or foreign file is refused with its name, never used. A round's file that the manifest does
+not list (written by another program, or by a privaudit killed between the file and the
+manifest) does not exist for privaudit: it is re-simulated and overwritten. The manifest
+itself is replaced atomically, under the run's I/O lock (:mod:`privaudit.sim.runlock`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from privaudit.core.errors import PrivauditError
+
+NAME = "manifest.json"
+FORMAT = 1
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def safetensors_header(data: bytes) -> dict[str, Any]:
+    """The JSON header of a safetensors file's bytes (tensor dtypes, shapes, metadata)."""
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise ValueError("header longer than the file")
+    return json.loads(data[8 : 8 + n])
+
+
+def entry(data: bytes, tensors: bool) -> dict[str, Any]:
+    """The manifest entry of ``data``: digest, size and (safetensors) tensor schema."""
+    out: dict[str, Any] = {"sha256": digest(data), "bytes": len(data)}
+    if tensors:
+        header = safetensors_header(data)
+        out["tensors"] = {
+            k: [v["dtype"], v["shape"]] for k, v in sorted(header.items()) if k != "__metadata__"
+        }
+    return out
+
+
+class Manifest:
+    """The manifest of the run directory ``root`` (read and written whole; small)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.path = root / NAME
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        """Every recorded file (empty if there is no manifest yet)."""
+        if not self.path.exists():
+            return {}
+        try:
+            doc = json.loads(self.path.read_bytes())
+            if doc.get("format") != FORMAT or not isinstance(doc.get("files"), dict):
+                raise ValueError
+            return doc["files"]
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            raise PrivauditError(
+                f"{self.path} is corrupt; the run's files cannot be checked: delete the run "
+                "directory and train again"
+            ) from None
+
+    def text(self, files: dict[str, dict[str, Any]]) -> bytes:
+        """The manifest's bytes: valid JSON, one line per file."""
+        rows = ",\n".join(
+            f"  {json.dumps(rel)}: {json.dumps(rec, sort_keys=True)}"
+            for rel, rec in sorted(files.items())
+        )
+        return f'{{"format": {FORMAT}, "files": {{\n{rows}\n}}}}\n'.encode()
+
+    def mismatch(self, rel: str, data: bytes) -> str | None:
+        """Why ``data`` are not the bytes recorded for ``rel`` (None: they are)."""
+        rec = self.files().get(rel)
+        if rec is None:
+            return f"is not in the run's {NAME}"
+        if rec.get("bytes") != len(data):
+            return f"has {len(data)} bytes where {NAME} recorded {rec.get('bytes')}"
+        if rec.get("sha256") != digest(data):
+            return f"does not match its SHA-256 in {NAME} (edited or replaced)"
+        return None

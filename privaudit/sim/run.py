@@ -1,0 +1,482 @@
+"""The in-process simulator: a defense over N stacked agents, with checkpoints and capture.
+
+All agents live in one ``(N, D)`` tensor per state variable; a round's gradients are one
+``torch.func`` ``vmap`` over (model, batch) pairs (see :mod:`privaudit.grads`). Each agent
+has its own seeded ``torch.Generator`` (:func:`privaudit.defenses.base.agent_seed`) that
+draws its batches and the noise of the rows it owns; every agent's generator state is saved
+with each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture
+an earlier round send bit-identical messages, and a torch.distributed rank holding one agent
+(:mod:`privaudit.sim.distributed`) draws exactly what the simulator draws for that agent.
+The round loop (:meth:`Run.simulate`) is shared by both engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from torch import Tensor
+from torch.func import functional_call
+
+from privaudit.core import limits, sampling
+from privaudit.core.accounting import calibrate, noised, run_privacy, sample_rates
+from privaudit.core.config import RunConfig
+from privaudit.core.context import State, agent_seed, params_of
+from privaudit.core.errors import Interrupted, PrivauditError
+from privaudit.core.interrupts import signals_deferred, stop_requests
+from privaudit.core.messages import CaptureSpec, Tap
+from privaudit.core.network import Network, SimNetwork
+from privaudit.core.params import ParamSpec, flat_params
+from privaudit.defenses import Context, Defense, get_defense
+from privaudit.grads import PairGrads
+from privaudit.scenario.data import (
+    ImageData,
+    dirichlet_partition,
+    evaluation_split,
+    load_dataset,
+    split_validation,
+)
+from privaudit.scenario.models import build_model, normalizes_inputs
+from privaudit.scenario.topology import build_topology, metropolis_hastings, validate_mixing
+from privaudit.sim.allocator import keep_freed_memory
+from privaudit.sim.rundir import Key, RunDir
+
+
+def resolve_device(name: str) -> torch.device:
+    """``name`` as a device; on CUDA, TF32 is switched off for matmuls and convolutions:
+    messages, exact identities and audits need float32 (with TF32 on an H100 the simulator's
+    messages differ from a float32 per-agent loop by 1e-3 relative, 1e-6 without). Freed
+    host memory is kept for the next round (:mod:`privaudit.sim.allocator`)."""
+    keep_freed_memory()
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise PrivauditError(
+                "--device cuda was asked for but CUDA is not available; use --device cpu"
+            )
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return torch.device(name)
+
+
+def check_sigma_param(cfg: RunConfig) -> None:
+    """One error when ``-p sigma=…`` names a σ that ``--sigma``/``--epsilon`` set (it would
+    be replaced by the calibrated one). A ``sigma`` no accountant reads — AdaD²P's paper
+    constant (:func:`privaudit.core.accounting.noised` is false for it) — stays a parameter."""
+    if "sigma" not in cfg.params:
+        return
+
+    defense = get_defense(cfg.defense)
+    W = metropolis_hastings(build_topology(cfg.topology, cfg.agents)).to(torch.float64)
+    if noised(defense, params_of(defense.Params, cfg.params), W):
+        raise PrivauditError(
+            f"-p sigma is {defense.name}'s calibrated noise multiplier and would be ignored; "
+            "use --sigma S (or --epsilon E) to set the noise multiplier"
+        )
+
+
+def resolve_privacy(
+    cfg: RunConfig, defense: Defense, base: Any, W: Tensor, shard_sizes: list[int]
+) -> tuple[Any, dict[str, Any]]:
+    """The defense's parameters ``base`` (from ``cfg.params``) with σ resolved, and what the
+    run reports about privacy.
+
+    σ is ``--sigma`` as given, else calibrated from ``--epsilon`` on the defense's own
+    mechanism facts (:func:`privaudit.core.accounting.calibrate`: the worst agent, each at
+    its own Poisson rate q_i = B/n_i); a defense whose σ is not a noise multiplier keeps
+    its parameter. The ε reported per message kind and per agent then comes from the same
+    facts at that σ (:func:`privaudit.core.accounting.run_privacy`)."""
+
+    W = W.cpu()
+    rates = sample_rates(shard_sizes, cfg.batch_size)
+    p = base
+    if noised(defense, base, W):
+        if cfg.sigma is not None:
+            sigma = cfg.sigma
+        elif cfg.epsilon is not None:
+            sigma = calibrate(
+                defense, base, W, rates, cfg.epsilon, cfg.delta, cfg.rounds, cfg.accountant
+            )
+        else:
+            raise PrivauditError(f"{defense.name} adds noise: pass --epsilon or --sigma")
+        p = params_of(defense.Params, {**cfg.params, "sigma": sigma})
+    report = run_privacy(defense, p, W, rates, cfg.delta, cfg.rounds, cfg.accountant)
+    report.update(sigma=float(getattr(p, "sigma", 0.0) or 0.0), sample_rate=max(rates))
+    return p, report
+
+
+@dataclass
+class Run:
+    """A configured run bound to its directory; trains, resumes and captures."""
+
+    cfg: RunConfig
+    dir: RunDir
+    resolved: dict[str, Any]
+    defense: Defense
+    params: Any
+    data: ImageData
+    ctx: Context
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, agents: list[int] | None = None, **override: Any) -> Run:
+        """An existing run; ``override`` may change only non-identity fields (device, …).
+        ``agents``: the agents this process holds (default all; one per distributed rank)."""
+        cfg, _ = RunDir(path).read_config()
+        cfg = dataclasses.replace(cfg, **override).validate()
+        return cls._build(cfg, RunDir(path), existing=True, agents=agents)
+
+    @classmethod
+    def create(cls, cfg: RunConfig, path: str | Path) -> Run:
+        """A new run at ``path``, or the run already there if its config is the same."""
+        cfg.validate()
+        check_sigma_param(cfg)
+        rd = RunDir(path)
+        return cls._build(cfg, rd, existing=cls._claim(rd, cfg))
+
+    @staticmethod
+    def _claim(rd: RunDir, cfg: RunConfig) -> bool:
+        """Whether ``rd`` holds this run already; raise if it holds anything else."""
+        if rd.path.exists() and not rd.path.is_dir():
+            raise PrivauditError(f"{rd.path} is a file, not a folder; choose another --out")
+        if rd.exists():
+            old, _ = rd.read_config()
+            if old.identity() != cfg.identity():
+                diff = sorted(k for k, v in cfg.identity().items() if old.identity()[k] != v)
+                raise PrivauditError(
+                    f"{rd.path} holds a run with a different configuration "
+                    f"({', '.join(diff)}); choose another --out or delete it"
+                )
+            return True
+        if not rd.is_empty():
+            raise PrivauditError(
+                f"{rd.path} exists and is not a privaudit run; choose another --out"
+            )
+        return False
+
+    @classmethod
+    def _build(
+        cls, cfg: RunConfig, rd: RunDir, existing: bool, agents: list[int] | None = None
+    ) -> Run:
+        defense = get_defense(cfg.defense)
+        device = resolve_device(cfg.device)
+        data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
+        data = evaluation_split(data, cfg.eval_split, cfg.seed)
+        given = params_of(defense.Params, cfg.params)
+        held = defense.holdout_size(given)
+        # a public validation set shared by all agents (PDSL's 𝒬), drawn from the test split
+        # and so left out of test_accuracy
+        public = defense.public_validation_size(given, len(data.test_y))
+        data, val_x, val_y = split_validation(data, public, cfg.seed)
+        parts = dirichlet_partition(
+            data.train_y,
+            cfg.agents,
+            cfg.dirichlet_alpha,
+            seed=cfg.seed,
+            min_size=cfg.batch_size + held,
+        )
+        parts, holdout = split_holdout(parts, held, cfg.seed)
+        # the data split and the memory are checked before the dense N×N graph is built
+
+        model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+        n_held = cfg.agents if agents is None else len(agents)
+        numel = sum(t.numel() for t in model.parameters())
+        limits.check_memory(cfg.agents, n_held, numel, cfg.device)
+        adj = build_topology(cfg.topology, cfg.agents)
+        W = metropolis_hastings(adj).to(torch.float64)
+        validate_mixing(W)
+        p, resolved = resolve_privacy(cfg, defense, given, W, [len(q) for q in parts])
+        model = model.to(device)
+        spec = ParamSpec.of(model)
+        if not normalizes_inputs(model):
+            data = dataclasses.replace(
+                data, mean=(0.0,) * len(data.mean), std=(1.0,) * len(data.std)
+            )
+        mean = torch.tensor(data.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(data.std, dtype=torch.float32).view(-1, 1, 1)
+        held = list(range(cfg.agents)) if agents is None else sorted(agents)
+        gens = [torch.Generator(device=device).manual_seed(agent_seed(cfg.seed, a)) for a in held]
+        ctx = Context(
+            model=model,
+            spec=spec,
+            grads=PairGrads(model, spec, batch_size=cfg.batch_size),
+            x0=flat_params(model),
+            train_x=((data.train_x - mean) / std).to(device),
+            train_y=data.train_y.to(device),
+            parts=[parts[a].to(device) for a in held],
+            adj=adj.to(device),
+            W=W.to(device),
+            batch_size=cfg.batch_size,
+            generators=gens,
+            device=device,
+            holdout=[holdout[a].to(device) for a in held] if holdout else [],
+            val_x=None if val_x is None else ((val_x - mean) / std).to(device),
+            val_y=None if val_y is None else val_y.to(device),
+            agents=held,
+        )
+        run = cls(cfg, rd, resolved, defense, p, data, ctx)
+        if not existing:
+            with rd.writer():  # the check and the write as one: a racing writer is refused
+                if not cls._claim(rd, cfg):
+                    rd.write_config(cfg, {**resolved, "params": dataclasses.asdict(p)})
+        return run
+
+    # -- public facts an adversary knows ------------------------------------------------
+    def public(self) -> dict[str, Any]:
+        return {
+            "defense": self.defense.name,
+            "model": self.cfg.model,
+            "input_shape": tuple(self.data.input_shape),
+            "num_classes": self.data.num_classes,
+            "mean": tuple(self.data.mean),
+            "std": tuple(self.data.std),
+            "batch_size": self.cfg.batch_size,
+            "W": self.ctx.W.cpu(),
+            "n": self.cfg.agents,
+            "x0": self.ctx.x0.cpu(),
+            "params": dataclasses.asdict(self.params),
+            "epsilon": self.resolved["epsilon"],
+            "delta": self.cfg.delta,
+        }
+
+    def edges(self) -> list[tuple[int, int]]:
+        adj = self.ctx.adj
+        return [(i, j) for i in range(self.cfg.agents) for j in range(self.cfg.agents) if adj[i, j]]
+
+    # -- training -------------------------------------------------------------------------
+    def train(
+        self, until: int | None = None, capture: CaptureSpec | None = None, progress: bool = True
+    ) -> State:
+        """Advance to round ``until`` (default: the configured rounds), resuming from the
+        latest usable checkpoint and recording the messages ``capture`` selects."""
+        until = self.check_until(until)
+        if self.start_round(until, capture) == until:
+            return self.restore(until)
+        with self.dir.writer():  # one writer at a time; a second is refused with our PID
+            start = self.start_round(until, capture)  # as the lock found it
+            state = self.restore(start)
+            if start == until:
+                return state
+            tap = Tap(capture or CaptureSpec(rounds=frozenset()))
+            net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
+            return self.simulate(state, start, until, net, progress)
+
+    def check_until(self, until: int | None) -> int:
+        until = self.cfg.rounds if until is None else until
+        if not 1 <= until <= self.cfg.rounds:
+            raise PrivauditError(
+                f"round {until} is outside this run (1..{self.cfg.rounds}); "
+                f"train a longer run with --rounds {until}"
+            )
+        return until
+
+    def start_round(self, until: int, capture: CaptureSpec | None) -> int:
+        """The latest checkpoint to resume from: at most ``until``, and before the first
+        captured round."""
+        start_limit = until
+        if capture is not None and capture.rounds:
+            start_limit = min(min(capture.rounds) - 1, until)
+        return max([c for c in self.dir.checkpoint_rounds() if c <= start_limit], default=0)
+
+    def restore(self, t: int) -> State:
+        """The held agents' state after round ``t`` and their generators as they were then."""
+        ctx = self.ctx
+        if t == 0:
+            for a, g in zip(ctx.agents, ctx.generators, strict=True):
+                g.manual_seed(agent_seed(self.cfg.seed, a))
+            return self.defense.init(ctx, self.params)
+        blob = self.dir.load_checkpoint(t)
+        path = self.dir.path / "checkpoints"
+        for a, g in zip(ctx.agents, ctx.generators, strict=True):
+            if f"rng.{a}" not in blob:
+                raise PrivauditError(
+                    f"checkpoint round {t} in {path} has no RNG state for agent {a} (an older "
+                    "privaudit wrote it); delete that folder and train again"
+                )
+            g.set_state(blob[f"rng.{a}"])
+        rows = torch.tensor(ctx.agents)
+        whole = ctx.n_held == ctx.n
+        return {
+            k.removeprefix("state."): (v if whole or v.dim() == 0 else v[rows]).to(ctx.device)
+            for k, v in blob.items()
+            if k.startswith("state.")
+        }
+
+    @staticmethod
+    def _checkpoint(store: RunDir, t: int, state: State, rngs: dict[str, Tensor]) -> None:
+        blob = {f"state.{k}": v for k, v in state.items()}
+        store.save_checkpoint(t, {**blob, **rngs})
+
+    def _rng_states(self) -> dict[str, Tensor]:
+        held = zip(self.ctx.agents, self.ctx.generators, strict=True)
+        return {f"rng.{a}": g.get_state() for a, g in held}
+
+    def simulate(
+        self,
+        state: State,
+        start: int,
+        until: int,
+        net: Network,
+        progress: bool,
+        store: RunDir | None = None,
+        on_checkpoint: Callable[[int], None] | None = None,
+    ) -> State:
+        """Rounds ``start+1 .. until`` over the agents ``net`` holds: the one round loop of
+        both engines. Secrets, captured messages and checkpoints of the held agents go to
+        ``store`` (default the run directory; a rank's shard under torch.distributed), and
+        ``on_checkpoint(t)`` runs after each checkpoint is written."""
+
+        ctx, tap = self.ctx, net.tap
+        store = store or self.dir
+        have = set(self.dir.checkpoint_rounds())
+        links = [e for e in (tap.spec.links or self.edges()) if net.tapped(e)]
+        columns = (
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+        )
+        with (
+            Progress(*columns, disable=not progress, transient=True) as bar,
+            stop_requests() as stop,
+        ):
+            task = bar.add_task(f"{self.defense.name} rounds", total=until, completed=start)
+            done, rng = start, self._rng_states()  # the last round finished, its generators
+            agreed = False  # every process holds its stop request at this same boundary
+            try:
+                for t in range(start + 1, until + 1):
+                    agreed = net.agree(stop.requested)
+                    if agreed:
+                        break
+                    net.round = t
+                    idx = ctx.sample()
+                    batch = ctx.gather(idx)
+                    state = self.defense.round(ctx, self.params, state, net, batch)
+                    done, rng = t, self._rng_states()
+                    if tap.spec.wants_round(t):
+                        store.save_secrets(t, sampling.secrets(idx, ctx.train_y))
+                        payloads = {k: m.payload for k, m in tap.messages.items()}
+                        store.save_messages(t, payloads, links)
+                        tap.clear()
+                    if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
+                        self._checkpoint(store, t, state, rng)
+                        have.add(t)
+                        if on_checkpoint is not None:
+                            on_checkpoint(t)
+                    bar.advance(task)
+            except BaseException:
+                # under a stop request, a failure is its consequence (a peer rank that
+                # stopped first, the third Ctrl-C): round ``done`` is still whole
+                if not stop.requested:
+                    raise
+            if (agreed or stop.requested) and done < until:
+                # a rank writes its rows to its shard; the launcher merges complete rounds
+                if done > start and done not in have:
+                    with signals_deferred():
+                        self._checkpoint(store, done, state, rng)
+                raise Interrupted(
+                    f"interrupted after round {done}; run the same command again to resume "
+                    f"from round {done}"
+                )
+        return state
+
+    # -- what attacks and eval need ---------------------------------------------------------
+    def messages(self, capture: CaptureSpec, progress: bool = True) -> dict[Key, Tensor]:
+        """The messages ``capture`` selects, from disk or by re-simulating their rounds."""
+        rounds = sorted(capture.rounds or [])
+
+        def load() -> tuple[dict[Key, Tensor], bool]:
+            """The selected messages on disk, and whether every round has all it needs."""
+            out, complete = {}, True
+            for t in rounds:
+                msgs, tapped = self.dir.read_messages(t)
+                out.update({k: v for k, v in msgs.items() if capture.wants(*k)})
+                complete &= links <= set(tapped) and self.dir.has_secrets(t)
+            return out, complete
+
+        links = capture.links or set(self.edges())
+        out, complete = load()
+        if not complete:
+            self.train(until=max(rounds), capture=capture, progress=progress)
+            out, _ = load()
+        return out
+
+    def secret_index(self, t: int, agent: int) -> Tensor:
+        """Agent's realised batch of round ``t``: its examples' indices into the training set
+        (Poisson, so 0 or more; eval only)."""
+        try:
+            idx = sampling.secret_index(self.dir.load_secrets(t), agent)[0]
+        except KeyError:
+            raise PrivauditError(
+                f"the secrets of round {t} in {self.dir.path} were written by an older "
+                "privaudit (fixed-size batches); delete its secrets and messages folders and "
+                "capture again"
+            ) from None
+        if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < len(self.data.train_y):
+            raise PrivauditError(
+                f"{self.dir.round_file('secrets', t)} indexes examples outside the training "
+                "set; delete it and rerun: its round is re-simulated from a checkpoint"
+            )
+        return idx
+
+    def secret_batch(self, t: int, agent: int) -> tuple[Tensor, Tensor]:
+        """Agent's true batch of round ``t``: images in [0, 1] and labels (eval only), as
+        many as it realised (:meth:`secret_index`)."""
+        idx = self.secret_index(t, agent)
+        return self.data.train_x[idx], self.data.train_y[idx]
+
+    def batch_sizes(self, t: int) -> list[int]:
+        """Every agent's realised batch size in round ``t`` (from the secrets)."""
+        s = self.dir.load_secrets(t)
+        if "sizes" not in s:
+            self.secret_index(t, 0)  # the older-format error
+        return [int(v) for v in s["sizes"]]
+
+    def test_accuracy(self, state: State) -> float:
+        """Test accuracy of the agents' average model (on the validation split when the run
+        is configured with ``eval_split="validation"``)."""
+        return self.accuracies(state["x"].mean(0, keepdim=True))[0]
+
+    def agent_accuracies(self, state: State) -> list[float]:
+        """Test accuracy of each agent's own model (row i of ``state["x"]``), in agent order."""
+        return self.accuracies(state["x"])
+
+    def accuracies(self, flats: Tensor) -> list[float]:
+        """Test accuracy of each flat parameter vector of ``flats`` (M, D) on the test split
+        (less a public validation set the defense drew from it)."""
+
+        ctx = self.ctx
+        mean = torch.tensor(self.data.mean).view(-1, 1, 1)
+        std = torch.tensor(self.data.std).view(-1, 1, 1)
+        correct = [0] * len(flats)
+        with torch.no_grad():
+            for i in range(0, len(self.data.test_y), 1024):
+                x = ((self.data.test_x[i : i + 1024] - mean) / std).to(ctx.device)
+                y = self.data.test_y[i : i + 1024]
+                for m, flat in enumerate(flats):
+                    out = functional_call(ctx.model, ctx.spec.unflatten(flat), (x,))
+                    correct[m] += int((out.argmax(1).cpu() == y).sum())
+        n = max(len(self.data.test_y), 1)
+        return [c / n for c in correct]
+
+
+def split_holdout(parts: list[Tensor], size: int, seed: int) -> tuple[list[Tensor], list[Tensor]]:
+    """Hold ``size`` seeded examples of each shard out of training (a validation split)."""
+    if size <= 0:
+        return parts, []
+    gen = torch.Generator().manual_seed(seed + 7919)  # apart from the run's own stream
+    train, held = [], []
+    for part in parts:
+        if len(part) <= size:
+            raise PrivauditError(
+                f"a shard of {len(part)} examples cannot hold out {size} for validation; "
+                "lower the defense's val_size or --agents"
+            )
+        perm = torch.randperm(len(part), generator=gen)
+        held.append(part[perm[:size]].sort().values)
+        train.append(part[perm[size:]].sort().values)
+    return train, held

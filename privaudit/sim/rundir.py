@@ -1,0 +1,297 @@
+"""The run directory: config, checkpoints, captured messages and secrets, kept apart.
+
+    RUN/config.json                        the RunConfig plus the resolved σ and ε
+    RUN/manifest.json                      SHA-256 and tensor schema of every file below
+    RUN/checkpoints/round-000200.safetensors   agents' state + RNG state after that round
+    RUN/messages/round-000200.safetensors      captured messages, key "src-dst-kind"
+    RUN/secrets/round-000200.safetensors       realised batches (privaudit.core.sampling.secrets)
+
+Only safetensors and JSON are ever read (no pickle). Every write is atomic and durable (a
+temporary file, fsynced, then ``os.replace`` and an fsync of the folder) and recorded in
+the manifest (:mod:`privaudit.sim.manifest`); every read checks the bytes against it, so a
+truncated, edited or foreign file is reported with its name and the fix, never used. One
+process writes a run at a time (:mod:`privaudit.sim.runlock`); a writer that starts removes
+the temporary files a killed one left. Symbolic links inside a run directory are refused:
+its files are its own, and nothing is written outside it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
+from torch import Tensor
+
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
+from privaudit.core.files import write_bytes
+from privaudit.sim import runlock
+from privaudit.sim.manifest import Manifest, entry, safetensors_header
+
+Key = tuple[int, int, int, str]
+FOLDERS = ("checkpoints", "messages", "secrets")
+CONFIG = "config.json"
+SHARDS = "shards"  # the distributed engine's per-rank shards, each a RunDir
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise PrivauditError(
+            f"{path} is a symbolic link; a run directory holds its own files (nothing is read "
+            "from or written outside it): replace the link with the real file or folder"
+        )
+
+
+def _fix(rel: str) -> str:
+    if rel == CONFIG:
+        return "restore it, or delete the run directory and train again"
+    if rel.startswith("checkpoints/"):
+        return "delete it and rerun: the run resumes from the previous good checkpoint"
+    return "delete it and rerun: its round is re-simulated from a checkpoint"
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = Manifest(self.path)
+
+    # -- the folder itself ---------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    def exists(self) -> bool:
+        return self.config_path.exists()
+
+    def is_empty(self) -> bool:
+        """Whether the folder holds nothing but its locks (a run can be created in it)."""
+        ours = {runlock.WRITER, runlock.IO}
+        return not self.path.exists() or all(p.name in ours for p in self.path.iterdir())
+
+    def _folders(self) -> Iterator[Path]:
+        """The run's folders, shards' included (those that exist)."""
+        roots = [self.path]
+        shards = self.path / SHARDS
+        if shards.is_dir() and not shards.is_symlink():
+            roots += sorted(p for p in shards.iterdir() if p.is_dir() and not p.is_symlink())
+        for root in roots:
+            yield root
+            yield from (root / f for f in FOLDERS if (root / f).is_dir())
+
+    def check_links(self) -> None:
+        """Refuse symbolic links inside the run directory: a run's files are its own."""
+        for folder in self._folders():
+            for p in folder.iterdir():
+                _refuse_link(p)
+
+    def _checked(self, rel: str) -> Path:
+        """``RUN/rel``, refusing a symbolic link on the way."""
+        path = self.path
+        for part in Path(rel).parts:
+            path = path / part
+            _refuse_link(path)
+        return path
+
+    def remove_temporaries(self) -> None:
+        """Delete temporary files that a killed writer left (call as the writer)."""
+        for folder in self._folders():
+            for p in folder.glob(".*.tmp"):
+                p.unlink(missing_ok=True)
+
+    @contextmanager
+    def writer(self) -> Iterator[None]:
+        """Hold the run's writer lock (:mod:`privaudit.sim.runlock`) for a write session; the
+        first holder checks the folder and removes a killed writer's temporary files."""
+        first = not runlock.holds(self.path)
+        with runlock.writer(self.path):
+            if first:
+                self.check_links()
+                self.remove_temporaries()
+            yield
+
+    def adopt(self, pid: int) -> None:
+        """Write under the lock that process ``pid`` (a distributed launcher) holds."""
+        runlock.adopt(self.path, pid)
+
+    # -- files, checked against the manifest --------------------------------------------------
+    def _put(self, rel: str, data: bytes, tensors: bool) -> None:
+        path = self._checked(rel)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with runlock.io(self.path, exclusive=True):
+                files = self.manifest.files()
+                write_bytes(path, data)
+                files[rel] = entry(data, tensors)
+                write_bytes(self.manifest.path, self.manifest.text(files))
+        except OSError as e:
+            raise runlock.unwritable(self.path, e) from None
+
+    def _get(self, rel: str) -> bytes:
+        path = self._checked(rel)
+        with runlock.io(self.path, exclusive=False):
+            data = path.read_bytes()
+            why = self.manifest.mismatch(rel, data)
+        if why:
+            raise PrivauditError(f"{path} {why}; {_fix(rel)}")
+        return data
+
+    def recorded(self, rel: str) -> bool:
+        """Whether ``rel`` is a file privaudit wrote here (in the manifest, and present)."""
+        return rel in self.manifest.files() and (self.path / rel).exists()
+
+    def _tensors(self, rel: str) -> dict[str, Tensor]:
+        return self._decode(rel, self._get(rel))
+
+    def _decode(self, rel: str, data: bytes) -> dict[str, Tensor]:
+        try:
+            return load_bytes(data)
+        except Exception:
+            raise PrivauditError(
+                f"{self.path / rel} is not a safetensors file; {_fix(rel)}"
+            ) from None
+
+    def _save(self, rel: str, tensors: dict[str, Tensor], meta: dict[str, str] | None = None):
+        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        self._put(rel, save_bytes(tensors, metadata=meta), tensors=True)
+
+    # -- config ---------------------------------------------------------------------------
+    def read_config(self) -> tuple[RunConfig, dict[str, Any]]:
+        """The stored config and the resolved privacy values; one clear error if broken."""
+        if not self.path.is_dir():
+            raise PrivauditError(
+                f"run directory {self.path} does not exist; create it with privaudit train --out"
+            )
+        if not self.exists():
+            raise PrivauditError(
+                f"{self.path} is not a privaudit run (no config.json); "
+                "pass the --out folder of privaudit train"
+            )
+        if not self.manifest.exists():
+            raise PrivauditError(
+                f"{self.path} has no {self.manifest.path.name}, so its files cannot be checked "
+                "(an older privaudit wrote it); delete it and train again"
+            )
+        self.check_links()
+        data = self._get(CONFIG)
+        try:
+            raw = json.loads(data)
+            resolved = raw.pop("resolved")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError):
+            raise PrivauditError(
+                f"{self.config_path} is corrupt; delete the run directory and train again"
+            ) from None
+        try:
+            return RunConfig.from_dict(raw), resolved
+        except PrivauditError as e:
+            raise PrivauditError(f"{self.config_path}: {e}") from None
+
+    def write_config(self, cfg: RunConfig, resolved: dict[str, Any]) -> None:
+        doc = {**json.loads(cfg.to_json()), "resolved": resolved}
+        self._put(CONFIG, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), False)
+
+    # -- rounds -----------------------------------------------------------------------------
+    def round_file(self, what: str, t: int) -> Path:
+        """The file of round ``t`` under ``what`` ("checkpoints", "messages" or "secrets")."""
+        return self.path / self._rel(what, t)
+
+    @staticmethod
+    def _rel(what: str, t: int) -> str:
+        return f"{what}/round-{t:06d}.safetensors"
+
+    def rounds(self, what: str) -> list[int]:
+        """Rounds with a file under ``what`` that privaudit wrote (in the manifest)."""
+        out = []
+        for rel in self.manifest.files():
+            folder, _, name = rel.partition("/")
+            if folder != what or not name.startswith("round-"):
+                continue
+            try:
+                t = int(name.removeprefix("round-").removesuffix(".safetensors"))
+            except ValueError:
+                continue
+            if (self.path / rel).exists():
+                out.append(t)
+        return sorted(out)
+
+    def remove(self, what: str, t: int) -> None:
+        """Delete round ``t``'s file under ``what``, if there is one."""
+        rel = self._rel(what, t)
+        with runlock.io(self.path, exclusive=True):
+            (self.path / rel).unlink(missing_ok=True)
+            files = self.manifest.files()
+            if files.pop(rel, None) is not None:
+                write_bytes(self.manifest.path, self.manifest.text(files))
+
+    # checkpoints
+    def checkpoint_rounds(self) -> list[int]:
+        return self.rounds("checkpoints")
+
+    def save_checkpoint(self, t: int, tensors: dict[str, Tensor]) -> None:
+        self._save(self._rel("checkpoints", t), tensors)
+
+    def load_checkpoint(self, t: int) -> dict[str, Tensor]:
+        return self._tensors(self._rel("checkpoints", t))
+
+    # messages
+    def save_messages(
+        self, t: int, messages: dict[Key, Tensor], links: Iterable[tuple[int, int]]
+    ) -> None:
+        """Merge into the round's file: earlier captures of the same round are kept.
+
+        ``links`` are the directed links that were tapped, whether or not they carried a
+        message this round (time-varying graphs leave some idle)."""
+        with runlock.io(self.path, exclusive=True):
+            merged, tapped = self.read_messages(t)
+            merged.update(messages)
+            tapped = sorted(set(tapped) | {tuple(e) for e in links})
+            tensors = {f"{s}-{d}-{k}": v for (_, s, d, k), v in merged.items()}
+            self._save(self._rel("messages", t), tensors, {"links": json.dumps(tapped)})
+
+    def read_messages(self, t: int) -> tuple[dict[Key, Tensor], list[tuple[int, int]]]:
+        """Round ``t``'s captured messages and the directed links tapped (both empty if
+        none), from one checked read of its file."""
+        rel = self._rel("messages", t)
+        if not self.recorded(rel):
+            return {}, []
+        data = self._get(rel)
+        try:
+            meta = safetensors_header(data).get("__metadata__") or {}
+            links = [(int(s), int(d)) for s, d in json.loads(meta.get("links", "[]"))]
+        except (ValueError, TypeError, AttributeError):
+            raise PrivauditError(f"{self.path / rel} has malformed links; {_fix(rel)}") from None
+        out = {}
+        for name, v in self._decode(rel, data).items():
+            try:
+                s, d, kind = name.split("-", 2)
+                out[(t, int(s), int(d), kind)] = v
+            except ValueError:
+                raise PrivauditError(
+                    f"{self.path / rel} has a malformed message key {name!r}; {_fix(rel)}"
+                ) from None
+        return out, links
+
+    def captured_links(self, t: int) -> list[tuple[int, int]]:
+        """The directed links tapped in round ``t`` (empty if none)."""
+        return self.read_messages(t)[1]
+
+    def load_messages(self, t: int) -> dict[Key, Tensor]:
+        """Round ``t``'s captured messages, keyed (t, src, dst, kind) (empty if none)."""
+        return self.read_messages(t)[0]
+
+    # secrets
+    def save_secrets(self, t: int, tensors: dict[str, Tensor]) -> None:
+        self._save(self._rel("secrets", t), tensors)
+
+    def has_secrets(self, t: int) -> bool:
+        return self.recorded(self._rel("secrets", t))
+
+    def load_secrets(self, t: int) -> dict[str, Tensor]:
+        rel = self._rel("secrets", t)
+        if not self.recorded(rel):
+            raise PrivauditError(f"no secrets recorded for round {t} in {self.path}")
+        return self._tensors(rel)
