@@ -288,7 +288,7 @@ def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
 
     args = (stack.params, stack.mean, stack.std, stack.clip, stack.has_clip)
     if stack.scale.shape[0] == 1:
-        # one problem: vmap's batching rules would only add overhead (~25% per iteration)
+        # one problem: vmap's batching rules would only add per-iteration overhead
         p1, mean1, std1, clip1, has1 = (
             {n: v[0] for n, v in a.items()} if isinstance(a, dict) else a[0] for a in args
         )
@@ -391,8 +391,8 @@ def value_and_grad(
     ``example`` with ``make_fx`` into a flat graph of ATen operations, and every iteration
     replays that graph: the same operations on the same values (results equal to float
     rounding) without re-running functorch's transform layers, ``functional_call``, module
-    calls and the objective's Python on every step. On the sigmoid LeNet at B = 1 (one CPU
-    thread) this halves the time of an iteration (benchmarks/run.py). The objective must not
+    calls and the objective's Python on every step — the overhead that dominates an iteration
+    on a small model and batch (the sigmoid LeNet at B = 1). The objective must not
     branch on tensor values, and what it closes over (targets, labels, model parameters) is
     baked into the graph as constants. If tracing fails, the untraced function is used.
     ``channels_last`` runs the traced graph's convolutions channels-last
@@ -432,8 +432,8 @@ def value_and_grad(
 @contextmanager
 def _no_gc() -> Iterator[None]:
     """Python's cyclic garbage collector off while tracing: make_fx creates many short-lived
-    objects and a collection in the middle of it cost 0.3 s on the 16-observation LeNet step
-    (tracing 0.34–0.72 s with it, 0.31–0.33 s without); the garbage is collected after."""
+    objects, and a collection triggered in the middle of tracing walks all of them, which can
+    cost as much as the tracing itself; the garbage is collected after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -445,10 +445,10 @@ def _no_gc() -> Iterator[None]:
 
 def worth_tracing(stack: Stack, clip_aware: bool) -> bool:
     """Whether :func:`value_and_grad` should trace: only for the plain (not per-example)
-    dummy gradient. Its iterations are overhead-bound (B = 1 LeNet: traced 1.5 vs 2.4–4 ms),
-    while the per-example (clip-aware) graph is compute-bound (B = 8 LeNet, clipped: 31 ms
-    per iteration either way, 1 thread), takes 1–4 s to trace, and its many small
-    decomposed operations lose 2–3× when two OpenMP threads compete with other processes."""
+    dummy gradient. Its iterations are overhead-bound, so replaying a trace saves most of
+    their time, while the per-example (clip-aware) graph is compute-bound (tracing saves
+    nothing per iteration), is slow to trace, and its many small decomposed operations slow
+    down badly when two OpenMP threads compete with other processes."""
     return not (clip_aware and bool(stack.has_clip.any()))
 
 
@@ -458,13 +458,12 @@ _STRIDE_SENSITIVE = {aten.as_strided.default, aten._reshape_alias.default, aten.
 def channels_last_convs(gm: torch.fx.GraphModule) -> None:
     """Rewrite a traced graph so every 2-d convolution (and its backward) reads channels-last
     tensors — oneDNN's fast layout for grouped convolutions with few channels per group,
-    i.e. K observations batched by ``vmap`` (measured, 16 observations on the sigmoid
-    LeNet, one thread: see :func:`onednn_convs`) — and every ``view`` becomes a ``reshape``,
-    which copies only where a channels-last tensor cannot be viewed. A transposed convolution
-    (the double backward's input gradients) becomes the input gradient of the forward
-    convolution, the same operator oneDNN runs ~2× faster (stride 2: 0.71 → 0.30 ms,
-    16 observations). Results are the same up to float rounding. Left unchanged if the graph
-    has an operation that depends on strides."""
+    i.e. K observations batched by ``vmap`` (see :func:`onednn_convs`) — and every ``view``
+    becomes a ``reshape``, which copies only where a channels-last tensor cannot be viewed.
+    A transposed convolution (the double backward's input gradients) becomes the input
+    gradient of the forward convolution: the same mathematics, through a oneDNN kernel that
+    is cheaper than its transposed convolution (notably at stride 2). Results are the same up
+    to float rounding. Left unchanged if the graph has an operation that depends on strides."""
     g = gm.graph
     if any(n.target in _STRIDE_SENSITIVE for n in g.nodes):
         return
@@ -511,8 +510,8 @@ def direct_ops(gm: torch.fx.GraphModule, example: tuple[Tensor, ...]) -> Callabl
     """``gm``'s forward with every ATen overload called through its C++ entry point
     (``OpOverload._op``, what ``OpOverload.__call__`` calls) instead of
     ``torch.ops.aten.<op>.<overload>(…)``: no Python frame and no attribute lookups per
-    operation. A traced step is a few hundred small operations, so this is ~15% of an
-    iteration on the B = 1 LeNet (1.21 → 1.04 ms, one thread). The same operations run in
+    operation. A traced step is a few hundred small operations, so on a small model that
+    per-operation Python is a noticeable share of an iteration. The same operations run in
     the same order; checked bitwise on ``example``, else ``gm`` itself is returned."""
     ops: dict[str, object] = {}
 
@@ -603,9 +602,8 @@ def _widest_conv(model: nn.Module) -> int:
 def onednn_convs(stack: Stack, examples: int) -> bool:
     """Whether an attack's convolutions run on oneDNN (see :func:`conv_backend`): on the
     CPU, when ``examples`` × the widest convolution's output channels exceeds
-    ``SMALL_CONV``. Its traced graphs are then rewritten for oneDNN
-    (:func:`channels_last_convs`): 16 observations × 1 image on the sigmoid LeNet, traced IG
-    step, 1 thread, 5.7–5.9 ms against 8.2–10.0 ms as traced (min of 100 iterations)."""
+    ``SMALL_CONV``. Its traced graphs are then rewritten for oneDNN's fast channels-last
+    layout (:func:`channels_last_convs`)."""
     return stack.device.type == "cpu" and examples * _widest_conv(stack.model) > SMALL_CONV
 
 
@@ -614,9 +612,9 @@ def conv_backend(stack: Stack, examples: int) -> Iterator[None]:
     """Convolution kernels for one attack. On the CPU, ATen's own (im2col + GEMM) replace
     oneDNN's when ``examples`` (images per convolution call) × the widest convolution's
     output channels is at most ``SMALL_CONV`` — e.g. one image through the 12-channel LeNet —
-    where oneDNN's per-call overhead dominates. Measured (traced IG step, 1 thread, ms per
-    iteration oneDNN / ATen): LeNet 1 image 5.9 / 3.6, 16 images 31 / 33, 8 images 8.9 / 12.9;
-    DPDL CNN (64 channels) 1 image 10.3 / 20.9. Same mathematics, float rounding differs."""
+    where oneDNN's per-call overhead dominates; with 8 or more images through the LeNet, or
+    one image through the 64-channel DPDL CNN, oneDNN is faster (figures: README, "Benchmarks").
+    Same mathematics, float rounding differs."""
     small = stack.device.type == "cpu" and not onednn_convs(stack, examples)
     before = torch._C._get_mkldnn_enabled()  # only this flag (mkldnn.flags() resets others)
     torch._C._set_mkldnn_enabled(before and not small)

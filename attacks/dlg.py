@@ -8,7 +8,7 @@ fixed unit step diverges to NaN from some initialisations (seen on the sigmoid L
 16×16) while strong Wolfe costs about the same and converges; pass ``line_search_fn=None``
 for the original. The optimiser is :class:`.lbfgs.LBFGS`, torch's L-BFGS (same iterates up
 to rounding) with the search direction from the compact representation instead of the
-two-loop recursion: about a quarter less time per evaluation on one 32×32 image. Dummy
+two-loop recursion: fewer Python-level operations per step, which matter on small images. Dummy
 images start uniform in [0, 1] (the authors draw N(0, 1)) and are unconstrained during the
 search, as in the paper; they are clamped to [0, 1] on return; label logits start N(0, 1).
 Each observation returns the best iterate it reached (lowest matching loss over every point

@@ -13,23 +13,23 @@ Defaults and why:
 - ``tv=5e-2``: TV on [0, 1] pixels, breaching's mean form. Published values span
   1e-6…1e-1 (``inversefed``'s DEFAULT_CONFIG 1e-1, its CIFAR examples 1e-4…1e-6, breaching
   0.2 — all on *normalised* images, where a weight acts ≈ 1/std ≈ 4× more than here).
-  Measured here (1000 iterations, 5 images, B = 1, untrained nets, normalised inputs, mean
-  PSNR): sigmoid LeNet 13.6 / 14.2 / 20.7 / 22.9 / 21.6 dB for 1e-4 / 1e-3 / 1e-2 / 3e-2 /
-  1e-1; ReLU CNN 36.3 / 33.2 / 28.2 / 23.6 dB for 1e-3 / 1e-2 / 3e-2 / 1e-1. On the LeNet
-  *trained* for 200 rounds with raw [0, 1] inputs (``nd-cg``, 8 victims, seed 0): 21.8 /
-  22.0 / 21.2 / 20.6 dB for 1e-2 / 5e-2 / 1e-1 / 2e-1 at 2000 iterations, 22.3 dB for 5e-2
-  at 3000. ``tv=5e-2`` is the default for the default (sigmoid LeNet) model; lower it to
-  1e-3 for ReLU nets (``privaudit attack -a tv=1e-3``).
+  Mean PSNR over weights 1e-4…1e-1 (B = 1, untrained nets, normalised inputs) peaks near
+  3e-2 on the sigmoid LeNet (≈ 9 dB above 1e-3) and falls steadily with the weight on the
+  ReLU CNN (best at 1e-3); on the LeNet *trained* for 200 rounds with raw [0, 1] inputs
+  (``nd-cg``, 8 victims) it varies by under 1.5 dB from 1e-2 to 2e-1, highest at 5e-2.
+  ``tv=5e-2`` is the default for the default (sigmoid LeNet) model; lower it to 1e-3 for
+  ReLU nets (``privaudit attack -a tv=1e-3``).
 - ``iterations=3000``: Geiping/breaching run 24 000 (GPU, ResNets); on the trained LeNet
-  2000 → 3000 iterations raise nd-cg from 22.0 to 22.3 dB, and a batch of 8 runs in
-  ~25 s on 2 CPU cores. ``restarts=1`` (breaching's default; picking the restart with the
-  lowest cosine loss did not raise PSNR here).
+  PSNR still rises a little from 2000 to 3000 iterations, and a CPU run stays short (PSNR
+  figures: README, "Benchmarks").
+  ``restarts=1`` (breaching's default; picking the restart with the lowest cosine loss did
+  not raise PSNR here).
 - ``noise_aware=True``: where every observation states its noise std and its scale is
   known (e.g. a cross-gradient with Gaussian noise), the cosine is replaced by the Gaussian
   negative log-likelihood (:func:`gaussian_nll`), making the attack a MAP estimate with TV as
-  the prior. Measured (dpdl-cg, B = 1, round 100, 8 victims, 2000 iterations): 5.91 → 7.32
-  dB PSNR at ε = 8 and 5.84 → 8.41 dB at ε = 64 (SSIM 0.002 → 0.06 / 0.08). No effect on
-  noise-free or scale-estimated observations.
+  the prior. On dpdl-cg (B = 1, round 100, 8 victims, 2000 iterations) this raises PSNR by
+  about 1.4 dB at ε = 8 and 2.6 dB at ε = 64 over the cosine. No effect on noise-free or
+  scale-estimated observations.
 
 Batching: all observations and restarts are one tensor under one Adam; Adam, the sign and
 the box are elementwise and the losses are independent, so a batched run equals separate

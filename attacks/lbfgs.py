@@ -12,8 +12,8 @@ Nocedal & Wright 2006, *Numerical Optimization*, eq. 7.24)::
 
 with ``S``, ``Y`` the stored steps and gradient differences, ``R`` the upper triangle of
 ``SᵀY`` and ``D`` its diagonal, instead of the two-loop recursion. Why: the recursion costs
-``4m`` Python-level ``dot``/``add_`` calls per iteration, which dominates on small problems
-(DLG on one 32×32 image, ``m = 100``: about as long as the closure itself); here a direction
+``4m`` Python-level ``dot``/``add_`` calls per iteration, which dominate on small problems
+(DLG on one 32×32 image, ``m = 100``, where the closure itself is cheap); here a direction
 is one product with the stacked ``[S Y]``, two ``m × m`` triangular solves and one product
 back, and ``SᵀY``, ``YᵀY`` gain a row and a column in ``O(mn)`` when a pair enters (the
 oldest's are dropped). ``H`` is the same matrix, so iterates equal torch's up to

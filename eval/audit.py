@@ -1,7 +1,8 @@
 """Empirical DP auditing of a target's own messages with canaries.
 
-Two experiments, both on the defense's real round code (its Context and a Network whose tap
-captures what it sends) and scored on what the threat model's View lets an adversary
+Two experiments, both on the defense's real round code, stepped by the engine's round loop
+(:class:`privaudit.sim.loop.RoundLoop`, over a Network whose tap captures what it sends), and
+scored on what the threat model's View lets an adversary
 compute (``defense.observe``):
 
 - **white box** (:func:`white_box`): the run is restored to the state before round ``t``
@@ -11,8 +12,9 @@ compute (``defense.observe``):
   The round is re-run — the only randomness left is the defense's fresh noise — and the
   Observation's target is projected on the canary direction (the canary's shift is then one
   coordinate of a Gaussian for a Gaussian channel: the most powerful test). Gradients are
-  computed once and replayed (the state and batch are fixed), and a trial stops as soon as
-  the messages the View needs have crossed the network, so thousands of trials are cheap.
+  computed once and replayed (a call whose inputs equal the first trial's, as the fixed
+  state and batch make them), and the round loop ends a trial's round as soon as the
+  messages the View needs have crossed the network, so thousands of trials are cheap.
   Bounds: Clopper–Pearson at a threshold chosen on held-out trials, and, where the
   Observation is exactly a Gaussian release (``meta["exact"]``), a Gaussian-DP estimate with
   a confidence interval (:mod:`privaudit.eval.bounds`); each at 1 − α/2, so the larger holds
@@ -83,7 +85,7 @@ class CanaryGrads:
     canaries: Tensor | None = None
     replay: bool = True
     clean: list[Tensor] = field(default_factory=list)  # victim rows' clean results (probe)
-    _store: dict[tuple[str, int], tuple[Any, Tensor, Tensor]] = field(default_factory=dict)
+    _store: dict[tuple[str, int], tuple[tuple, Tensor, Tensor]] = field(default_factory=dict)
     _calls: int = 0
 
     def start(self, canaries: Tensor | None) -> None:
@@ -105,20 +107,21 @@ class CanaryGrads:
         *rest: Any,
         owner: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``fn``'s result (replayed when this call's inputs match the first trial's) and
+        """``fn``'s result (replayed when this call's inputs are those of the first trial's
+        call at the same position: the same tensors, or equal ones element for element) and
         the mask of the victim's rows (pair p's batch is ``x[owner[p]]`` with ``owner``)."""
         key = (name, self._calls)
         self._calls += 1
-        sig = (tuple(flat.shape), tuple(x.shape), float(flat[..., ::97].sum()))
+        inputs = (flat, x, *[r for r in rest if isinstance(r, Tensor)], owner)
         hit = self._store.get(key) if self.replay else None
-        if hit is not None and hit[0] == sig:
+        if hit is not None and _same(hit[0], inputs):
             return hit[1], hit[2]
         if owner is None:
             out, rows = fn(flat, x, *rest), self._rows(x)
         else:
             out, rows = fn(flat, x, *rest, owner), self._rows(x)[owner]
         if self.replay:
-            self._store[key] = (sig, out, rows)
+            self._store[key] = (inputs, out, rows)
         if rows.any() and name != "per_example" and len(self.clean) < 64:
             self.clean.append(out[rows].detach())
         return out, rows
@@ -152,6 +155,14 @@ class CanaryGrads:
         return out
 
 
+def _same(a: tuple[Tensor | None, ...], b: tuple[Tensor | None, ...]) -> bool:
+    """Whether two calls' inputs are the same: each pair one tensor, or equal tensors."""
+    return len(a) == len(b) and all(
+        u is v or (u is not None and v is not None and torch.equal(u, v))
+        for u, v in zip(a, b, strict=True)
+    )
+
+
 def audit_batch(ctx: Any, index: Tensor) -> tuple[Tensor, Tensor]:
     """The padded batches of ``index`` (:meth:`Context.gather`) with every padded input set
     to its row's number + 1: a padded slot's gradient is 0 whatever it holds, and an empty
@@ -173,26 +184,6 @@ def check_trials(trials: int, delta: float, confidence: float = 0.95) -> int:
             f"(δ = {delta:g}); use at least {need}"
         )
     return need
-
-
-class _Done(Exception):
-    """Raised inside a round once every message the View needs has crossed the network."""
-
-
-class AuditNetwork(SimNetwork):
-    """The simulator's network, stopping the round at ``stop`` once ``needed`` (src, dst,
-    kind) messages of that round are all recorded (None: run the round to the end)."""
-
-    stop: int = 0
-    needed: set[tuple[int, int, str]] | None = None
-
-    def send(self, kind: str, per_out_edge: Tensor, edges: Any = None) -> Tensor:
-        out = super().send(kind, per_out_edge, edges)
-        if self.needed is not None and self.round == self.stop:
-            have = self.tap.messages
-            if all((self.round, s, d, k) in have for s, d, k in self.needed):
-                raise _Done
-        return out
 
 
 class _Recorder(dict):
@@ -345,28 +336,25 @@ def white_box(
     grads = CanaryGrads(ctx.grads, batch[0][s.src])
     actx = dataclasses.replace(ctx, grads=grads)
     tap = Tap(CaptureSpec.of(rounds=range(t, max(rounds) + 1), links=links))
-    net = AuditNetwork(ctx.adj, ctx.W, tap).to(ctx.device)
+    net = SimNetwork(ctx.adj, ctx.W, tap).to(ctx.device)
+    loop = run.loop.with_ctx(actx)
     public = run.public()
     names = ctx.spec.names
     # the victim's releases the Observation combines, and whether it is exactly (an affine
     # function of) them: only then are the scores Gaussian and the GDP estimate sound
     combined: dict[str, Any] = {"copies": 1, "exact": False}
+    # the messages of round t the Observation reads: a trial's round ends once they crossed
+    needed: set[tuple[int, int, str]] | None = None
 
     def trial(i: int, canary: Tensor | None, record: bool = False) -> float:
         _reseed(actx, seed * 1_000_003 + i + 2)  # trial i's noise, whatever ran before
         grads.start(None if canary is None else canary[None].to(ctx.device))
+        nonlocal needed
         tap.clear()
-        net.stop, net.round = t, t
-        state = dict(state0)
-        try:
-            state = defense.round(actx, run.params, state, net, batch)
-        except _Done:
-            pass
+        state = loop.step(dict(state0), t, net, batch, stop_after=needed).state
         grads.start(None)
-        for r in range(t + 1, max(rounds) + 1):
-            net.round = r
-            batch_r = audit_batch(actx, actx.sample())
-            state = defense.round(actx, run.params, state, net, batch_r)
+        for r in range(t + 1, max(rounds) + 1):  # needed is None: round t ran to its end
+            state = loop.step(state, r, net, audit_batch(actx, actx.sample())).state
         msgs = {**fixed, **{k: m.payload for k, m in tap.messages.items()}}
         view = s.threat.view(msgs, public)
         if record:
@@ -376,9 +364,9 @@ def white_box(
             combined["copies"] = int(obs.meta.get("copies", 1))
             combined["exact"] = bool(obs.meta.get("exact", False))
             used = view.messages.used & set(tap.messages)  # looked up and on the wire
-            net.needed = {(a, b, k) for (r, a, b, k) in used if r == t}
+            needed = {(a, b, k) for (r, a, b, k) in used if r == t}
             if max(rounds) > t:
-                net.needed = None  # later rounds need the whole round's state
+                needed = None  # later rounds need the whole round's state
         return float(_flat(obs, names) @ direction)
 
     canary = s.canary
@@ -506,7 +494,8 @@ def one_run(
     actx = dataclasses.replace(ctx, grads=grads)
     n, T = run.cfg.agents, run.cfg.rounds
     tap = Tap(CaptureSpec.of(links=s.threat.links(run.edges())))
-    net = AuditNetwork(ctx.adj, ctx.W, tap).to(ctx.device)
+    net = SimNetwork(ctx.adj, ctx.W, tap).to(ctx.device)
+    loop = run.loop.with_ctx(actx)
     public = run.public()
     scores = np.zeros(canaries)
     seen = 0
@@ -516,14 +505,13 @@ def one_run(
     with bar:
         try:
             for t in range(1, T + 1):
-                net.round = t
                 xb, yb = audit_batch(actx, actx.sample())
                 grads.victim_x = xb[s.src]
                 now = included & (rng.random(canaries) < q)
                 rows = torch.zeros(int(now.sum()), D)
                 rows[torch.arange(len(rows)), coords[now]] = norm
                 grads.start(rows.to(ctx.device) if len(rows) else None)
-                state = defense.round(actx, run.params, state, net, (xb, yb))
+                state = loop.step(state, t, net, (xb, yb)).state
                 history.update({k: m.payload for k, m in tap.messages.items()})
                 tap.clear()
                 for r in range(1, t + 1):  # rounds whose observation is now complete

@@ -315,7 +315,7 @@ def _check_defense(
     if not all(isinstance(f, Privacy) for f in facts):
         raise _Broken(
             f"defense {name!r}'s privacy() does not return Privacy facts",
-            "return privaudit.defenses.base.Privacy(...) for every kind",
+            "return privaudit.core.privacy.Privacy(...) for every kind",
         )
 
 

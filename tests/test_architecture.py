@@ -251,30 +251,43 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     assert "sim" not in MAY_IMPORT["core"] and "defenses" not in MAY_IMPORT["attacks"]
 
 
+def _defined(tree: ast.AST) -> set[str]:
+    """The names a module defines or assigns: functions, classes, variables, attributes."""
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.arg):
+            own.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            own.add(node.target.id)
+    return own
+
+
 def underscore_reaches() -> list[str]:
-    """``x._name`` where ``_name`` is not defined in the module itself: a reach into another
-    module's (or library's) private member."""
+    """``x._name`` in one module where ``_name`` is a private member another project module
+    defines (and this one does not): a reach into that module's internals."""
+    trees = {name: ast.parse(path.read_text()) for name, (path, _) in modules().items()}
+    own = {name: _defined(tree) for name, tree in trees.items()}
+    private = defaultdict(set)
+    for name, names in own.items():
+        for n in names:
+            if n.startswith("_") and not n.startswith("__"):
+                private[n].add(name)
     found = []
-    for name, (path, _) in modules().items():
-        tree = ast.parse(path.read_text())
-        own: set[str] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                own.add(node.name)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                own.add(node.id)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-                own.add(node.attr)
-            elif isinstance(node, ast.arg):
-                own.add(node.arg)
+    for name, tree in trees.items():
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Attribute)
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
-                and node.attr not in own
+                and node.attr in private
+                and node.attr not in own[name]
             ):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} reaches .{node.attr}")
+                where = f"{modules()[name][0].relative_to(ROOT)}:{node.lineno}"
+                found.append(f"{where} reaches .{node.attr} of {sorted(private[node.attr])}")
     return found
 
 

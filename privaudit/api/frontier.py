@@ -1,8 +1,9 @@
 """Privacy–utility frontiers: accuracy at the operating points against ε and against the attack.
 
-A comparison sweep at the ``utility`` preset (:mod:`privaudit.scenario.presets`) trains every defense at
-its operating point for each ε and attacks the message of its last round. This module adds
-the two references every frontier is read against, and draws and tabulates the frontier:
+A comparison sweep at the ``utility`` preset (:mod:`privaudit.scenario.presets`) trains every
+defense at its operating point for each ε and attacks the message of its last round. This
+module adds the two references every frontier is read against, and draws and tabulates the
+frontier:
 
 - **centralised DP-SGD** (opacus, :func:`privaudit.eval.reference.reference_for`) on the
   pooled training data at the same ε, δ and accountant — the best a decentralised algorithm

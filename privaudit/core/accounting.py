@@ -1,7 +1,7 @@
 """Privacy accounting with opacus (never hand-rolled): σ from ε and ε from σ.
 
 Every ε the tool prints comes from here, and every one of them from a defense's mechanism
-facts (:meth:`Defense.privacy`, a :class:`~privaudit.defenses.base.Privacy` per message
+facts (:meth:`Defense.privacy`, a :class:`~privaudit.core.privacy.Privacy` per message
 kind and agent): the run's σ calibration (:func:`calibrate`), the ε a run reports per
 message kind and per agent (:func:`run_privacy`), and the audit's upper bounds
 (:func:`account`).
@@ -43,11 +43,11 @@ SAMPLING = "Poisson, q_i = B / n_i per agent"
 ACCOUNTANTS = ("rdp", "prv")
 
 # The PRV accountant discretises the privacy loss on a grid whose size grows with √T and as
-# σ shrinks (Gopi et al. 2021, opacus' domain rule); it answers in about 0.7 µs per point
-# and a few hundred bytes per point. Past this size it is not asked (about 1.5 s, 1 GB).
+# σ shrinks (Gopi et al. 2021, opacus' domain rule); its time and memory (a few hundred bytes
+# per point) grow linearly with the grid. Past this size (about 1 GB) it is not asked.
 PRV_MAX_POINTS = 2**21
-# what one search for σ may spend on PRV grids in all (about 25 s; 2,000 rounds at q = 0.01
-# and ε = 8 spend 6e6)
+# what one search for σ may spend on PRV grids in all (16 grids of the largest size; 2,000
+# rounds at q = 0.01 and ε = 8 spend 6e6)
 PRV_SEARCH_POINTS = 2**25
 # opacus' search tolerance on ε (absolute), and a bound on its bisection's steps: past it,
 # the bracket's upper end (whose ε is at most the target) is returned

@@ -1,7 +1,7 @@
 """The documented range of every numeric input, and the checks that enforce them.
 
 Each bound is where the component behind it still answers in well under a few seconds and
-in bounded memory (measured with opacus 1.6 on a 2-core CPU), or where a larger value is
+in bounded memory (opacus 1.6 on a 2-core CPU), or where a larger value is
 meaningless:
 
 - ε ∈ [1e-3, 1e3]: a DP guarantee outside is no guarantee (ε > 1e3) or needs σ beyond

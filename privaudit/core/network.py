@@ -25,7 +25,7 @@ implements the same transfer with torch.distributed point-to-point operations.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +97,8 @@ class Network:
         ]
         self.tap = tap if tap is not None else Tap()
         self.round = 0
+        # called after every send (the round loop's early end of a round, privaudit.sim.loop)
+        self.after_send: Callable[[], None] | None = None
         self._links: dict[tuple[tuple[int, int], ...], Links] = {}
         self.links = self.links_of(None)
         self.held = torch.tensor(self.agents, dtype=torch.long, device=self.device)
@@ -137,7 +139,10 @@ class Network:
         """Row ``e`` goes from out-edge ``e``'s sender to its receiver; returns the rows
         received on the in-edges. ``edges`` overrides the graph's links for this call
         (time-varying or directed graphs, e.g. one push-sum peer per round)."""
-        return self._transfer(kind, per_out_edge, self.links_of(edges))
+        out = self._transfer(kind, per_out_edge, self.links_of(edges))
+        if self.after_send is not None:
+            self.after_send()
+        return out
 
     def broadcast(self, kind: str, per_agent: Tensor) -> Tensor:
         """Held agent ``i`` sends ``per_agent[i]`` to each neighbour; returns per-in-edge rows."""

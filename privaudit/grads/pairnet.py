@@ -14,22 +14,21 @@ gradients, as opacus computes grad samples:
   ‖g‖²‖a‖² (the ghost norm, Goodfellow 2015; Li et al. 2022) and the clipped sum one
   einsum Σ_b f_b g_b a_bᵀ.
 
-Every convolution runs channels-last (oneDNN's faster layout here: the stride-2 input
-gradient 17.7 → 7.7 ms at 96 pairs, one thread), with 12 channels per pair zero-padded to 16
-(:func:`padded_channels`); per-example weight gradients are read in that memory order, so
-the only layout copies are one per activation into the one-image-per-example layout. Pairs
-that share a batch (``owner``: DPDL's self and cross pairs of one data owner) read it once,
-and their first convolution is one group with all their filters. Large calls run in chunks
-of pairs (``CHUNK_FLOATS``) so each chunk's tensors stay in cache; Poisson batches of
-different sizes run in chunks of similar sizes, each padded only to its own widest batch.
+Every convolution runs channels-last (the layout oneDNN's grouped convolutions with few
+channels per group run directly, the stride-2 input gradient above all), with 12 channels per
+pair zero-padded to 16 (:func:`padded_channels`); per-example weight gradients are read in
+that memory order, so the only layout copies are one per activation into the
+one-image-per-example layout. Pairs that share a batch (``owner``: DPDL's self and cross
+pairs of one data owner) read it once, and their first convolution is one group with all
+their filters. Large calls run in chunks of pairs (``CHUNK_FLOATS``) so each chunk's
+tensors stay in cache; Poisson batches of different sizes run in chunks of similar sizes,
+each padded only to its own widest batch.
 
 The clip factors f_b = min(1, C/(‖g_b‖ + 1e-12))/B (:func:`privaudit.grads.clip_rows`), B the
 expected batch size, weight one batched sum per layer; the padded slots of a Poisson batch
 (:mod:`privaudit.core.sampling`) have ignored labels, so their gradients, and their terms, are 0.
 Same mathematics as the ``vmap`` path; float rounding differs (relative 1e-6 on the default
-LeNet and the DPDL CNN, ``tests/test_grads.py``). Measured,
-DPDL's clipped means of a 32-agent round (LeNet, B = 8, 96 pairs, 3 per batch): nested
-``vmap`` 116 ms on one thread, 60 ms on two; this engine 67 ms on one, 33–42 ms on two.
+LeNet and the DPDL CNN, ``tests/test_grads.py``).
 
 Supported models: parametrised layers are ``Conv2d`` (groups = 1, zero padding) and
 ``Linear``; every other module is parameter-free and acts per channel or per element
@@ -72,7 +71,7 @@ CHANNELWISE = (
 CHECK_TOL = 1e-4  # relative agreement of the first call's logits with the model itself
 # floats of the largest stacked activation per chunk of pairs (4 MB): larger calls run in
 # chunks, whose activations and per-example gradients stay in cache between the layers'
-# kernels (DPDL, 96 pairs, 2 threads: 40 → 38 ms in 3 chunks)
+# kernels
 CHUNK_FLOATS = 1 << 20
 # (pair, example) slots of padding worth a chunk of its own: a chunk costs about a dozen
 # per-example gradients (LeNet, DPDL pairs, one thread), so Poisson batches of different
@@ -83,10 +82,11 @@ WIDEN_SLOTS = 12
 def padded_channels(c: int) -> int:
     """Channels per pair a stacked convolution computes for ``c`` real ones: the next multiple
     of 8 when that adds at most a third (12 → 16, 20 → 24), else ``c``. oneDNN blocks 12
-    channels in fours; zero-padded to 16 its AVX-512 kernels run the forward and input-gradient
-    convolutions of the stacked LeNet 1.9–2.5× faster despite 1.8× the multiply-adds (32 pairs,
-    B = 8, 2 threads; a 32-agent DPDL round 53 → 49 ms). 4, 6, 8 and 10 channels gained
-    nothing; per-example weight gradients keep the real channels (padded, they are slower)."""
+    channels in fours; zero-padded to 16 they fill its 16-wide AVX-512 blocks, so the forward
+    and input-gradient convolutions of the stacked LeNet cost less despite 1.8× the
+    multiply-adds. Smaller counts (4, 6, 8, 10) do not gain from padding, hence ``c > 8`` and
+    the limit of a third; per-example weight gradients keep the real channels (padding would
+    only add work there)."""
     up = -(-c // 8) * 8
     return up if c > 8 and 3 * up <= 4 * c else c
 
@@ -173,7 +173,7 @@ class PairNet:
         t.params, t.pairs, t.records, t.channels, t.shared = params, p, [], None, shared
         if x.dim() == 5:
             # channels-last in one copy: (N, B, C, H, W) -> memory (B, H, W, R·C), as a
-            # gather along N (2.5× faster than the permuted copy: 96 pairs 2.5 → 1.0 ms)
+            # gather along N (cheaper than a contiguous copy of the permuted view)
             h, w = x.shape[3:]
             stacked = x.permute(1, 3, 4, 0, 2).index_select(3, rows)
             stacked_x = stacked.reshape(b, h, w, -1).permute(0, 3, 1, 2)

@@ -5,8 +5,8 @@ Every defense needs the gradient of some agent's batch at some agent's model: it
 one ``vmap`` over pairs (and, for DP clipping, a nested ``vmap`` over examples), so a
 round costs a handful of kernel launches instead of a Python loop over agents. On the CPU,
 per-example clipping of a plain conv/linear net runs on :mod:`privaudit.grads.pairnet` instead
-(one stacked forward and backward; 1.5–1.7× faster than the nested ``vmap`` at 96 pairs,
-same results to float rounding); other models and devices use ``vmap``.
+(one stacked forward and backward, without materialising every per-example gradient; same
+results to float rounding); other models and devices use ``vmap``.
 
 Batches are padded (:mod:`privaudit.core.sampling`): a padded slot has label
 :data:`~privaudit.core.sampling.IGNORE`, so losses are summed (never averaged: a batch may have no

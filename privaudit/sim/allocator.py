@@ -4,11 +4,10 @@ glibc serves an allocation above ``M_MMAP_THRESHOLD`` (adaptive, at most 32 MB) 
 pages from ``mmap`` and hands them back to the kernel on ``free``, and trims the heap top
 above ``M_TRIM_THRESHOLD``. A simulator round allocates tensors of tens of MB (per-example
 gradients of every pair) and frees them again, so each round page-faults its working set
-in anew: a 48 MB elementwise product took 23 ms on fresh pages against 2 ms on reused ones,
-and a 32-agent DPDL round 150 → 121 ms with the thresholds raised (one CPU thread,
-``benchmarks/run.py``). Raising both thresholds keeps freed blocks in the heap, where the
-next round reuses them; the process's peak memory is unchanged (the same tensors are alive
-at the peak), it just is not returned to the kernel between rounds.
+in anew, and faulting in fresh pages costs several times the arithmetic done on them.
+Raising both thresholds keeps freed blocks in the heap, where the next round reuses them;
+the process's peak memory is unchanged (the same tensors are alive at the peak), it just is
+not returned to the kernel between rounds.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ records every message where it arrives, on the receiving rank, so each message i
 once, as it came off the wire.
 
 Same seed → same messages: agent r's generator is seeded as in the simulator
-(:func:`privaudit.defenses.base.agent_seed`) and draws the same batches and noise in the same
+(:func:`privaudit.core.context.agent_seed`) and draws the same batches and noise in the same
 order, and a receiver sums its incoming rows in the same (global link) order. Float results
 agree with the simulator to rounding, not bit for bit: the simulator evaluates the gradients
 of all N agents in one ``vmap`` and a rank those of one agent, and oneDNN picks its

@@ -2,12 +2,12 @@
 
 All agents live in one ``(N, D)`` tensor per state variable; a round's gradients are one
 ``torch.func`` ``vmap`` over (model, batch) pairs (see :mod:`privaudit.grads`). Each agent
-has its own seeded ``torch.Generator`` (:func:`privaudit.defenses.base.agent_seed`) that
+has its own seeded ``torch.Generator`` (:func:`privaudit.core.context.agent_seed`) that
 draws its batches and the noise of the rows it owns; every agent's generator state is saved
 with each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture
 an earlier round send bit-identical messages, and a torch.distributed rank holding one agent
 (:mod:`privaudit.sim.distributed`) draws exactly what the simulator draws for that agent.
-The round loop (:meth:`Run.simulate`) is shared by both engines.
+Both engines step rounds through :class:`privaudit.sim.loop.RoundLoop` (:meth:`Run.simulate`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from privaudit.scenario.data import (
 from privaudit.scenario.models import build_model, normalizes_inputs
 from privaudit.scenario.topology import build_topology, metropolis_hastings, validate_mixing
 from privaudit.sim.allocator import keep_freed_memory
+from privaudit.sim.loop import RoundLoop
 from privaudit.sim.rundir import Key, RunDir
 
 
@@ -282,38 +283,14 @@ class Run:
             start_limit = min(min(capture.rounds) - 1, until)
         return max([c for c in self.dir.checkpoint_rounds() if c <= start_limit], default=0)
 
+    @property
+    def loop(self) -> RoundLoop:
+        """The round loop over this process's agents, checkpointing into the run directory."""
+        return RoundLoop(self.defense, self.params, self.ctx, self.cfg.seed, self.dir)
+
     def restore(self, t: int) -> State:
         """The held agents' state after round ``t`` and their generators as they were then."""
-        ctx = self.ctx
-        if t == 0:
-            for a, g in zip(ctx.agents, ctx.generators, strict=True):
-                g.manual_seed(agent_seed(self.cfg.seed, a))
-            return self.defense.init(ctx, self.params)
-        blob = self.dir.load_checkpoint(t)
-        path = self.dir.path / "checkpoints"
-        for a, g in zip(ctx.agents, ctx.generators, strict=True):
-            if f"rng.{a}" not in blob:
-                raise PrivauditError(
-                    f"checkpoint round {t} in {path} has no RNG state for agent {a} (an older "
-                    "privaudit wrote it); delete that folder and train again"
-                )
-            g.set_state(blob[f"rng.{a}"])
-        rows = torch.tensor(ctx.agents)
-        whole = ctx.n_held == ctx.n
-        return {
-            k.removeprefix("state."): (v if whole or v.dim() == 0 else v[rows]).to(ctx.device)
-            for k, v in blob.items()
-            if k.startswith("state.")
-        }
-
-    @staticmethod
-    def _checkpoint(store: RunDir, t: int, state: State, rngs: dict[str, Tensor]) -> None:
-        blob = {f"state.{k}": v for k, v in state.items()}
-        store.save_checkpoint(t, {**blob, **rngs})
-
-    def _rng_states(self) -> dict[str, Tensor]:
-        held = zip(self.ctx.agents, self.ctx.generators, strict=True)
-        return {f"rng.{a}": g.get_state() for a, g in held}
+        return self.loop.restore(t)
 
     def simulate(
         self,
@@ -325,12 +302,13 @@ class Run:
         store: RunDir | None = None,
         on_checkpoint: Callable[[int], None] | None = None,
     ) -> State:
-        """Rounds ``start+1 .. until`` over the agents ``net`` holds: the one round loop of
-        both engines. Secrets, captured messages and checkpoints of the held agents go to
-        ``store`` (default the run directory; a rank's shard under torch.distributed), and
-        ``on_checkpoint(t)`` runs after each checkpoint is written."""
+        """Rounds ``start+1 .. until`` over the agents ``net`` holds, stepped by
+        :class:`~privaudit.sim.loop.RoundLoop` in both engines. Secrets, captured messages
+        and checkpoints of the held agents go to ``store`` (default the run directory; a
+        rank's shard under torch.distributed), and ``on_checkpoint(t)`` runs after each
+        checkpoint is written."""
 
-        ctx, tap = self.ctx, net.tap
+        loop, tap = self.loop, net.tap
         store = store or self.dir
         have = set(self.dir.checkpoint_rounds())
         links = [e for e in (tap.spec.links or self.edges()) if net.tapped(e)]
@@ -345,25 +323,23 @@ class Run:
             stop_requests() as stop,
         ):
             task = bar.add_task(f"{self.defense.name} rounds", total=until, completed=start)
-            done, rng = start, self._rng_states()  # the last round finished, its generators
+            done, rng = start, loop.rng_states()  # the last round finished, its generators
             agreed = False  # every process holds its stop request at this same boundary
             try:
                 for t in range(start + 1, until + 1):
                     agreed = net.agree(stop.requested)
                     if agreed:
                         break
-                    net.round = t
-                    idx = ctx.sample()
-                    batch = ctx.gather(idx)
-                    state = self.defense.round(ctx, self.params, state, net, batch)
-                    done, rng = t, self._rng_states()
+                    idx, batch = loop.sample()
+                    state = loop.step(state, t, net, batch).state
+                    done, rng = t, loop.rng_states()
                     if tap.spec.wants_round(t):
-                        store.save_secrets(t, sampling.secrets(idx, ctx.train_y))
+                        store.save_secrets(t, sampling.secrets(idx, self.ctx.train_y))
                         payloads = {k: m.payload for k, m in tap.messages.items()}
                         store.save_messages(t, payloads, links)
                         tap.clear()
                     if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
-                        self._checkpoint(store, t, state, rng)
+                        loop.checkpoint(store, t, state, rng)
                         have.add(t)
                         if on_checkpoint is not None:
                             on_checkpoint(t)
@@ -377,7 +353,7 @@ class Run:
                 # a rank writes its rows to its shard; the launcher merges complete rounds
                 if done > start and done not in have:
                     with signals_deferred():
-                        self._checkpoint(store, done, state, rng)
+                        loop.checkpoint(store, done, state, rng)
                 raise Interrupted(
                     f"interrupted after round {done}; run the same command again to resume "
                     f"from round {done}"
