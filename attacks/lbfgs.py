@@ -37,7 +37,7 @@ from torch.optim.lbfgs import _strong_wolfe
 __all__ = ["LBFGS"]
 
 
-class _History:
+class History:
     """The L-BFGS memory: ``pairs[k] = (s, y)`` in a ring (``first`` is the oldest slot) and
     ``gram = (SᵀY, YᵀY)`` (float64, oldest first), so ``gram[0][i, j] = sᵢᵀyⱼ``."""
 
@@ -45,12 +45,12 @@ class _History:
         self.pairs, self.num, self.first, self.gram = pairs, num, first, gram
 
     @classmethod
-    def empty(cls, like: Tensor) -> _History:
+    def empty(cls, like: Tensor) -> History:
         gram = torch.zeros(2, 0, 0, dtype=torch.float64, device=like.device)
         return cls(like.new_empty(1, 2, like.numel()), 0, 0, gram)
 
     @classmethod
-    def from_state(cls, state: dict) -> _History:
+    def from_state(cls, state: dict) -> History:
         h = cls(state["pairs"], state["num_old"], state["first_old"], state["gram"])
         if h.gram.dtype != torch.float64:  # cast to the parameters' dtype by load_state_dict
             s, y = h.window().double().unbind(1)
@@ -162,7 +162,7 @@ class LBFGS(torch.optim.LBFGS):
         H_diag = state.get("H_diag")
         prev_flat_grad = state.get("prev_flat_grad")
         prev_loss = state.get("prev_loss")
-        hist = _History.from_state(state) if "pairs" in state else None
+        hist = History.from_state(state) if "pairs" in state else None
 
         n_iter = 0
         while n_iter < max_iter:
@@ -172,7 +172,7 @@ class LBFGS(torch.optim.LBFGS):
             # compute the descent direction
             if state["n_iter"] == 1 or hist is None:
                 d = flat_grad.neg()
-                hist = _History.empty(flat_grad)
+                hist = History.empty(flat_grad)
                 H_diag = 1
             else:
                 y = flat_grad.sub(prev_flat_grad)

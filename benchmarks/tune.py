@@ -4,9 +4,9 @@ Every grid point trains the defense with ``eval_split="validation"`` — 10 % of
 split held out of training and measured instead of the test split, which the search never
 sees — once per ``--epsilons`` value (``inf``: no noise), and is scored by its mean
 validation accuracy over them. The best point is printed as the
-:class:`privaudit.scenario.presets.OperatingPoint` that ``privaudit/scenario/presets.py`` ships; a noised
-defense is searched one ε at a time, as it ships one point per ε. As is usual, the search
-itself is not accounted.
+:class:`privaudit.scenario.presets.OperatingPoint` that ``privaudit/scenario/presets.py``
+ships; a noised defense is searched one ε at a time, as it ships one point per ε. As is
+usual, the search itself is not accounted.
 
     python benchmarks/tune.py --defense dpdl --dataset mnist --data-root DIR \
         --grid lr=0.5,1,2 --grid batch_size=64,128 [--grid clip=0.5,1] \

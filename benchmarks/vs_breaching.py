@@ -1,8 +1,9 @@
 """privaudit's IG and DLG against breaching's on the same observations.
 
-For each of ``--images`` real 32×32 photos (``privaudit.scenario.data.load_dataset("photos")``), this
-builds one observation: the DLG LeNet (``build_model("lenet", (3, 32, 32), 10, seed)``: sigmoid,
-uniform(−0.5, 0.5) init), one image and its label (B = 1), the dataset's normalisation, and the
+For each of ``--images`` real 32×32 photos
+(``privaudit.scenario.data.load_dataset("photos")``), this builds one observation: the DLG
+LeNet (``build_model("lenet", (3, 32, 32), 10, seed)``: sigmoid, uniform(−0.5, 0.5) init), one
+image and its label (B = 1), the dataset's normalisation, and the
 true gradient of the mean cross-entropy at the model's parameters. privaudit's attack runs on it
 in this process; breaching's (``invertinggradients`` / ``deepleakage`` configs of the
 ``breaching`` package, 0.1.2) runs on exactly the same tensors in a second process,

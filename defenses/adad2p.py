@@ -68,6 +68,7 @@ Defaults G = 3.5 and C = 1 are the paper's MNIST values (CIFAR-10: G = 8.5, C �
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,11 +81,22 @@ from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy, dwork_roth_epsilon
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, register
+from privaudit.defenses.base import (
+    Defense,
+    Params,
+    check_choice,
+    check_flag,
+    check_fraction,
+    check_non_negative,
+    check_positive,
+    one_release_per_round,
+    register,
+)
 from privaudit.grads import clip_rows
 from privaudit.scenario.topology import TOPOLOGIES, exponential
 
 UNITS = ("example", "batch")
+WEIGHT_KIND = "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)"
 
 
 PROP1 = (
@@ -158,33 +170,19 @@ def _graph_name(adj: Tensor) -> str:
     return "a custom graph"
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _positive(name: str, x: Any) -> None:
-    if not (_number(x) and x > 0):
-        raise PrivauditError(f"{name} must be a finite number > 0, got {x!r}")
-
-
 @dataclass
-class D2PParams:
-    lr: float = 0.05  # γ in (4)
+class D2PParams(Params):
     keep: float = 0.5  # P^k_ii: the share of (x, w) an agent keeps; 1 − keep goes to its peer
     unit: str = "example"  # sensitivity unit with a batch: "example" (σS/B) or "batch"
     prescale: bool = False  # messages pre-scaled by the out-share (SGP code) or raw (line 7)
     sigma: float = 0.0  # σ in (3)
 
     def validate(self) -> None:
-        _positive("lr", self.lr)
-        if not (_number(self.keep) and 0 < self.keep < 1):
-            raise PrivauditError(f"keep must be in (0, 1), got {self.keep!r}")
-        if self.unit not in UNITS:
-            raise PrivauditError(f"unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
-        if not isinstance(self.prescale, bool):
-            raise PrivauditError(f"prescale must be true or false, got {self.prescale!r}")
-        if not (_number(self.sigma) and self.sigma >= 0):
-            raise PrivauditError(f"sigma must be a finite number ≥ 0, got {self.sigma!r}")
+        super().validate()
+        check_fraction("keep", self.keep, zero=False)
+        check_choice("unit", self.unit, UNITS)
+        check_flag("prescale", self.prescale)
+        check_non_negative("sigma", self.sigma)
 
 
 class _D2P(Defense):
@@ -216,6 +214,22 @@ class _D2P(Defense):
     ) -> tuple[Tensor, Tensor]:
         """(released gradient g_i (N, D), noise std per agent (N,)) at the points ``z``."""
         raise NotImplementedError
+
+    @staticmethod
+    def bounded_gradient(
+        ctx: Context, p: Any, z: Tensor, xs: Tensor, ys: Tensor, bound: float, clipped: bool
+    ) -> tuple[Tensor, Tensor]:
+        """For a bound S on the gradient norms (constd2p's G, clipd2p's C): the batch-mean
+        gradient — ``unit`` "example": of per-example gradients clipped at S when
+        ``clipped``, noise std σS/B; "batch": the mean, flat-clipped at S when ``clipped``,
+        noise std σS."""
+        if p.unit == "batch":
+            g, m = ctx.grads.mean(z, xs, ys), 1
+            if clipped:
+                g = clip_rows(g, bound)
+        else:
+            g, m = ctx.grads.clipped_mean(z, xs, ys, bound if clipped else None), ctx.batch_size
+        return g, torch.full((z.shape[0],), p.sigma * bound / m, dtype=g.dtype, device=g.device)
 
     def round(
         self,
@@ -253,39 +267,37 @@ class _D2P(Defense):
         the exponential graph's (the run refuses any other before it starts). A ``weight``
         target is observed with the half-step model it travels with: the same facts."""
         self._check_graph(W)
-        if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
         sym, S = bound
         batch = p.unit == "batch"
-        common: dict[str, Any] = dict(
-            mechanism="gaussian",
-            noise_multiplier=p.sigma / 2 if batch else p.sigma,
-            releases=1,
-            claimed_multiplier=p.sigma,
-            claimed_releases=1,
-            paper=PROP1,
-            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
-        )
+        caveats: tuple[str, ...] = ()
         if not enforced:
-            return Privacy(**common, formal=False, reason=unenforced)
-        if batch:
-            return Privacy(
-                **common,
-                clip=S,
-                clip_unit="batch",
-                formal=True,
-                reason=f"batch mean clipped to {sym} + N(0, σ²{sym}²): add/remove sensitivity "
-                f"2{sym}, one release per round to one peer",
-                caveats=(f"flat batch clipping has add/remove sensitivity 2{sym}",),
+            reason = unenforced
+        elif batch:
+            reason = (
+                f"batch mean clipped to {sym} + N(0, σ²{sym}²): add/remove sensitivity 2{sym}, "
+                "one release per round to one peer"
             )
-        return Privacy(
-            **common,
-            clip=S,
-            clip_unit="example",
-            formal=True,
-            reason=f"per-example clip {sym} + N(0, σ²{sym}²) on the sum, normalised by B: one "
-            "release per round to one peer",
+            caveats = (f"flat batch clipping has add/remove sensitivity 2{sym}",)
+        else:
+            reason = (
+                f"per-example clip {sym} + N(0, σ²{sym}²) on the sum, normalised by B: one "
+                "release per round to one peer"
+            )
+        return one_release_per_round(
+            self.name,
+            p.sigma,
+            p.sigma / 2 if batch else p.sigma,
+            paper=PROP1,
+            reason=reason,
+            clip=(S, p.unit) if enforced else None,
+            paper_epsilon=self._prop1(p),
+            caveats=caveats,
         )
+
+    @staticmethod
+    def _prop1(p: Any) -> Callable[[float, float], float]:
+        """Prop. 1's ε(δ) for one release at σ (the paper's claim, whatever the sensitivity)."""
+        return lambda delta, impact: dwork_roth_epsilon(p.sigma, delta)
 
     # -- attack surface -------------------------------------------------------------
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
@@ -364,6 +376,17 @@ class _D2P(Defense):
         """Observation fields ``clip``, ``noise_std`` and ``meta`` of a target g + N."""
         raise NotImplementedError
 
+    @staticmethod
+    def bounded_leak(public: dict[str, Any], bound: float, clipped: bool) -> dict[str, Any]:
+        """:meth:`leak` of a :meth:`bounded_gradient`: std σS/B with per-example clip S
+        (``unit`` "example", when ``clipped``), or σS on a mean flat-clipped at S."""
+        p = public["params"]
+        if p["unit"] == "example":
+            std = p["sigma"] * bound / public["batch_size"]
+            return {"clip": bound if clipped else None, "noise_std": std, "meta": {}}
+        meta = {"batch_clip": bound, "scale_estimated": True} if clipped else {}
+        return {"clip": None, "noise_std": p["sigma"] * bound, "meta": meta}
+
     def _check_active(self, n: int, t: int, src: int, dst: int) -> None:
         act = active_rounds(n, src, dst)
         now = (src + hop(n, t)) % n
@@ -394,7 +417,7 @@ class AdaD2P(_D2P):
     name = "adad2p"
     kinds = {
         "half-model": "x_i^{k+½} = x_i − γ(g_i + N), N ~ N(0, σ²‖g_i‖²): one peer per round",
-        "weight": "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)",
+        "weight": WEIGHT_KIND,
     }
     Params = AdaD2PParams
 
@@ -412,19 +435,16 @@ class AdaD2P(_D2P):
         """No formal DP and no claimed multiplier (so σ is never set from ε): the noise std
         σ‖g‖ is a function of the private data."""
         self._check_graph(W)
-        if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
-        return Privacy(
-            mechanism="gaussian-adaptive",
-            noise_multiplier=p.sigma,
-            releases=1,
-            formal=False,
+        return one_release_per_round(
+            self.name,
+            p.sigma,
+            p.sigma,
+            paper=PROP1,
             reason="the noise std σ‖g‖ is a function of the private data (no clip, no "
             "data-independent sensitivity), so Prop. 2's Gaussian-mechanism argument fails",
+            mechanism="gaussian-adaptive",
             claimed_multiplier=0.0,
-            claimed_releases=1,
-            paper=PROP1,
-            paper_epsilon=lambda delta, impact: dwork_roth_epsilon(p.sigma, delta),
+            paper_epsilon=self._prop1(p),
         )
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
@@ -446,9 +466,8 @@ class ConstD2PParams(D2PParams):
 
     def validate(self) -> None:
         super().validate()
-        _positive("G", self.G)
-        if not isinstance(self.enforce, bool):
-            raise PrivauditError(f"enforce must be true or false, got {self.enforce!r}")
+        check_positive("G", self.G)
+        check_flag("enforce", self.enforce)
 
 
 @register
@@ -460,7 +479,7 @@ class ConstD2P(_D2P):
     name = "constd2p"
     kinds = {
         "half-model": "x_i^{k+½} = x_i − γ(g_i + N), N ~ N(0, σ²G²), G assumed: one peer/round",
-        "weight": "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)",
+        "weight": WEIGHT_KIND,
     }
     Params = ConstD2PParams
 
@@ -469,14 +488,7 @@ class ConstD2P(_D2P):
     ) -> tuple[Tensor, Tensor]:
         """The batch-mean gradient (``enforce``: of per-example gradients clipped at G, or
         for ``unit`` "batch" the mean flat-clipped at G) and the noise std σG/B (σG)."""
-        if p.unit == "batch":
-            g, m = ctx.grads.mean(z, xs, ys), 1
-            if p.enforce:
-                g = clip_rows(g, p.G)
-        else:
-            clip = p.G if p.enforce else None
-            g, m = ctx.grads.clipped_mean(z, xs, ys, clip), ctx.batch_size
-        return g, torch.full((z.shape[0],), p.sigma * p.G / m, dtype=g.dtype, device=g.device)
+        return self.bounded_gradient(ctx, p, z, xs, ys, p.G, p.enforce)
 
     def privacy(self, p: ConstD2PParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """Gaussian with std σG (σG/B on the mean): formal only with ``enforce``; otherwise
@@ -493,12 +505,7 @@ class ConstD2P(_D2P):
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
         p = public["params"]
-        enforced = bool(p.get("enforce", False))
-        if p["unit"] == "example":
-            std = p["sigma"] * p["G"] / public["batch_size"]
-            return {"clip": p["G"] if enforced else None, "noise_std": std, "meta": {}}
-        meta = {"batch_clip": p["G"], "scale_estimated": True} if enforced else {}
-        return {"clip": None, "noise_std": p["sigma"] * p["G"], "meta": meta}
+        return self.bounded_leak(public, p["G"], bool(p.get("enforce", False)))
 
 
 @dataclass
@@ -507,7 +514,7 @@ class ClipD2PParams(D2PParams):
 
     def validate(self) -> None:
         super().validate()
-        _positive("clip", self.clip)
+        check_positive("clip", self.clip)
 
 
 @register
@@ -518,18 +525,14 @@ class ClipD2P(_D2P):
     name = "clipd2p"
     kinds = {
         "half-model": "x_i^{k+½} = x_i − γ(clip_C(g_i) + N), N ~ N(0, σ²C²): one peer/round",
-        "weight": "w_i^k: the push-sum weight, in the clear (≡ 1 on this graph)",
+        "weight": WEIGHT_KIND,
     }
     Params = ClipD2PParams
 
     def gradient(
         self, ctx: Context, p: ClipD2PParams, z: Tensor, xs: Tensor, ys: Tensor
     ) -> tuple[Tensor, Tensor]:
-        if p.unit == "batch":
-            g, m = clip_rows(ctx.grads.mean(z, xs, ys), p.clip), 1
-        else:
-            g, m = ctx.grads.clipped_mean(z, xs, ys, p.clip), ctx.batch_size
-        return g, torch.full((z.shape[0],), p.sigma * p.clip / m, dtype=g.dtype, device=g.device)
+        return self.bounded_gradient(ctx, p, z, xs, ys, p.clip, True)
 
     def privacy(self, p: ClipD2PParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """One Gaussian release per round: clip C, std σC on the sum (``unit`` "example":
@@ -538,9 +541,4 @@ class ClipD2P(_D2P):
         return self._gaussian(p, kind, W, ("C", p.clip), True, "")
 
     def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
-        p = public["params"]
-        if p["unit"] == "example":
-            std = p["sigma"] * p["clip"] / public["batch_size"]
-            return {"clip": p["clip"], "noise_std": std, "meta": {}}
-        meta = {"batch_clip": p["clip"], "scale_estimated": True}
-        return {"clip": None, "noise_std": p["sigma"] * p["clip"], "meta": meta}
+        return self.bounded_leak(public, public["params"]["clip"], True)

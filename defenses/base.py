@@ -4,25 +4,34 @@ A defense is a small object with no per-run state of its own: ``init`` makes the
 stacked state, ``round`` advances it one round while talking through the Network, and
 ``observe`` turns an adversary's View into Observations (defense → messages → threat view →
 observation → attack, README "What it does").
+
+What several defenses share is written here once: the optional :class:`Params` base and
+its ``check_*`` helpers, :func:`one_release_per_round` (the privacy facts of a batch released
+once per round) and :class:`CrossGradientDefense` (the round and attack surface common to
+DPDL, PDSL and DP-CGA).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from privaudit.core.config import RunConfig
 from privaudit.core.context import Context, State
-from privaudit.core.errors import NameTaken
+from privaudit.core.errors import NameTaken, PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.params import ParamSpec
-from privaudit.core.privacy import Privacy
+from privaudit.core.privacy import Privacy, no_noise
 from privaudit.core.threat import View
+from privaudit.grads import clip_rows
 from privaudit.scenario.models import build_model
 
 
@@ -61,6 +70,38 @@ def exchange_models(net: Network, x: Tensor) -> tuple[Tensor, Tensor]:
     return models, owner
 
 
+def incoming_slots(dst: Tensor, n: int) -> tuple[Tensor, int]:
+    """Slot of each in-edge among its receiver's in-edges (0, 1, … in link order; ``dst``
+    the receivers' local rows, of ``n`` held agents), and the largest in-degree."""
+    count = [0] * n
+    slots = []
+    for j in dst.tolist():
+        slots.append(count[j])
+        count[j] += 1
+    return torch.tensor(slots, dtype=torch.long, device=dst.device), max(count, default=0)
+
+
+def by_receiver(
+    net: Network, received: Tensor, like: Tensor, own: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The rows ``received`` per in-edge, laid out per held receiver i for an aggregate over
+    i's players: ``(rows (k, m, D), weights (k, m) float64, real (k, m) bool)``, with k, D,
+    dtype and device those of ``like`` (k, D). Slot 0 holds ``own`` (i's own row, weight
+    w_ii) when given; then come i's in-edges in link order, weight w_ij. Padding slots are
+    zero and not real."""
+    k, first = like.shape[0], int(own is not None)
+    into = net.links.in_dst
+    slot, most = incoming_slots(into, k)
+    slot, m = slot + first, most + first
+    rows = like.new_zeros(k, m, like.shape[1])
+    weights = torch.zeros(k, m, dtype=torch.float64, device=like.device)
+    real = torch.zeros(k, m, dtype=torch.bool, device=like.device)
+    rows[into, slot], weights[into, slot], real[into, slot] = received, net.w_in.double(), True
+    if own is not None:
+        rows[:, 0], weights[:, 0], real[:, 0] = own, net.w_self.double(), True
+    return rows, weights, real
+
+
 def degree(W: Tensor, agent: int | None = None) -> int:
     """Neighbours of ``agent`` (off-diagonal non-zeros of its row of W); the largest over
     all agents when ``agent`` is None (the worst agent)."""
@@ -79,6 +120,66 @@ def _architecture(name: str, input_shape: tuple[int, ...], num_classes: int) -> 
     return build_model(name, input_shape, num_classes)
 
 
+# -- parameters ---------------------------------------------------------------------------
+def _finite(value: Any) -> bool:
+    """A real number, finite, and not a bool (which Python counts as an int)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_positive(name: str, value: Any) -> None:
+    """``value`` is a finite number > 0 (a step size, a clip norm, a scale)."""
+    if not (_finite(value) and value > 0):
+        raise PrivauditError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_non_negative(name: str, value: Any) -> None:
+    """``value`` is a finite number ≥ 0 (a noise multiplier, a weight, a tolerance)."""
+    if not (_finite(value) and value >= 0):
+        raise PrivauditError(f"{name} must be a finite number ≥ 0, got {value!r}")
+
+
+def check_fraction(name: str, value: Any, zero: bool = True) -> None:
+    """``value`` is in [0, 1) (``zero``: a momentum) or in (0, 1) (a share)."""
+    low_ok = _finite(value) and (value >= 0 if zero else value > 0)
+    if not (low_ok and value < 1):
+        raise PrivauditError(f"{name} must be in {'[' if zero else '('}0, 1), got {value!r}")
+
+
+def check_count(name: str, value: Any, optional: bool = False) -> None:
+    """``value`` is an integer ≥ 1 (None passes when ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PrivauditError(f"{name} must be an integer ≥ 1, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: Collection[str]) -> None:
+    """``value`` is one of ``choices`` (a tuple, or a dict's keys)."""
+    if value not in choices:
+        raise PrivauditError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """``value`` is a bool (a JSON true or false, never 0 or 1)."""
+    if not isinstance(value, bool):
+        raise PrivauditError(f"{name} must be true or false, got {value!r}")
+
+
+@dataclass
+class Params:
+    """An optional base for a defense's ``Params``: the step size every built-in takes and
+    its check. A subclass adds its own fields, each with a default, after ``lr`` (and may
+    re-declare ``lr`` with another default); its ``validate`` calls ``super().validate()``
+    and the ``check_*`` helpers above, so each check and its message are written once. A
+    plain dataclass with its own ``validate`` (or none) serves as well (a plugin's)."""
+
+    lr: float = 0.05  # the step size: η, γ or λ in the papers
+
+    def validate(self) -> None:
+        check_positive("lr", self.lr)
+
+
+# -- the registry -------------------------------------------------------------------------
 DEFENSES: dict[str, Defense] = {}
 
 
@@ -100,6 +201,12 @@ class Defense:
     kinds: dict[str, str] = {}
     Params: type = object
     topology: str | None = None  # the graph a defense needs, used when --topology is not given
+
+    def topology_for(self, topology: str | None) -> str:
+        """The graph a run of this defense trains on: ``topology`` when one is asked for
+        (None: not asked), else the defense's own (the push-sum defenses need theirs), else
+        the default graph."""
+        return topology or self.topology or RunConfig.topology
 
     # -- training -----------------------------------------------------------------
     def init(self, ctx: Context, p: Any) -> State:
@@ -126,7 +233,7 @@ class Defense:
         (None: the worst agent); ``W`` is the mixing matrix. The one source of every ε the
         tool prints: the run's σ calibration, its reported ε, the audit's upper bounds and
         the claims ledger all read it (:mod:`privaudit.core.accounting`)."""
-        return Privacy(reason=f"{self.name} adds no noise to its messages")
+        return no_noise(self.name, None)
 
     # -- attack surface -------------------------------------------------------------
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
@@ -265,3 +372,127 @@ class Defense:
             terms=terms,
             **kw,
         )
+
+
+def one_release_per_round(
+    name: str,
+    sigma: float,
+    multiplier: float,
+    paper: str,
+    reason: str,
+    clip: tuple[float, str] | None = None,
+    **facts: Any,
+) -> Privacy:
+    """The facts of a kind whose messages carry the agent's batch once per round with fresh
+    noise (the same release to every neighbour, or to one peer): none when σ = 0
+    (:func:`~privaudit.core.privacy.no_noise`), else a Gaussian mechanism of noise
+    multiplier ``multiplier``, formal exactly when ``clip`` = (C, unit) — "example" or
+    "batch" — bounds its sensitivity (else ``reason`` says why there is no finite ε). The
+    claim is the paper's σ, one release per round; ``facts`` set other :class:`Privacy`
+    fields (``caveats``, ``paper_epsilon``) or replace those defaults."""
+    if sigma <= 0:
+        return no_noise(name)
+    bound, unit = clip if clip is not None else (None, None)
+    defaults: dict[str, Any] = dict(
+        mechanism="gaussian",
+        noise_multiplier=multiplier,
+        releases=1,
+        clip=bound,
+        clip_unit=unit,
+        formal=clip is not None,
+        reason=reason,
+        claimed_multiplier=sigma,
+        claimed_releases=1,
+        paper=paper,
+    )
+    return Privacy(**{**defaults, **facts})
+
+
+# the ``model`` message of the cross-gradient defenses
+MODEL_KIND = "x_i, the model at the start of the round, in the clear"
+
+
+class CrossGradientDefense(Defense):
+    """What the cross-gradient defenses share (DPDL, PDSL, DP-CGA; CGA's scheme, Esfandiari
+    et al. 2021). In round t agent i sends its model x^i_{t-1} to its neighbours
+    (``model``), computes the clipped, noised gradient of its batch at its own model and at
+    each neighbour's — one pair per (model, data owner), fresh noise per pair — and sends
+    neighbour j the one at x^j (``cg``: first index the data owner, as in DPDL's (8)). It
+    aggregates its own and the received ones into a direction g̃^i (each paper's way, cited
+    in its module) and takes a heavy-ball half-step, gossiping x̃ (``half-model``):
+
+        ṽ^i_t = β v^i_{t-1} + g̃^i_t,    x̃^i_t = x^i_{t-1} − η ṽ^i_t,    x^i_t = Σ_j w_ij x̃^j_t
+
+    with v^i_t = Σ_j w_ij ṽ^j_t (``mm``) when the momentum is mixed, else v^i_t = ṽ^i_t.
+    Params have ``lr`` η, ``momentum`` β, ``clip`` C and ``sigma`` σ."""
+
+    clip_unit = "batch"  # "example": per-example clip, std σC/B (DPDL); "batch": flat, σC
+    momentum_key = "v"  # the state key of the momentum v^i
+    mixed_momentum = True  # v gossiped as ``mm`` (DPDL (21), PDSL (24)) or kept local (CGA)
+
+    def init(self, ctx: Context, p: Any) -> State:
+        """x_0 and v_0 = 0 for every agent."""
+        x = super().init(ctx, p)["x"]
+        return {"x": x, self.momentum_key: torch.zeros_like(x)}
+
+    def cross_gradients(
+        self, ctx: Context, p: Any, net: Network, x: Tensor, batch: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The round's first half: ``model`` out, then each pair's clipped batch-mean
+        gradient ``clean`` — self pairs first (row r: held agent r's batch at its own
+        model), then out-edge pairs (:func:`exchange_models`) — ``noisy`` = ``clean`` plus
+        N(0, σ²C²) noise on the sum (/B on the mean, ``clip_unit`` "example") or on the
+        flat-clipped mean ("batch"), drawn per pair from its data owner's generator, and the
+        out-edge pairs sent as ``cg``. Returns (clean, noisy, the ``cg`` rows received per
+        in-edge)."""
+        xs, ys = batch
+        models, owner = exchange_models(net, x)
+        if self.clip_unit == "example":
+            clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner)
+            noisy = clean
+            if p.sigma > 0:
+                noise = ctx.gaussian(owner, clean.shape[1])
+                noisy = torch.add(clean, noise, alpha=p.sigma * p.clip / ctx.batch_size)
+        else:
+            clean = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
+            noisy = clean
+            if p.sigma > 0:
+                noisy = noisy + ctx.gaussian(owner, noisy.shape[1]) * (p.sigma * p.clip)
+        return clean, noisy, net.send("cg", noisy[x.shape[0] :])
+
+    def half_step(self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor) -> State:
+        """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ; x̃ gossiped (``half-model``), then
+        ṽ (``mm``) when the momentum is mixed."""
+        v_half = p.momentum * v + g
+        x_half = x - p.lr * v_half
+        x_new = net.gossip("half-model", x_half)
+        v_new = net.gossip("mm", v_half) if self.mixed_momentum else v_half
+        return {"x": x_new, self.momentum_key: v_new}
+
+    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
+        """``cg``: its own round; ``model``: x_{t-1} and x_t (sent in t + 1); the momentum
+        kinds: rounds t − 1 and t (v^i_{t-1} is removed)."""
+        if kind == "cg":
+            return [t]
+        if kind == "model":
+            return [t, t + 1]
+        return [t - 1, t] if t > 1 else [t]
+
+    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """``cg``: the receiver's model x^dst_{t-1} crosses the reverse link in the clear, so
+        the message is src's clipped batch-mean gradient there plus its noise
+        (:meth:`observe_cross_gradient`). ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1},
+        mixing and momentum ignored. ``mm`` and ``half-model``: :meth:`observe_update`."""
+        if kind == "cg":
+            return self.observe_cross_gradient(view, t, src, dst)
+        if kind == "model":
+            return self.observe_model_step(view, t, src, dst)
+        return self.observe_update(view, kind, t, src, dst)
+
+    def observe_cross_gradient(self, view: View, t: int, src: int, dst: int) -> Observation:
+        """A flat-clipped cross-gradient (:meth:`Defense.observe_batch_clip_cg`)."""
+        return self.observe_batch_clip_cg(view, t, src, dst)
+
+    def observe_update(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """The Observation of an ``mm`` or ``half-model`` message: the paper's aggregate."""
+        raise NotImplementedError

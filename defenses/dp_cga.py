@@ -48,21 +48,30 @@ import torch
 from torch import Tensor
 
 from privaudit.core.context import Context, State
-from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
-from privaudit.core.privacy import Privacy
+from privaudit.core.privacy import Privacy, no_noise
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, degree, exchange_models, register
-from privaudit.grads import clip_rows
+from privaudit.defenses.base import (
+    MODEL_KIND,
+    CrossGradientDefense,
+    Params,
+    by_receiver,
+    check_choice,
+    check_count,
+    check_fraction,
+    check_non_negative,
+    check_positive,
+    degree,
+    register,
+)
 
 QPS = ("cga", "cone")
 BLOCKS = ("layer", "flat")
 
 
 @dataclass
-class DPCGAParams:
-    lr: float = 0.05  # η
+class DPCGAParams(Params):
     momentum: float = 0.5  # β
     clip: float = 1.0  # C, on the batch-averaged gradient
     sigma: float = 0.0  # noise std σC; set from --epsilon by the accountant
@@ -72,22 +81,14 @@ class DPCGAParams:
     qp_iters: int = 300  # projected-gradient iterations before the exact polish
 
     def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise PrivauditError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.clip is None or not self.clip > 0:
-            raise PrivauditError(f"clip must be > 0, got {self.clip}")
-        if self.sigma < 0:
-            raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
-        if self.qp not in QPS:
-            raise PrivauditError(f"qp must be one of {', '.join(QPS)}, got {self.qp!r}")
-        if not self.qp_margin >= 0:
-            raise PrivauditError(f"qp_margin must be ≥ 0, got {self.qp_margin}")
-        if self.qp_blocks not in BLOCKS:
-            raise PrivauditError(f"qp_blocks must be one of {', '.join(BLOCKS)}")
-        if not isinstance(self.qp_iters, int) or self.qp_iters < 1:
-            raise PrivauditError(f"qp_iters must be an integer ≥ 1, got {self.qp_iters!r}")
+        super().validate()
+        check_fraction("momentum", self.momentum)
+        check_positive("clip", self.clip)
+        check_non_negative("sigma", self.sigma)
+        check_choice("qp", self.qp, QPS)
+        check_non_negative("qp_margin", self.qp_margin)
+        check_choice("qp_blocks", self.qp_blocks, BLOCKS)
+        check_count("qp_iters", self.qp_iters)
 
 
 # -- the QP -------------------------------------------------------------------------------
@@ -193,29 +194,16 @@ def aggregate(
     return out.to(self_g.dtype)
 
 
-def incoming_slots(dst: Tensor, n: int) -> tuple[Tensor, int]:
-    """Slot of each edge among its receiver's incoming edges, and the largest in-degree."""
-    count = [0] * n
-    slots = []
-    for j in dst.tolist():
-        slots.append(count[j])
-        count[j] += 1
-    return torch.tensor(slots, dtype=torch.long, device=dst.device), max(count, default=0)
-
-
 @register
-class DPCGA(Defense):
+class DPCGA(CrossGradientDefense):
     name = "dp-cga"
     kinds = {
-        "model": "x_i, the model at the start of the round, in the clear",
+        "model": MODEL_KIND,
         "cg": "ĝ^{ji}: i's batch at j's model, batch-mean gradient clipped to C + N(0,σ²C²)",
         "half-model": "x̃_i = x_i − η ṽ_i: half-step with the QP-aggregated noised gradients",
     }
     Params = DPCGAParams
-
-    def init(self, ctx: Context, p: DPCGAParams) -> State:
-        x = super().init(ctx, p)["x"]
-        return {"x": x, "v": torch.zeros_like(x)}
+    mixed_momentum = False  # step 5: CGA keeps the momentum local
 
     def round(
         self,
@@ -226,30 +214,16 @@ class DPCGA(Defense):
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, v = state["x"], state["v"]
-        xs, ys = batch
         n = x.shape[0]  # held agents
-        models, owner = exchange_models(net, x)
-        # step 2: batch-mean gradient, clipped as a whole, then N(0, σ²C²) per pair
-        noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
-        if p.sigma > 0:
-            noisy = noisy + ctx.gaussian(owner, noisy.shape[1]) * (p.sigma * p.clip)
-        cg = net.send("cg", noisy[n:])  # out-edge i→j: ĝ^{ji}; received per in-edge
+        # steps 1–2: batch-mean gradient, clipped as a whole, then N(0, σ²C²) per pair;
+        # out-edge i→j carries ĝ^{ji}, received per in-edge
+        _, noisy, cg = self.cross_gradients(ctx, p, net, x, batch)
         # step 3: the QP at each receiver over its own and its incoming gradients
-        into = net.links.in_dst
-        slot, d = incoming_slots(into, n)
-        incoming = x.new_zeros(n, d, x.shape[1])
-        incoming[into, slot] = cg
-        valid = torch.zeros(n, d, dtype=torch.bool, device=x.device)
-        valid[into, slot] = True
-        pi_in = torch.zeros(n, d, dtype=torch.float64, device=x.device)
-        pi_in[into, slot] = net.w_in.to(torch.float64)
+        incoming, pi_in, valid = by_receiver(net, cg, x)
         sizes = ctx.spec.sizes if p.qp_blocks == "layer" else [x.shape[1]]
         w_self = net.w_self.to(torch.float64)
         g_tilde = aggregate(noisy[:n], incoming, valid, w_self, pi_in, sizes, p)
-        # steps 4–5
-        v_half = p.momentum * v + g_tilde
-        x_half = x - p.lr * v_half
-        return {"x": net.gossip("half-model", x_half), "v": v_half}
+        return self.half_step(p, net, x, v, g_tilde)  # steps 4–5
 
     def privacy(self, p: DPCGAParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """Flat batch clip: the clipped mean moves by up to 2C when one example is added or
@@ -258,7 +232,7 @@ class DPCGA(Defense):
         model gossiped from it) adds the noised self-gradient ĝ^{ii}, and i's
         cross-gradients reach its neighbours' half-models: deg + 1 releases."""
         if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+            return no_noise(self.name)
         deg = degree(W, agent)
         return Privacy(
             mechanism="gaussian",
@@ -279,33 +253,20 @@ class DPCGA(Defense):
             ),
         )
 
-    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
-        if kind == "cg":
-            return [t]
-        if kind == "model":
-            return [t, t + 1]
-        return [t - 1, t] if t > 1 else [t]
+    def observe_update(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """Under ``link`` (src ↔ dst); ``cg`` and ``model`` as every cross-gradient defense
+        (:meth:`CrossGradientDefense.observe`):
 
-    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        """Under ``link`` (src ↔ dst):
-
-        - ``cg``: the receiver's model x^dst_{t-1} crosses the reverse link in the clear, so
-          the message is src's batch-mean gradient there, scaled by the unknown batch-clip
-          factor min(1, C/‖ḡ‖) (scale 1 is reported), plus N(0, (σC)²).
         - ``half-model``: g̃^i_t = ṽ^i_t − β ṽ^i_{t-1} with ṽ^i_s = (x^i_{s-1} − x̃^i_s)/η. The
           momentum removal is exact, since the momentum stays local (never mixed); what it
           leaves is not src's gradient alone: w_ii ĝ^{ii} (src's noised batch at x^i_{t-1},
           the target) plus the QP-weighted neighbours' cross-gradients at the same point
           (other agents' data), which stay mixed in — so the observation is not exact.
-        - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.
         """
         p = view.public["params"]
-        if kind == "cg":
-            return self.observe_batch_clip_cg(view, t, src, dst)
-        if kind == "model":
-            return self.observe_model_step(view, t, src, dst)
         x_prev = view.get(t, src, dst, "model")
-        target, _ = self.momentum_step(view, "half-model", t, src, dst, p["momentum"], mixed=False)
+        beta = p["momentum"]
+        target, _ = self.momentum_step(view, kind, t, src, dst, beta, self.mixed_momentum)
         w_self = float(view.public["W"][src, src])
         return self.make_observation(
             view,

@@ -28,27 +28,29 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from privaudit.core.context import Context, State
-from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, register
+from privaudit.defenses.base import (
+    Defense,
+    Params,
+    check_non_negative,
+    check_positive,
+    one_release_per_round,
+    register,
+)
 
 
 @dataclass
-class DPDPSGDParams:
-    lr: float = 0.05  # η
+class DPDPSGDParams(Params):
     clip: float = 1.0  # C, per-example
     sigma: float = 0.0  # noise multiplier; set from --epsilon by the accountant
 
     def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
-        if self.clip is None or not self.clip > 0:
-            raise PrivauditError(f"clip must be > 0, got {self.clip}")
-        if self.sigma < 0:
-            raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
+        super().validate()
+        check_positive("clip", self.clip)
+        check_non_negative("sigma", self.sigma)
 
 
 @register
@@ -76,20 +78,14 @@ class DPDPSGD(Defense):
 
     def privacy(self, p: DPDPSGDParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """One Gaussian release per round: per-example clip C, std σC on the clipped sum."""
-        if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
-        return Privacy(
-            mechanism="gaussian",
-            noise_multiplier=p.sigma,
-            releases=1,
-            clip=p.clip,
-            clip_unit="example",
-            formal=True,
-            reason="per-example clip C + N(0, σ²C²) on the sum, one broadcast release per round",
-            claimed_multiplier=p.sigma,
-            claimed_releases=1,
+        return one_release_per_round(
+            self.name,
+            p.sigma,
+            p.sigma,
             paper="the DPDL and PDSL papers describe this A(DP)²SGD baseline in one sentence "
             "and state no σ(ε) rule for it; A(DP)²SGD's own analysis is not applied here",
+            reason="per-example clip C + N(0, σ²C²) on the sum, one broadcast release per round",
+            clip=(p.clip, "example"),
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:

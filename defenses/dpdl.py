@@ -42,16 +42,26 @@ from privaudit.core.context import Context, State
 from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
-from privaudit.core.privacy import Privacy
+from privaudit.core.privacy import Privacy, no_noise
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, degree, exchange_models, neighbours, register
+from privaudit.defenses.base import (
+    MODEL_KIND,
+    CrossGradientDefense,
+    Params,
+    check_choice,
+    check_fraction,
+    check_non_negative,
+    check_positive,
+    degree,
+    neighbours,
+    register,
+)
 
 CROSS_COEFS = ("sqrt", "w", "degree")
 
 
 @dataclass
-class DPDLParams:
-    lr: float = 0.05  # η
+class DPDLParams(Params):
     momentum: float = 0.5  # β in (19)
     calib_alpha: float = 0.5  # α in (17)
     clip: float | None = 1.0  # C in (9); None = no clipping (ND)
@@ -59,18 +69,15 @@ class DPDLParams:
     cross_coef: str = "sqrt"  # weight of a received cross-gradient in (17)
 
     def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise PrivauditError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not self.calib_alpha >= 0:
-            raise PrivauditError(f"calib_alpha must be ≥ 0, got {self.calib_alpha}")
-        if self.clip is not None and not self.clip > 0:
-            raise PrivauditError(f"clip must be > 0, got {self.clip}")
-        if self.sigma < 0 or (self.sigma > 0 and self.clip is None):
-            raise PrivauditError("sigma must be ≥ 0, and noise needs a clip norm (set clip)")
-        if self.cross_coef not in CROSS_COEFS:
-            raise PrivauditError(f"cross_coef must be one of {', '.join(CROSS_COEFS)}")
+        super().validate()
+        check_fraction("momentum", self.momentum)
+        check_non_negative("calib_alpha", self.calib_alpha)
+        if self.clip is not None:
+            check_positive("clip", self.clip)
+        check_non_negative("sigma", self.sigma)
+        if self.sigma > 0 and self.clip is None:
+            raise PrivauditError("sigma > 0 needs a clip norm (set clip)")
+        check_choice("cross_coef", self.cross_coef, CROSS_COEFS)
 
 
 def calibration(received: Tensor, self_clean: Tensor) -> Tensor:
@@ -87,19 +94,16 @@ def _coef(kind: str, w: Tensor, n: int, deg: Tensor) -> Tensor:
 
 
 @register
-class DPDL(Defense):
+class DPDL(CrossGradientDefense):
     name = "dpdl"
     kinds = {
-        "model": "x_i, the model at the start of the round, in the clear",
+        "model": MODEL_KIND,
         "cg": "g̈^{ji}: i's batch at j's model, per-example clip C + N(0,σ²C²) on the sum, /B",
         "mm": "ṽ_i = β v_i + g̃_i: the momentum, in the clear (holds the un-noised self-gradient)",
         "half-model": "x̃_i = x_i − η ṽ_i: the half-step model, in the clear",
     }
     Params = DPDLParams
-
-    def init(self, ctx: Context, p: DPDLParams) -> State:
-        x = super().init(ctx, p)["x"]
-        return {"x": x, "v": torch.zeros_like(x)}
+    clip_unit = "example"
 
     def round(
         self,
@@ -110,19 +114,12 @@ class DPDL(Defense):
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, v = state["x"], state["v"]
-        xs, ys = batch
-        n, k, B = ctx.n, x.shape[0], ctx.batch_size  # B: the expected (Poisson) batch size
-        models, owner = exchange_models(net, x)
-        # (8)–(10), (14): clipped means for the self pairs then the out-edge pairs, fresh
-        # noise per pair from the data owner's generator
-        clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner)
-        noisy = clean
-        if p.sigma > 0:
-            noise = ctx.gaussian(owner, clean.shape[1])
-            noisy = torch.add(clean, noise, alpha=p.sigma * p.clip / B)
+        n, k = ctx.n, x.shape[0]
+        # (8)–(10), (14): per-example clipped means ĝ for the self pairs then the out-edge
+        # pairs, g̈ = ĝ + z/B with fresh z per pair; out-edge i→j carries g̈^{ji}, received
+        # per in-edge
+        clean, noisy, cg = self.cross_gradients(ctx, p, net, x, batch)
         self_clean, self_noisy = clean[:k], noisy[:k]
-        # 3. exchange: out-edge i→j carries g̈^{ji}; the rows received are per in-edge
-        cg = net.send("cg", noisy[k:])
         # (15)(16) calibration weights; (17)(18) calibrated aggregate at each receiver
         w_in, w_self = net.w_in.to(x.dtype), net.w_self.to(x.dtype)
         deg = net.in_degree.to(x.dtype) + 1
@@ -133,17 +130,14 @@ class DPDL(Defense):
         g_tilde = coef_self[:, None] * self_noisy + net.sum_incoming(coef_in[:, None] * cg)
         calib = w_self * c_self + net.sum_incoming(w_in * c_in)
         g_tilde = g_tilde + p.calib_alpha * calib[:, None] * self_clean
-        # (19)–(22)
-        v_half = p.momentum * v + g_tilde
-        x_half = x - p.lr * v_half
-        return {"x": net.gossip("half-model", x_half), "v": net.gossip("mm", v_half)}
+        return self.half_step(p, net, x, v, g_tilde)  # (19)–(22)
 
     def privacy(self, p: DPDLParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """``cg``: a Gaussian mechanism per neighbour and round (per-example clip C, std σC
         on the clipped sum, add/remove sensitivity C: multiplier σ). Every other kind
         carries the un-noised ĝ^{ii}: no finite ε."""
         if p.sigma <= 0 or p.clip is None:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0 or no clip)")
+            return no_noise(self.name, "σ = 0 or no clip")
         common: dict[str, Any] = dict(
             mechanism="gaussian",
             noise_multiplier=p.sigma,
@@ -175,20 +169,24 @@ class DPDL(Defense):
             "function of the data whose effect does not shrink with B — no finite ε is claimed",
         )
 
-    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
-        if kind == "cg":
-            return [t]
-        if kind == "model":
-            return [t, t + 1]
-        return [t - 1, t] if t > 1 else [t]
+    @staticmethod
+    def _noise_unit(p: dict[str, Any], batch_size: int) -> float:
+        """The std σC/B of one pair's z/B (0 without a clip)."""
+        return p["sigma"] * p["clip"] / batch_size if p["clip"] is not None else 0.0
 
-    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+    def observe_cross_gradient(self, view: View, t: int, src: int, dst: int) -> Observation:
+        """``cg`` is exactly the noised, per-example clipped batch-mean gradient of i's batch
+        at the receiver's model. A coalition or global observer holding k copies (one per
+        neighbour, same batch, fresh noise) averages them (:meth:`Defense.observe_cg`)."""
+        p = view.public["params"]
+        unit = self._noise_unit(p, view.public["batch_size"])
+        return self.observe_cg(
+            view, t, src, dst, clip=p["clip"], noise_std=unit, meta={"exact": True}
+        )
+
+    def observe_update(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
         """What each message is a function of (src = i, the victim):
 
-        - ``cg``: the receiver's model x^dst_{t-1} crosses the reverse link in the clear, so
-          the message is exactly the noised, clipped batch-mean gradient of i's batch there.
-          A coalition or global observer holding k copies (one per neighbour, same batch,
-          fresh noise) averages them (:meth:`Defense.observe_cg`).
         - ``mm``: g̃^i_t = ṽ^i_t − β v^i_{t-1}, v^i_{t-1} = Σ_j w_ij ṽ^j_{t-1} (21): exact when
           every neighbour's ṽ^j_{t-1} is seen, else the consecutive-round approximation for the
           unseen ones. Then every received cross-gradient the View holds (``cg`` j→i) is
@@ -197,17 +195,9 @@ class DPDL(Defense):
           with only the self-pair's noise, scaled down by coef_ii ≈ 1/(√w_ii N) (17).
           The scale uses E[C] ≈ ½ (C ∈ [0.27, 0.73]); the cosine loss ignores it.
         - ``half-model``: ṽ^i_t = (x^i_{t-1} − x̃^i_t)/η exactly, then as ``mm``.
-        - ``model``: (x^i_{t-1} − x^i_t)/η at x^i_{t-1}, mixing and momentum ignored.
         """
         p = view.public["params"]
-        clip, sigma, B = p["clip"], p["sigma"], view.public["batch_size"]
-        unit = sigma * clip / B if clip is not None else 0.0  # std of one pair's z/B
-        if kind == "cg":
-            return self.observe_cg(
-                view, t, src, dst, clip=clip, noise_std=unit, meta={"exact": True}
-            )
-        if kind == "model":
-            return self.observe_model_step(view, t, src, dst)
+        clip, unit = p["clip"], self._noise_unit(p, view.public["batch_size"])
         target, unseen = self.momentum_step(view, kind, t, src, dst, p["momentum"])
         W = view.public["W"]
         n, nbrs = W.shape[0], neighbours(W, src)
@@ -244,7 +234,7 @@ class ND(DPDL):
 
     name = "nd"
     kinds = {
-        "model": "x_i, the model at the start of the round, in the clear",
+        "model": MODEL_KIND,
         "cg": "g^{ji}: i's batch-mean gradient at j's model, no clipping, no noise",
         "mm": "ṽ_i = β v_i + g̃_i: the momentum, in the clear",
         "half-model": "x̃_i = x_i − η ṽ_i: the half-step model, in the clear",

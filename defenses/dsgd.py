@@ -12,20 +12,15 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from privaudit.core.context import Context, State
-from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, register
+from privaudit.defenses.base import Defense, Params, register
 
 
 @dataclass
-class DSGDParams:
-    lr: float = 0.05  # η
-
-    def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
+class DSGDParams(Params):
+    """D-PSGD takes the step size η (``lr``) only."""
 
 
 @register

@@ -69,15 +69,25 @@ from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, mix, register
+from privaudit.defenses.base import (
+    Defense,
+    Params,
+    check_choice,
+    check_count,
+    check_flag,
+    check_non_negative,
+    check_positive,
+    mix,
+    one_release_per_round,
+    register,
+)
 from privaudit.scenario.topology import spectral_gap
 
 CALIBRATIONS = {"add-remove": 1.0, "replace-one": 2.0}  # s in units of ηG/B
 
 
 @dataclass
-class MuffliatoParams:
-    lr: float = 0.05  # η
+class MuffliatoParams(Params):
     gossip_steps: int | None = None  # K; None: ⌈ln N/√γ⌉ (Chebyshev) or ⌈ln N/γ⌉
     chebyshev: bool = True  # Chebyshev-accelerated gossip (the paper's)
     grad_bound: float = 1.0  # G: bound on per-example gradient norms (assumed unless enforce)
@@ -86,23 +96,13 @@ class MuffliatoParams:
     sigma: float = 0.0  # noise std is σ·s; set from --epsilon by the accountant
 
     def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
-        k = self.gossip_steps
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise PrivauditError(f"gossip_steps (K) must be an integer ≥ 1, got {k!r}")
-        if not isinstance(self.chebyshev, bool):
-            raise PrivauditError(f"chebyshev must be true or false, got {self.chebyshev!r}")
-        if not self.grad_bound > 0:
-            raise PrivauditError(f"grad_bound must be > 0, got {self.grad_bound}")
-        if self.calibration not in CALIBRATIONS:
-            raise PrivauditError(
-                f"calibration must be one of {', '.join(CALIBRATIONS)}, got {self.calibration!r}"
-            )
-        if not isinstance(self.enforce, bool):
-            raise PrivauditError(f"enforce must be true or false, got {self.enforce!r}")
-        if self.sigma < 0:
-            raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
+        super().validate()
+        check_count("gossip_steps", self.gossip_steps, optional=True)
+        check_flag("chebyshev", self.chebyshev)
+        check_positive("grad_bound", self.grad_bound)
+        check_choice("calibration", self.calibration, CALIBRATIONS)
+        check_flag("enforce", self.enforce)
+        check_non_negative("sigma", self.sigma)
 
     def sensitivity(self, batch_size: int) -> float:
         """s: ηG/B ("add-remove") or 2ηG/B ("replace-one"), B the expected batch size."""
@@ -195,33 +195,26 @@ class Muffliato(Defense):
         """y^0: one Gaussian release per round (every later gossip step post-processes it),
         std σs over the add/remove sensitivity ηG/B of the local step — formal only with
         ``enforce`` (per-example clip at G); without it G is assumed, nothing bounds it."""
-        if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
-        common = dict(
-            mechanism="gaussian",
-            noise_multiplier=p.multiplier,
-            releases=1,
-            claimed_multiplier=p.sigma,
-            claimed_releases=1,
-            paper="pairwise network DP (Rényi) with amplification by gossip for non-neighbours;"
-            " a direct neighbour gets the local Gaussian bound at multiplier σ over the "
-            "step's sensitivity, one release per round (authors' code: ERsampled.eps_random)",
-        )
         if p.enforce:
-            return Privacy(
-                **common,
-                clip=p.grad_bound,
-                clip_unit="example",
-                formal=True,
-                reason="per-example clip G, then N(0, σ²s²) on y⁰ = x − η·(clipped sum)/B: "
-                "add/remove sensitivity ηG/B, one release per round",
+            clip = (p.grad_bound, "example")
+            reason = (
+                "per-example clip G, then N(0, σ²s²) on y⁰ = x − η·(clipped sum)/B: add/remove "
+                "sensitivity ηG/B, one release per round"
             )
-        return Privacy(
-            **common,
-            formal=False,
-            reason="no clipping: the sensitivity ηG/B rests on a bound ‖∇ℓ‖ ≤ G on every "
-            "per-example gradient that nothing enforces, so one example can move y⁰ "
-            "arbitrarily far (enforce=true clips at G)",
+        else:
+            clip = None
+            reason = (
+                "no clipping: the sensitivity ηG/B rests on a bound ‖∇ℓ‖ ≤ G on every "
+                "per-example gradient that nothing enforces, so one example can move y⁰ "
+                "arbitrarily far (enforce=true clips at G)"
+            )
+        paper = (
+            "pairwise network DP (Rényi) with amplification by gossip for non-neighbours; a "
+            "direct neighbour gets the local Gaussian bound at multiplier σ over the step's "
+            "sensitivity, one release per round (authors' code: ERsampled.eps_random)"
+        )
+        return one_release_per_round(
+            self.name, p.sigma, p.multiplier, paper=paper, reason=reason, clip=clip
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:

@@ -83,10 +83,21 @@ from privaudit.core.context import Context, State
 from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
-from privaudit.core.privacy import Privacy
+from privaudit.core.privacy import Privacy, no_noise
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, degree, exchange_models, register
-from privaudit.grads import clip_rows
+from privaudit.defenses.base import (
+    MODEL_KIND,
+    CrossGradientDefense,
+    Params,
+    by_receiver,
+    check_choice,
+    check_count,
+    check_fraction,
+    check_non_negative,
+    check_positive,
+    degree,
+    register,
+)
 
 SHAPLEY = ("mc", "exact")
 EMPTY = ("zero", "current", "chance")
@@ -98,7 +109,7 @@ EXACT_MAX = 16  # players; exact Shapley evaluates 2^m coalitions
 
 
 @dataclass
-class PDSLParams:
+class PDSLParams(Params):
     lr: float = 0.01  # γ
     momentum: float = 0.7  # α in (22)
     clip: float = 1.0  # C in (10)(13), flat batch-gradient clip
@@ -111,30 +122,16 @@ class PDSLParams:
     tie_tol: float = 1e-9  # max φ − min φ ≤ tie_tol → eq. (19) is 0/0 → all φ̂ = 1
 
     def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise PrivauditError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not self.clip > 0:
-            raise PrivauditError(f"clip must be > 0, got {self.clip}")
-        if self.sigma < 0:
-            raise PrivauditError(f"sigma must be ≥ 0, got {self.sigma}")
-        if self.shapley not in SHAPLEY:
-            raise PrivauditError(f"shapley must be one of {', '.join(SHAPLEY)}")
-        if self.permutations < 1:
-            raise PrivauditError(f"permutations must be ≥ 1, got {self.permutations}")
-        if self.validation not in VALIDATION:
-            raise PrivauditError(f"validation must be one of {', '.join(VALIDATION)}")
-        if self.val_size is not None and (
-            isinstance(self.val_size, bool) or not isinstance(self.val_size, int)
-        ):
-            raise PrivauditError(f"val_size must be an integer, got {self.val_size!r}")
-        if self.val_size is not None and self.val_size < 1:
-            raise PrivauditError(f"val_size must be ≥ 1, got {self.val_size}")
-        if self.empty_value not in EMPTY:
-            raise PrivauditError(f"empty_value must be one of {', '.join(EMPTY)}")
-        if self.tie_tol < 0:
-            raise PrivauditError(f"tie_tol must be ≥ 0, got {self.tie_tol}")
+        super().validate()
+        check_fraction("momentum", self.momentum)
+        check_positive("clip", self.clip)
+        check_non_negative("sigma", self.sigma)
+        check_choice("shapley", self.shapley, SHAPLEY)
+        check_count("permutations", self.permutations)
+        check_choice("validation", self.validation, VALIDATION)
+        check_count("val_size", self.val_size, optional=True)
+        check_choice("empty_value", self.empty_value, EMPTY)
+        check_non_negative("tie_tol", self.tie_tol)
 
 
 # -- Shapley values: pure functions of a game -------------------------------------------------
@@ -256,21 +253,21 @@ def theorem1_epsilon(sigma: float, W: Tensor, delta: float) -> float:
 
 # -- the defense ------------------------------------------------------------------------------
 @register
-class PDSL(Defense):
+class PDSL(CrossGradientDefense):
     name = "pdsl"
     kinds = {
-        "model": "x_i, the model at the start of the round, in the clear",
+        "model": MODEL_KIND,
         "cg": "ĝ_{i,j}: i's batch at j's model, batch-gradient clip C + N(0,σ²C²)",
         "mm": "û_i = α u_i + Σ_j π_ij ĝ_{j,i}: Shapley-weighted momentum, in the clear",
         "half-model": "x̂_i = x_i − γ û_i: the half-step model, in the clear",
     }
     Params = PDSLParams
+    momentum_key = "u"
 
     def init(self, ctx: Context, p: PDSLParams) -> State:
         """x_0 and u_0 = 0 per agent; with a private 𝒬, also ``val``: agent i's validation
         indices into ``train_x`` (a public 𝒬 is ``ctx.val_x``, the same for all agents)."""
-        x = super().init(ctx, p)["x"]
-        state = {"x": x, "u": torch.zeros_like(x)}
+        state = super().init(ctx, p)
         if p.validation == "private":
             state["val"] = torch.stack(ctx.holdout).long()
         elif ctx.val_x is None or ctx.val_y is None:
@@ -307,26 +304,14 @@ class PDSL(Defense):
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, u, val = state["x"], state["u"], state.get("val")
-        xs, ys = batch
         n, dev = x.shape[0], x.device  # held agents
-        # L5–L11: models cross the links
-        models, owner = exchange_models(net, x)
-        # (9)–(14): flat clip of each batch-mean gradient, fresh noise per (data, model) pair
-        noisy = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
-        if p.sigma > 0:
-            noisy = noisy + ctx.gaussian(owner, noisy.shape[1]) * (p.sigma * p.clip)
-        cg = net.send("cg", noisy[n:])  # out-edge i→j: ĝ_{i,j}; received per in-edge
-        # players of agent i: slot 0 = i itself, slots 1.. = incoming links in edge order
-        into = net.links.in_dst
-        edge = torch.arange(len(into), device=into.device)
-        slot = F.one_hot(into, n).cumsum(0)[edge, into]
-        m = int(slot.max()) + 1 if len(slot) else 1
-        G = x.new_zeros(n, m, x.shape[1])
-        G[:, 0], G[into, slot] = noisy[:n], cg
-        omega = torch.ones(n, m, dtype=torch.float64, device=dev)
-        omega[:, 0], omega[into, slot] = net.w_self.double(), net.w_in.double()
-        real = torch.zeros(n, m, dtype=torch.bool, device=dev)
-        real[:, 0], real[into, slot] = True, True
+        # L5–L11, (9)–(14): models cross the links; flat clip of each batch-mean gradient,
+        # fresh noise per (data, model) pair; out-edge i→j carries ĝ_{i,j}
+        _, noisy, cg = self.cross_gradients(ctx, p, net, x, batch)
+        # players 𝓜_i of agent i: slot 0 = i itself (ω_{i,i}), then its incoming links in
+        # edge order (ω_{i,j}); padding slots are not real
+        G, omega, real = by_receiver(net, cg, x, own=noisy[:n])
+        m = G.shape[1]
         # (15)–(18)/(26), (19)(20)
         value = self._utility(ctx, p, x, G, real, val)
         perms = self._permutations(ctx, p, real) if p.shapley == "mc" else None
@@ -335,10 +320,7 @@ class PDSL(Defense):
         pi = pi.to(x.dtype)
         # (21)–(25)
         g_bar = torch.einsum("nm,nmd->nd", pi, G)
-        u_half = p.momentum * u + g_bar
-        x_half = x - p.lr * u_half
-        x_new = net.gossip("half-model", x_half)
-        out = {"x": x_new, "u": net.gossip("mm", u_half)}
+        out = self.half_step(p, net, x, u, g_bar)
         return out if val is None else {**out, "val": val}
 
     @staticmethod
@@ -425,7 +407,7 @@ class PDSL(Defense):
         (the π-weighted aggregate; neither the deg + 1 same-batch releases nor the rounds
         are composed), at std σC (multiplier σ)."""
         if p.sigma <= 0:
-            return Privacy(reason=f"{self.name} adds no noise (σ = 0)")
+            return no_noise(self.name)
         deg = degree(W, agent)
         public = p.validation == "public"
         caveats = [
@@ -479,21 +461,10 @@ class PDSL(Defense):
             reason="π is an un-noised function of agent i's private validation split (eqs. 16–20)",
         )
 
-    def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
-        if kind == "cg":
-            return [t]
-        if kind == "model":
-            return [t, t + 1]
-        return [t - 1, t] if t > 1 else [t]
+    def observe_update(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
+        """Under ``link`` (src ↔ dst); ``cg`` and ``model`` as every cross-gradient defense
+        (:meth:`CrossGradientDefense.observe`):
 
-    def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
-        """Under ``link`` (src ↔ dst):
-
-        - ``cg``: x_dst^{t-1} crosses the reverse link in the clear, so the message is
-          exactly the flat-clipped batch-mean gradient of src's batch there plus N(0, σ²C²);
-          a coalition holding k copies (same batch, fresh noise) averages them.
-          The clip factor min(1, C/‖g‖) is one unknown scalar (``scale`` = 1 is given;
-          ``meta["batch_clip"]`` = C); per-example ``clip`` is None.
         - ``mm``: ḡ_i = û_i^t − α u_i^{t-1}, u_i^{t-1} = Σ_j w_ij û_j^{t-1}: exact when every
           neighbour's û_j^{t-1} is seen (else the consecutive-round approximation): a
           π-weighted sum of gradients at x_i^{t-1} of src's and its neighbours' batches.
@@ -503,13 +474,8 @@ class PDSL(Defense):
           equal-Shapley weight π_ii = 1/(ω_ii |𝓜_i|), ``noise_std`` the matching
           σC·√(Σ_j π_ij²).
         - ``half-model``: û_i^t = (x_i^{t-1} − x̂_i^t)/γ exactly, then as ``mm``.
-        - ``model``: (x_i^{t-1} − x_i^t)/γ at x_i^{t-1}; mixing and momentum ignored.
         """
         p = view.public["params"]
-        if kind == "cg":
-            return self.observe_batch_clip_cg(view, t, src, dst)
-        if kind == "model":
-            return self.observe_model_step(view, t, src, dst)
         x_prev = view.get(t, src, dst, "model")
         target, unseen = self.momentum_step(view, kind, t, src, dst, p["momentum"])
         W = view.public["W"]

@@ -67,7 +67,15 @@ from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy
 from privaudit.core.threat import View
-from privaudit.defenses.base import Defense, mix, neighbours, register
+from privaudit.defenses.base import (
+    Defense,
+    Params,
+    check_choice,
+    check_positive,
+    mix,
+    neighbours,
+    register,
+)
 
 OLD_GRAD = ("cached", "recompute")
 INJECT = ("every", "init")
@@ -110,20 +118,14 @@ def paper_budget(
 
 
 @dataclass
-class DSGTParams:
-    lr: float = 0.05  # λ in (2), the paper's "decay step size" (constant)
+class DSGTParams(Params):
+    """``lr`` is λ in (2), the paper's "decay step size" (constant)."""
+
     old_grad: str = "cached"  # ∇L(θ_i^t) in (3): "cached" or "recompute"
 
     def validate(self) -> None:
-        if not self.lr > 0:
-            raise PrivauditError(f"lr must be > 0, got {self.lr}")
-        if self.old_grad not in OLD_GRAD:
-            raise PrivauditError(f"old_grad must be one of {', '.join(OLD_GRAD)}")
-
-
-def _check_beta(beta: float) -> None:
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
-        raise PrivauditError(f"beta (the Laplace scale β) must be a finite number > 0, got {beta}")
+        super().validate()
+        check_choice("old_grad", self.old_grad, OLD_GRAD)
 
 
 @dataclass
@@ -133,7 +135,7 @@ class LPPAParams(DSGTParams):
 
     def validate(self) -> None:
         super().validate()
-        _check_beta(self.beta)
+        check_positive("beta", self.beta)
 
 
 @dataclass
@@ -143,16 +145,8 @@ class DPDSGTParams(DSGTParams):
 
     def validate(self) -> None:
         super().validate()
-        _check_beta(self.beta)
-        if self.inject not in INJECT:
-            raise PrivauditError(f"inject must be one of {', '.join(INJECT)}")
-
-
-def _degree(W: Tensor, i: int) -> int:
-    """Number of neighbours of ``i`` (off-diagonal non-zeros of row i of W)."""
-    row = W[i].clone()
-    row[i] = 0
-    return int((row > 0).sum())
+        check_positive("beta", self.beta)
+        check_choice("inject", self.inject, INJECT)
 
 
 @register

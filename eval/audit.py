@@ -173,15 +173,21 @@ def audit_batch(ctx: Any, index: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(pad, row.view(-1, *[1] * (x.dim() - 1)), x), y
 
 
-def check_trials(trials: int, delta: float, confidence: float = 0.95) -> int:
-    """The fewest trials that give a white-box bound (Clopper–Pearson at 1 − α/2 on the
-    held-out half); the error for fewer ``trials``."""
+def check_trials(
+    trials: int, delta: float, confidence: float = 0.95, mode: str = "white-box"
+) -> int:
+    """The fewest trials any bound needs — white box: Clopper–Pearson at 1 − α/2 on the
+    held-out half; one run: canaries for Steinke et al.'s bound — and the error for fewer
+    ``trials``."""
     bounds.check_levels(confidence, delta)
-    need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT)
+    if mode == "white-box":
+        need, what = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT), "trials"
+    else:
+        need, what = bounds.one_run_canaries_needed(delta, confidence), "canaries"
     if trials < need:
         raise PrivauditError(
             f"--trials {trials} is too few for any bound at confidence {confidence} "
-            f"(δ = {delta:g}); use at least {need}"
+            f"(δ = {delta:g}); the {mode} audit needs at least {need} {what}"
         )
     return need
 
@@ -472,13 +478,7 @@ def one_run(
     """Steinke et al.'s one-run audit over the run's ``rounds`` (a fresh training run with
     the run's configuration and seed, plus the canaries; the run directory is not touched)."""
     delta = run.cfg.delta
-    bounds.check_levels(confidence, delta)
-    need = bounds.one_run_canaries_needed(delta, confidence)
-    if canaries < need:
-        raise PrivauditError(
-            f"--trials {canaries} canaries are too few for any one-run bound at confidence "
-            f"{confidence} (δ = {delta:g}); use at least {need}"
-        )
+    check_trials(canaries, delta, confidence, "one-run")
     s = _setting(run, target, 1, threat, link, attackers, victim, canary_norm, seed)
     ctx, defense = run.ctx, s.defense
     D = ctx.spec.numel

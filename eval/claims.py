@@ -47,7 +47,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from privaudit.core.accounting import ADJACENCY, SAMPLING
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError, unknown
-from privaudit.core.files import atomic_write, to_jsonable, write_json
+from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.eval import bounds
 from privaudit.eval.audit import HELD_OUT, audit, check_trials
@@ -102,8 +102,7 @@ def run_config(base: RunConfig, defense: str) -> RunConfig:
     push-sum defenses need theirs), and enough rounds for every kind's round-1 audit."""
 
     d = get_defense(defense)
-    own = d.topology
-    topology = own if own and base.topology == RunConfig.topology else base.topology
+    topology = d.topology_for(None if base.topology == RunConfig.topology else base.topology)
     need = max(max(d.rounds_needed(k, ROUND, base.agents)) for k in d.kinds)
     cfg = dataclasses.replace(
         base, defense=defense, topology=topology, rounds=max(base.rounds, need)
@@ -417,7 +416,7 @@ def ledger(
                         if r["error"] is None:
                             write_json(path, to_jsonable(r))
                     else:
-                        r = {**_revive(r), "cached": True}
+                        r = {**from_jsonable(r), "cached": True}
                     doc["rows"].append(r)
                     bar.advance(task)
         except KeyboardInterrupt:
@@ -447,17 +446,6 @@ def _load(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _revive(obj: Any) -> Any:
-    """Undo :func:`to_jsonable`'s strings for ∞ in a cached row."""
-    if isinstance(obj, dict):
-        return {k: _revive(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_revive(v) for v in obj]
-    if obj in ("inf", "-inf", "nan"):
-        return float(obj)
-    return obj
 
 
 def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None = None) -> None:

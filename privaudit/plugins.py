@@ -303,7 +303,7 @@ def _check_defense(
         )
     try:
         p = params_of(d.Params, {})
-        W = metropolis_hastings(build_topology(d.topology or "ring", 4)).double()
+        W = metropolis_hastings(build_topology(d.topology_for(None), 4)).double()
         facts = [d.privacy(p, kind, W) for kind in kinds]
     except Exception as e:
         text = (str(e).strip().splitlines() or [""])[0][:200]

@@ -3,13 +3,15 @@ de-biasing, the noise of each variant, and the link observation."""
 
 from __future__ import annotations
 
+import functools
 import math
 
+import conftest
 import pytest
 import torch
+from conftest import secret_batch
 
 from privaudit.api.pipeline import observe
-from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec, Tap
@@ -21,17 +23,7 @@ from privaudit.grads import clip_rows
 from privaudit.scenario.topology import build_topology, exponential, metropolis_hastings
 from privaudit.sim.run import Run
 
-
-def tiny(defense: str, **kw) -> RunConfig:
-    base = dict(
-        defense=defense,
-        rounds=3,
-        agents=4,
-        batch_size=2,
-        topology="exponential",
-        checkpoint_every=1,
-    )
-    return RunConfig(**{**base, **kw})
+tiny = functools.partial(conftest.tiny, checkpoint_every=1)
 
 
 def test_hop_schedule():
@@ -93,9 +85,7 @@ def test_run_schedule_mixing_and_mass(tmp_path):
 def clean_grads(run: Run, agent: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example gradients (b, D) of ``agent``'s realised round-t batch at x_0, and their
     sum over the expected batch size B (the batch mean of Poisson sampling)."""
-    idx = run.secret_index(t, agent)
-    x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
-    per = run.ctx.grads.per_example(run.ctx.x0[None], x, y)[0]
+    per = run.ctx.grads.per_example(run.ctx.x0[None], *secret_batch(run, agent, t))[0]
     return per, per.sum(0) / run.cfg.batch_size
 
 

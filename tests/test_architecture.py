@@ -293,3 +293,18 @@ def underscore_reaches() -> list[str]:
 
 def test_no_module_reaches_into_private_attributes():
     assert underscore_reaches() == []
+
+
+def test_tests_benchmarks_and_examples_use_public_names_only():
+    """Outside the packages too: nothing imports a private name from privaudit."""
+    found = []
+    for folder in ("tests", "benchmarks", "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("privaudit"):
+                    found += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                    ]
+    assert found == []

@@ -17,6 +17,8 @@ from privaudit.scenario.models import build_model
 MEAN = (0.5, 0.45, 0.4)
 STD = (0.25, 0.25, 0.25)
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def photos(n: int, size: int) -> torch.Tensor:
     """``n`` natural images (crops of scikit-image's photographs), else smooth synthetic ones."""
@@ -93,14 +95,6 @@ def mse(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(10 * torch.log10(1 / ((a - b) ** 2).mean()))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # small problems: threads cost more than they give
-    yield
-    torch.set_num_threads(n)
 
 
 # --- analytic ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from privaudit.cli.app import main
+from privaudit.cli import main
 from privaudit.core.accounting import account, release_epsilon
 from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of

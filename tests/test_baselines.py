@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
+import conftest
 import pytest
 import torch
+from conftest import batch_grad
 
-from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
@@ -19,17 +21,7 @@ from privaudit.grads import clip_rows
 from privaudit.scenario.topology import metropolis_hastings, ring
 from privaudit.sim.run import Run
 
-
-def tiny(defense: str, **kw) -> RunConfig:
-    base = dict(defense=defense, rounds=2, agents=4, batch_size=2, checkpoint_every=1)
-    return RunConfig(**{**base, **kw})
-
-
-def batch_grad(run: Run, flat: torch.Tensor, agent: int, t: int) -> torch.Tensor:
-    """Plain batch-mean gradient of ``agent``'s round-t batch at ``flat``."""
-    idx = run.secret_index(t, agent)
-    x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
-    return run.ctx.grads.mean(flat[None], x, y)[0]
+tiny = functools.partial(conftest.tiny, rounds=2, checkpoint_every=1)
 
 
 def assert_std(noises: list[torch.Tensor], std: float) -> None:
@@ -51,11 +43,9 @@ def test_dp_dpsgd_noise_is_sigma_c_over_b_on_the_clipped_mean(tmp_path):
     assert run.resolved["kinds"]["half-model"]["releases_per_round"] == 1
     msgs = run.messages(CaptureSpec.of(rounds=[1]), progress=False)
     x0, lr = run.ctx.x0, run.params.lr
-    idx = [run.secret_index(1, a) for a in range(run.cfg.agents)]
     noises = []
     for src, dst in one_link_per_agent(run).items():
-        x, y = run.ctx.train_x[idx[src]][None], run.ctx.train_y[idx[src]][None]
-        clean = run.ctx.grads.clipped_mean(x0[None], x, y, clip)[0]
+        clean = batch_grad(run, x0, src, 1, clip)
         noises.append((x0 - msgs[(1, src, dst, "half-model")]) / lr - clean)
     assert_std(noises, sigma * clip / B)
 
@@ -156,15 +146,13 @@ def test_dp_cga_clips_the_batch_mean_and_aggregates_what_it_received(tmp_path):
     run = Run.create(cfg, tmp_path / "r")
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2]), progress=False)
     assert {k[3] for k in msgs} == {"model", "cg", "half-model"}
-    idx = [run.secret_index(2, a) for a in range(run.cfg.agents)]
     for src, dst in run.edges():
         at = msgs[(2, dst, src, "model")]  # the receiver's model
         mean = batch_grad(run, at, src, 2)
         cg = msgs[(2, src, dst, "cg")]
         torch.testing.assert_close(cg, clip_rows(mean[None], clip)[0], rtol=1e-4, atol=1e-7)
         assert float(cg.norm()) <= clip * (1 + 1e-5)
-        x, y = run.ctx.train_x[idx[src]][None], run.ctx.train_y[idx[src]][None]
-        per_example = run.ctx.grads.clipped_mean(at[None], x, y, clip)[0]
+        per_example = batch_grad(run, at, src, 2, clip)
         assert not torch.allclose(cg, per_example, atol=1e-6)
     # round 1, v_0 = 0: (x_0 − x̃_i)/η is the QP aggregate of i's own and incoming gradients
     x0, W = run.ctx.x0, run.ctx.W

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from privaudit.cli.app import main
+from privaudit.cli import main
+from privaudit.core.files import from_jsonable
 from privaudit.eval import claims
-from privaudit.eval.claims import _revive
 
 # cheap kinds on 4 agents at σ = 1 (a release's ε is large enough for 300 trials to show it):
 # dp-dpsgd (a correct formal mechanism), clipd2p (push-sum: its own topology, two kinds),
@@ -55,7 +55,7 @@ def ledger(tmp_path_factory):
     finally:
         cap.undo()
     assert code == 0
-    doc = _revive(json.loads("\n".join(lines)))  # --json: the whole ledger, ∞ as "inf"
+    doc = from_jsonable(json.loads("\n".join(lines)))  # --json: the whole ledger, ∞ as "inf"
     return out, md, doc
 
 
@@ -132,7 +132,7 @@ def test_markdown_has_the_header_and_a_row_per_kind(ledger) -> None:
 def test_a_rerun_resumes_from_the_cached_rows(ledger, capsys) -> None:
     out, _, doc = ledger
     assert main([*ARGS, "--out", str(out), "--json"]) == 0
-    again = _revive(json.loads(capsys.readouterr().out))
+    again = from_jsonable(json.loads(capsys.readouterr().out))
     assert all(r.get("cached") for r in again["rows"])
     assert [r["audit"]["epsilon_lo"] for r in again["rows"]] == [
         r["audit"]["epsilon_lo"] for r in doc["rows"]

@@ -8,16 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
-from privaudit.cli.app import main
+from privaudit.cli import main
 
 TINY = ["--agents", "3", "--batch-size", "1", "--no-progress", "--iterations", "4", "--no-lpips"]
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_targets_lists_every_message(capsys):

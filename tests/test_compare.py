@@ -12,7 +12,7 @@ import pytest
 
 from privaudit.api.reproduce import PAPER_TABLE3, SCALE, format_table3, table3_rows
 from privaudit.api.sweeps import Sweep, execute, load_tensors, plan
-from privaudit.cli.app import main
+from privaudit.cli import main
 from privaudit.core.config import RunConfig
 from privaudit.eval.report import write_report
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 import torch
+from conftest import assert_states_match, tiny
 
-from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
 from privaudit.core.network import SimNetwork, make_links
@@ -33,11 +33,6 @@ pytestmark = pytest.mark.skipif(
 # noise draws, the order of every sum — is the same, so messages agree to float32 rounding,
 # amplified only by a few rounds of training.
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def tiny(defense: str, **kw) -> RunConfig:
-    base = dict(defense=defense, rounds=3, agents=4, batch_size=2, checkpoint_every=2)
-    return RunConfig(**{**base, **kw})
 
 
 CONFIGS = {
@@ -73,13 +68,9 @@ def test_distributed_run_sends_the_simulators_messages(tmp_path, name):
     # the merged checkpoints hold every agent's rows and generator state: each agent drew
     # exactly as many random numbers as in the simulator
     assert dist_run.dir.checkpoint_rounds() == sim.dir.checkpoint_rounds() == [2, 3]
-    a, b = sim.dir.load_checkpoint(3), dist_run.dir.load_checkpoint(3)
-    assert set(a) == set(b)
-    for k in a:
-        if k.startswith("rng."):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            torch.testing.assert_close(b[k], a[k], rtol=RTOL, atol=ATOL)
+    want, got = sim.dir.load_checkpoint(3), dist_run.dir.load_checkpoint(3)
+    assert set(want) == set(got)
+    assert_states_match(got, want, RTOL, ATOL)
     assert not (tmp_path / "dist" / "shards").exists()  # every shard was merged
 
 
@@ -185,19 +176,13 @@ def test_killed_rank_stops_the_run_with_its_name_and_the_run_resumes(tmp_path):
 def _resume_matches_the_simulator(tmp_path, out, rounds: int, checkpoint_every: int) -> None:
     """The distributed run in ``out`` resumes to its last round and ends where the simulator
     does (``checkpoint_every`` does not change the messages)."""
-    cfg = RunConfig(
-        defense="dsgd", rounds=rounds, agents=4, batch_size=2, checkpoint_every=checkpoint_every
-    )
+    cfg = tiny("dsgd", rounds=rounds, checkpoint_every=checkpoint_every)
     sim = Run.create(cfg, tmp_path / "sim")
     sim.train(progress=False)
     launch(cfg, out, timeout_s=30, progress=False)
     assert RunDir(out).checkpoint_rounds()[-1] == rounds
-    a, b = sim.dir.load_checkpoint(rounds), RunDir(out).load_checkpoint(rounds)
-    for k in a:
-        if k.startswith("rng."):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            torch.testing.assert_close(b[k], a[k], rtol=RTOL, atol=ATOL)
+    want, got = sim.dir.load_checkpoint(rounds), RunDir(out).load_checkpoint(rounds)
+    assert_states_match(got, want, RTOL, ATOL)
 
 
 def test_ctrl_c_leaves_an_interrupt_checkpoint_and_the_run_resumes(tmp_path):
@@ -234,7 +219,7 @@ def test_ctrl_c_leaves_an_interrupt_checkpoint_and_the_run_resumes(tmp_path):
     ],
 )
 def test_train_cli_rejects_bad_engine_options(tmp_path, capsys, extra, message):
-    from privaudit.cli.app import main
+    from privaudit.cli import main
 
     argv = ["train", "--defense", "dsgd", "--agents", "4", "--rounds", "3"]
     code = main([*argv, "--out", str(tmp_path / "r"), "--no-progress", *extra])

@@ -223,16 +223,7 @@ def test_muffliato_replace_one_calibration_with_enforcement_gives_the_same_noise
     convention (s = 2ηG/B, multiplier 2σ) ends with half the σ and the same noise."""
     std = {}
     for cal in ("add-remove", "replace-one"):
-        cfg = RunConfig(
-            defense="muffliato",
-            rounds=3,
-            agents=4,
-            batch_size=B,
-            topology="ring",
-            checkpoint_every=1,
-            epsilon=2.0,
-            params={"enforce": True, "calibration": cal, "gossip_steps": 1},
-        )
+        cfg = config("muffliato", {"enforce": True, "calibration": cal}, rounds=3, epsilon=2.0)
         run = Run.create(cfg, tmp_path / cal)
         std[cal] = run.params.noise_std(B)
     assert std["replace-one"] == pytest.approx(std["add-remove"], rel=1e-6)

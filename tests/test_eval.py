@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from privaudit.core.files import from_jsonable, to_jsonable
 from privaudit.eval import metrics as M
 from privaudit.eval.figures import reconstruction_grid
 
@@ -119,11 +120,11 @@ def test_score_many_aggregates() -> None:
 def test_to_jsonable_round_trip() -> None:
     t = _rand(3, 1, 8, 8)
     s = M.score(t, torch.tensor([1, 2, 3]), t, torch.tensor([1, 2, 3]))
-    data = M.to_jsonable({"score": s, "x": np.float32(1.5), "nan": math.nan, "t": torch.ones(2)})
+    data = to_jsonable({"score": s, "x": np.float32(1.5), "nan": math.nan, "t": torch.ones(2)})
     text = json.dumps(data, allow_nan=False)
     assert json.loads(text) == data
     assert data["score"]["psnr"] == "inf" and data["nan"] == "nan"
-    back = M.from_jsonable(json.loads(text))
+    back = from_jsonable(json.loads(text))
     assert back["score"]["psnr"] == math.inf and back["score"]["mse"] == 0.0
 
 

@@ -21,7 +21,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from privaudit.cli.app import checked_params, main
+from privaudit.cli import main
+from privaudit.cli.options import checked_params
 from privaudit.core import limits
 from privaudit.core.accounting import calibrate, epsilon_for_sigma, sigma_for_epsilon
 from privaudit.core.config import RunConfig

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from privaudit.attacks.lbfgs import LBFGS, _History
+from privaudit.attacks.lbfgs import LBFGS, History
 
 Objective = Callable[[torch.Tensor], torch.Tensor]
 
@@ -104,7 +104,7 @@ def test_direction_equals_two_loop(pushes):
     n, m = 40, 6
     Q = torch.randn(n, n, generator=gen, dtype=torch.float64)
     A = Q @ Q.T / n + 0.1 * torch.eye(n, dtype=torch.float64)  # SPD, so sᵀy > 0
-    hist = _History.empty(torch.zeros(n, dtype=torch.float64))
+    hist = History.empty(torch.zeros(n, dtype=torch.float64))
     steps, diffs = [], []
     for _ in range(pushes):
         s = torch.randn(n, generator=gen, dtype=torch.float64)

@@ -10,9 +10,9 @@ import math
 
 import pytest
 import torch
+from conftest import batch_grad, tiny
 
 from privaudit.api.pipeline import observe
-from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
@@ -22,11 +22,6 @@ from privaudit.grads import clip_rows
 from privaudit.scenario.data import load_dataset, validation_indices
 from privaudit.scenario.topology import metropolis_hastings
 from privaudit.sim.run import Run
-
-
-def tiny(**kw) -> RunConfig:
-    base = dict(defense="pdsl", rounds=3, agents=4, batch_size=2, checkpoint_every=2)
-    return RunConfig(**{**base, **kw})
 
 
 def table_of(v, m: int) -> torch.Tensor:
@@ -116,14 +111,9 @@ def test_weights_are_min_max_normalised_and_divided_by_omega():
     torch.testing.assert_close(pi, torch.tensor([[0.5, 0.5]]))
 
 
-def secret_batch(run: Run, agent: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = run.secret_index(t, agent)
-    return run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
-
-
 def clipped(run: Run, flat: torch.Tensor, agent: int, t: int, clip: float) -> torch.Tensor:
     """Flat-clipped batch-mean gradient of ``agent``'s round-t batch at ``flat``."""
-    return clip_rows(run.ctx.grads.mean(flat[None], *secret_batch(run, agent, t)), clip)[0]
+    return clip_rows(batch_grad(run, flat, agent, t)[None], clip)[0]
 
 
 @pytest.mark.parametrize("validation", ["public", "private"])
@@ -133,7 +123,7 @@ def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path, v
     public one (the same images for every agent) or the agent's own held-out examples."""
     clip, lr = 0.2, 5.0  # gradients have norm ≈ 25: clipping is active; big steps break ties
     params = {"clip": clip, "shapley": "exact", "lr": lr, "validation": validation}
-    run = Run.create(tiny(sigma=0.0, params=params), tmp_path / "r")
+    run = Run.create(tiny("pdsl", sigma=0.0, params=params), tmp_path / "r")
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2]), progress=False)
     assert {k[3] for k in msgs} == {"model", "cg", "mm", "half-model"}
     for src, dst in run.edges():
@@ -189,7 +179,7 @@ def test_cg_is_senders_batch_at_receivers_model_and_rounds_recompute(tmp_path, v
 def test_cg_noise_has_the_documented_std_and_observations_build(tmp_path):
     """ĝ − clip_C(g) = n ~ N(0, σ²C²), fresh per link: std over D ≈ 16k coordinates is σC."""
     sigma, clip = 2.0, 0.5
-    run = Run.create(tiny(sigma=sigma, params={"clip": clip}), tmp_path / "r")
+    run = Run.create(tiny("pdsl", sigma=sigma, params={"clip": clip}), tmp_path / "r")
     kinds = run.resolved["kinds"]  # ring: two neighbours, + ĝ_{i,i} inside û_i
     assert kinds["cg"]["releases_per_round"] == 2 and kinds["mm"]["releases_per_round"] == 3
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2, 3]), progress=False)  # all observe needs
@@ -216,7 +206,7 @@ def test_cg_noise_has_the_documented_std_and_observations_build(tmp_path):
 
 def test_private_validation_split_is_held_out_of_training(tmp_path):
     run = Run.create(
-        tiny(rounds=4, params={"validation": "private", "val_size": 8}), tmp_path / "r"
+        tiny("pdsl", rounds=4, params={"validation": "private", "val_size": 8}), tmp_path / "r"
     )
     assert run.ctx.val_x is None and len(run.data.test_y) == len(load_dataset("photos").test_y)
     assert len(run.ctx.holdout) == run.cfg.agents
@@ -232,7 +222,7 @@ def test_public_validation_set_is_test_data_shared_and_out_of_test_accuracy(tmp_
     """The default 𝒬: 20 % of the test split by a seeded draw (80 of photos' 400), one set
     for every agent, in no agent's shard nor its training batches, and not counted in the
     run's test accuracy, which is over the remaining test examples exactly."""
-    run = Run.create(tiny(rounds=2), tmp_path / "r")
+    run = Run.create(tiny("pdsl", rounds=2), tmp_path / "r")
     full = load_dataset("photos")
     idx = validation_indices(len(full.test_y), 80, run.cfg.seed)
     assert len(idx) == len(set(idx.tolist())) == 80
@@ -269,11 +259,12 @@ def test_public_validation_set_is_test_data_shared_and_out_of_test_accuracy(tmp_
 
 def test_a_validation_set_too_large_for_the_test_split_is_refused(tmp_path):
     with pytest.raises(PrivauditError, match="lower the defense's val_size"):
-        Run.create(tiny(params={"val_size": 400}), tmp_path / "r")  # photos: 400 test images
+        # photos: 400 test images
+        Run.create(tiny("pdsl", params={"val_size": 400}), tmp_path / "r")
     with pytest.raises(PrivauditError, match="validation must be one of"):
-        Run.create(tiny(params={"validation": "shared"}), tmp_path / "s")
+        Run.create(tiny("pdsl", params={"validation": "shared"}), tmp_path / "s")
     with pytest.raises(PrivauditError, match="val_size must be an integer"):
-        Run.create(tiny(params={"val_size": 0.5}), tmp_path / "t")
+        Run.create(tiny("pdsl", params={"val_size": 0.5}), tmp_path / "t")
 
 
 @pytest.mark.parametrize("validation", ["public", "private"])
@@ -299,7 +290,7 @@ def test_privacy_follows_the_validation_set(validation):
 def test_default_run_reports_a_finite_epsilon_for_every_kind(tmp_path):
     """--epsilon with the public 𝒬: every kind is formal, σ is calibrated on the worst one
     (deg + 1 releases), which then spends exactly the target; with a private 𝒬 only cg."""
-    run = Run.create(tiny(epsilon=2.0, rounds=2), tmp_path / "pub")
+    run = Run.create(tiny("pdsl", epsilon=2.0, rounds=2), tmp_path / "pub")
     kinds = run.resolved["kinds"]
     assert all(k["formal"] and math.isfinite(k["epsilon"]) for k in kinds.values())
     assert max(k["epsilon"] for k in kinds.values()) == pytest.approx(2.0, rel=0.02)
@@ -307,7 +298,7 @@ def test_default_run_reports_a_finite_epsilon_for_every_kind(tmp_path):
     state = run.train(progress=False)
     assert torch.isfinite(state["x"]).all() and 0.0 <= run.test_accuracy(state) <= 1.0
     private = Run.create(
-        tiny(epsilon=2.0, rounds=2, params={"validation": "private"}), tmp_path / "p"
+        tiny("pdsl", epsilon=2.0, rounds=2, params={"validation": "private"}), tmp_path / "p"
     )
     kinds = private.resolved["kinds"]
     assert kinds["cg"]["formal"] and kinds["cg"]["epsilon"] == pytest.approx(2.0, rel=0.02)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_states_match, run_cli
 
 from privaudit.attacks import ATTACKS
-from privaudit.cli.app import main
 from privaudit.core.accounting import release_epsilon
 from privaudit.defenses import DEFENSES
 from privaudit.plugins import ENV
@@ -46,12 +46,6 @@ def registries(monkeypatch):
     ATTACKS.update(attacks)
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def cli_process(*argv: str, env: dict[str, str] | None = None, python: str = sys.executable):
     """The CLI in a fresh process, which loads only what it finds itself (``env``: extra
     environment variables)."""
@@ -65,7 +59,7 @@ def cli_process(*argv: str, env: dict[str, str] | None = None, python: str = sys
 
 
 def targets(capsys, *plugins: str) -> list[str]:
-    code, out, err = cli(capsys, *plugins, "targets", "--json")
+    code, out, err = run_cli(capsys, *plugins, "targets", "--json")
     assert code == 0, err
     return [row["target"] for row in json.loads(out)]
 
@@ -81,7 +75,7 @@ def test_targets_lists_the_plugins_targets_after_the_built_ins(capsys):
 def test_train_attack_with_a_plugin_defense_and_attack(tmp_path, capsys):
     run = tmp_path / "run"
     train = "train --defense cta-dpsgd --agents 3 --rounds 3 --sigma 1 --batch-size 4".split()
-    code, out, err = cli(capsys, *PLUGINS, *train, "--out", str(run), *QUIET)
+    code, out, err = run_cli(capsys, *PLUGINS, *train, "--out", str(run), *QUIET)
     assert code == 0, err
     eps = json.loads(out)["kinds"]["model"]["epsilon"]
     assert json.loads((run / "config.json").read_text())["defense"] == "cta-dpsgd"
@@ -90,7 +84,7 @@ def test_train_attack_with_a_plugin_defense_and_attack(tmp_path, capsys):
     for name in ("ig", "guess"):  # a built-in attack, then the plugin's
         extra = ["--iterations", "4"] if name == "ig" else []
         argv = [*attack, "--attack", name, *extra, "--no-lpips", "--out", str(tmp_path / name)]
-        code, out, err = cli(capsys, *PLUGINS, *argv, *QUIET)
+        code, out, err = run_cli(capsys, *PLUGINS, *argv, *QUIET)
         assert code == 0, err
         result = json.loads(out)
         assert result["attack"] == name and result["target"] == "cta-dpsgd-model"
@@ -104,7 +98,7 @@ def test_a_run_of_a_plugin_defense_needs_the_plugin_again(tmp_path, capsys):
     to load it; with PRIVAUDIT_PLUGINS it attacks the run."""
     run = tmp_path / "run"
     argv = "train --defense cta-dpsgd --agents 3 --rounds 2 --sigma 1 --no-progress".split()
-    code, _, err = cli(capsys, "--plugin", str(DEFENSE), *argv, "--out", str(run))
+    code, _, err = run_cli(capsys, "--plugin", str(DEFENSE), *argv, "--out", str(run))
     assert code == 0, err
     attack = ["attack", "--run", str(run), "--target", "cta-dpsgd-model", "--round", "1"]
     attack += ["--iterations", "2", "--no-lpips", *QUIET, "--out", str(tmp_path / "a")]
@@ -127,7 +121,7 @@ def test_audit_passes_the_plugin_and_catches_its_halved_noise(tmp_path, capsys):
     audit = "--agents 4 --rounds 2 --sigma 1 --trials 400 --confidence 0.999".split()
     for name in ("cta-dpsgd", "cta-dpsgd-halfnoise"):
         argv = ["audit", "--target", f"{name}-model", *audit, "--out", str(tmp_path / name)]
-        code, out, err = cli(capsys, *PLUGINS, *argv, *QUIET)
+        code, out, err = run_cli(capsys, *PLUGINS, *argv, *QUIET)
         assert code == 0, err
         res = json.loads(out)
         assert res["upper"]["accountant"] == pytest.approx(release_epsilon(1.0, 1e-5))
@@ -145,7 +139,7 @@ def test_distributed_ranks_load_the_plugin_and_resume(tmp_path, capsys):
     argv = ["--plugin", str(DEFENSE), "train", "--backend", "torch.distributed", "--defense"]
     argv += ["cta-dpsgd", "--agents", "3", "--rounds", "4", "--batch-size", "2", "--sigma", "1"]
     argv += ["--checkpoint-every", "2", "--dist-timeout", "60", "--out", str(out), "--no-progress"]
-    code, _, err = cli(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
     cfg = Run.open(out).cfg
     assert (cfg.defense, cfg.agents, cfg.sigma) == ("cta-dpsgd", 3, 1.0)
@@ -155,7 +149,7 @@ def test_distributed_ranks_load_the_plugin_and_resume(tmp_path, capsys):
     _assert_same_state(first, sim.dir.load_checkpoint(4))
     RunDir(out).remove("checkpoints", 4)  # as if stopped after round 2
     assert RunDir(out).checkpoint_rounds() == [2] and Run.open(out).start_round(4, None) == 2
-    code, _, err = cli(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
     assert RunDir(out).checkpoint_rounds() == [2, 4]
     _assert_same_state(RunDir(out).load_checkpoint(4), first)
@@ -166,11 +160,7 @@ def _assert_same_state(got: dict, want: dict) -> None:
     from the simulator's stacked ones); every generator state bit for bit: each agent drew
     the same batches and noise."""
     assert set(got) == set(want) and any(k.startswith("rng.") for k in want)
-    for k in want:
-        if k.startswith("rng."):
-            assert torch.equal(got[k], want[k]), k
-        else:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+    assert_states_match(got, want, rtol=1e-4, atol=1e-5)
 
 
 # -- installed as a package: entry points -------------------------------------------------------
@@ -271,20 +261,20 @@ def test_a_broken_plugin_is_one_line_and_the_built_ins_keep_working(tmp_path, ca
     plugin = tmp_path / "bad_plugin.py"
     plugin.write_text(source)
     defenses, attacks = dict(DEFENSES), dict(ATTACKS)
-    code, out, err = cli(capsys, "--plugin", str(plugin), "targets")
+    code, out, err = run_cli(capsys, "--plugin", str(plugin), "targets")
     assert code == 2 and not out
     assert err.startswith(f"privaudit: error: plugin {plugin}: "), err
     assert len(err.strip().splitlines()) == 1 and "; fix" in err and needle in err, err
     assert DEFENSES == defenses and ATTACKS == attacks  # nothing of it stays registered
     assert [k for k, v in DEFENSES.items() if v is defenses[k]] == list(defenses)
-    code, out, err = cli(capsys, "targets")
+    code, out, err = run_cli(capsys, "targets")
     assert code == 0 and "dsgd-half-model" in out and not err
 
 
 def test_a_name_taken_by_another_plugin_names_that_plugin(tmp_path, capsys):
     copy = tmp_path / "copy.py"
     copy.write_text(DEFENSE.read_text())
-    code, _, err = cli(capsys, "--plugin", str(DEFENSE), "--plugin", str(copy), "targets")
+    code, _, err = run_cli(capsys, "--plugin", str(DEFENSE), "--plugin", str(copy), "targets")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"plugin {copy}: defense name 'cta-dpsgd' is taken by plugin {DEFENSE}" in err
     assert "cta-dpsgd" in DEFENSES  # the first copy stays loaded
@@ -296,7 +286,7 @@ def test_a_name_taken_by_another_plugin_names_that_plugin(tmp_path, capsys):
 )
 def test_a_plugin_path_that_is_no_python_file(tmp_path, capsys, path, needle):
     (tmp_path / "notes.txt").write_text("hello")
-    code, _, err = cli(capsys, "--plugin", str(tmp_path / path), "targets")
+    code, _, err = run_cli(capsys, "--plugin", str(tmp_path / path), "targets")
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
@@ -306,6 +296,6 @@ def test_a_broken_plugin_from_the_environment_says_where_it_came_from(
     plugin = tmp_path / "env_plugin.py"
     plugin.write_text("raise RuntimeError('boom')\n")
     monkeypatch.setenv(ENV, os.pathsep.join(["", str(plugin)]))
-    code, _, err = cli(capsys, "targets")
+    code, _, err = run_cli(capsys, "targets")
     assert code == 2
     assert f"plugin {plugin} (from {ENV}): importing it raised RuntimeError: boom (line 1)" in err

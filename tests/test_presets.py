@@ -10,7 +10,9 @@ import json
 import pytest
 import torch
 
-from privaudit.cli.app import build_parser, configured, main
+from privaudit.cli import main
+from privaudit.cli.app import build_parser
+from privaudit.cli.options import configured
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.scenario import presets

@@ -14,7 +14,7 @@ from privaudit.attacks.auto import choose
 from privaudit.attacks.chain import Unsupported, linear_chain
 from privaudit.attacks.ig import ig, starting_from
 from privaudit.attacks.rgap import conv_matrices
-from privaudit.cli.app import main
+from privaudit.cli import main
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
 from privaudit.scenario.models import build_model
@@ -22,12 +22,7 @@ from privaudit.scenario.models import build_model
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "leaky": lambda: nn.LeakyReLU(0.2)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def chain(act: str = "sigmoid", bias: bool = True, seed: int = 0) -> nn.Module:

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from privaudit.cli.app import main
+from privaudit.cli import main
 from privaudit.sim.rundir import RunDir
 
 TRAIN = ["train", "--defense", "nd", "--rounds", "4", "--agents", "3", "--batch-size", "2"]

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny
 from scipy import stats
 from torch import nn
 
 from privaudit.core import sampling
-from privaudit.core.config import RunConfig
 from privaudit.core.messages import CaptureSpec
 from privaudit.core.params import ParamSpec, flat_params
 from privaudit.eval.audit import CanaryGrads, audit_batch
@@ -56,8 +56,7 @@ def test_poisson_batch_sizes_are_binomial_and_every_example_has_rate_q():
 
 
 def _run(tmp_path, name: str = "r", **kw) -> Run:
-    base = dict(defense="dsgd", agents=4, rounds=3, batch_size=2, checkpoint_every=10)
-    return Run.create(RunConfig(**{**base, **kw}), tmp_path / name)
+    return Run.create(tiny("dsgd", checkpoint_every=10, **kw), tmp_path / name)
 
 
 def test_context_sample_pads_each_agents_own_poisson_batch(tmp_path):

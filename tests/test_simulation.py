@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
 
+import conftest
 import pytest
 import torch
+from conftest import batch_grad
 
 from privaudit.core.accounting import epsilon_for_sigma, sigma_for_epsilon
-from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
 from privaudit.grads import clip_rows
 from privaudit.sim.run import Run
 
-
-def tiny(defense: str = "nd", **kw) -> RunConfig:
-    base = dict(defense=defense, rounds=4, agents=4, batch_size=2, checkpoint_every=2)
-    return RunConfig(**{**base, **kw})
-
-
-def grad_at(run: Run, flat: torch.Tensor, agent: int, t: int, clip: float | None) -> torch.Tensor:
-    """Batch-mean (optionally per-example clipped) gradient of ``agent``'s round-t batch."""
-    idx = run.secret_index(t, agent)
-    x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
-    return run.ctx.grads.clipped_mean(flat[None], x, y, clip)[0]
+tiny = functools.partial(conftest.tiny, rounds=4)
 
 
 def test_cg_is_senders_batch_at_receivers_model(tmp_path):
@@ -35,10 +27,10 @@ def test_cg_is_senders_batch_at_receivers_model(tmp_path):
     kinds = {k[3] for k in msgs}
     assert kinds == {"model", "cg", "mm", "half-model"}
     for src, dst in run.edges():
-        expected = grad_at(run, msgs[(3, dst, src, "model")], src, 3, None)
+        expected = batch_grad(run, msgs[(3, dst, src, "model")], src, 3)
         torch.testing.assert_close(msgs[(3, src, dst, "cg")], expected, rtol=1e-4, atol=1e-6)
         # and not the receiver's own batch at the sender's model
-        wrong = grad_at(run, msgs[(3, src, dst, "model")], dst, 3, None)
+        wrong = batch_grad(run, msgs[(3, src, dst, "model")], dst, 3)
         assert not torch.allclose(msgs[(3, src, dst, "cg")], wrong, atol=1e-6)
 
 
@@ -61,7 +53,7 @@ def test_dpdl_noise_has_the_documented_std(tmp_path):
     msgs = run.messages(CaptureSpec.of(rounds=[2]), progress=False)
     stds = []
     for src, dst in run.edges():
-        clean = grad_at(run, msgs[(2, dst, src, "model")], src, 2, clip)
+        clean = batch_grad(run, msgs[(2, dst, src, "model")], src, 2, clip)
         assert clean.norm() <= clip * (1 + 1e-5)
         noise = msgs[(2, src, dst, "cg")] - clean
         stds.append(float(noise.std()))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from privaudit.cli.app import main
+from privaudit.cli import main
 from privaudit.defenses import DEFENSES
 from privaudit.sim.targets import all_targets
 

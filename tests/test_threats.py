@@ -3,16 +3,18 @@ unlocks (momentum difference, tracking difference, push-sum de-biasing, repeated
 
 from __future__ import annotations
 
+import functools
 import math
 
+import conftest
 import pytest
 import torch
+from conftest import batch_grad
 
 from privaudit.api.pipeline import observe
 from privaudit.attacks import run_attack
 from privaudit.attacks.common import gradient_fn, one_hot, problem
-from privaudit.cli.app import main
-from privaudit.core.config import RunConfig
+from privaudit.cli import main
 from privaudit.core.errors import PrivauditError
 from privaudit.core.threat import build_threat
 from privaudit.defenses import DEFENSES
@@ -21,23 +23,11 @@ from privaudit.sim.run import Run
 THREATS = {"link": {}, "neighbor": {}, "coalition": {"attackers": [1, 3]}, "global": {}}
 
 
-def tiny(defense: str, **kw) -> RunConfig:
-    topology = DEFENSES[defense].topology or "ring"
-    base = dict(
-        defense=defense, rounds=3, agents=4, batch_size=2, topology=topology, checkpoint_every=1
-    )
-    return RunConfig(**{**base, **kw})
+tiny = functools.partial(conftest.tiny, checkpoint_every=1)
 
 
 def flat(obs_dict: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.flatten() for v in obs_dict.values()])
-
-
-def batch_grad(run: Run, at: torch.Tensor, agent: int, t: int) -> torch.Tensor:
-    """Batch-mean gradient of ``agent``'s round-t batch at the flat model ``at``."""
-    idx = run.secret_index(t, agent)
-    x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
-    return run.ctx.grads.mean(at[None].float(), x, y)[0]
 
 
 @pytest.mark.parametrize("defense", sorted(DEFENSES))

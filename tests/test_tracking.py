@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from conftest import batch_grad, tiny
 
 from privaudit.api.pipeline import observe
-from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec, Tap
@@ -16,18 +16,6 @@ from privaudit.core.network import SimNetwork
 from privaudit.defenses import get_defense
 from privaudit.defenses.tracking import paper_budget
 from privaudit.sim.run import Run
-
-
-def tiny(defense: str, **kw) -> RunConfig:
-    base = dict(defense=defense, rounds=3, agents=4, batch_size=2, checkpoint_every=2)
-    return RunConfig(**{**base, **kw})
-
-
-def grad_at(run: Run, flat: torch.Tensor, agent: int, t: int) -> torch.Tensor:
-    """Batch-mean gradient of ``agent``'s round-t batch at ``flat``."""
-    idx = run.secret_index(t, agent)
-    x, y = run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
-    return run.ctx.grads.mean(flat[None], x, y)[0]
 
 
 def sent_by(msgs: dict, t: int, kind: str, n: int) -> torch.Tensor:
@@ -59,7 +47,7 @@ def test_lppa_noise_shares_cancel_and_are_injected(tmp_path):
     assert abs(float(all_shares.abs().mean()) - beta) < 5 * se
     # γ_i^0 = ∇L(x_0; ξ_1) + d_i, with the equation's sign (sent − received)
     gamma0 = sent_by(msgs, 1, "gt", n).double()
-    g0 = torch.stack([grad_at(run, run.ctx.x0, i, 1) for i in range(n)]).double()
+    g0 = torch.stack([batch_grad(run, run.ctx.x0, i, 1) for i in range(n)]).double()
     torch.testing.assert_close(gamma0 - g0, d, rtol=0, atol=1e-5)
     assert float((gamma0 - g0).abs().mean()) > beta  # the offset is really there
     torch.testing.assert_close(gamma0.sum(0), g0.sum(0), rtol=0, atol=1e-5)
@@ -172,7 +160,7 @@ def test_dsgt_tracking_invariant_on_the_wire(tmp_path):
     n = run.cfg.agents
     assert {k[3] for k in msgs} == {"model", "gt"}
     # γ_i^0 is the raw gradient at the public x_0
-    g0 = torch.stack([grad_at(run, run.ctx.x0, i, 1) for i in range(n)])
+    g0 = torch.stack([batch_grad(run, run.ctx.x0, i, 1) for i in range(n)])
     torch.testing.assert_close(sent_by(msgs, 1, "gt", n), g0, rtol=1e-4, atol=1e-6)
     (obs,) = observe(run, "dsgt-gt", 1, links=[(0, 1)], progress=False)
     assert obs.meta["exact"] is True and obs.noise_std == 0
@@ -180,7 +168,7 @@ def test_dsgt_tracking_invariant_on_the_wire(tmp_path):
     # round 3: mean γ^2 = mean ∇L(θ^2; ξ_3), while individual γ_i track the average
     theta = sent_by(msgs, 3, "model", n)
     gamma = sent_by(msgs, 3, "gt", n)
-    g = torch.stack([grad_at(run, theta[i], i, 3) for i in range(n)])
+    g = torch.stack([batch_grad(run, theta[i], i, 3) for i in range(n)])
     torch.testing.assert_close(gamma.mean(0), g.mean(0), rtol=0, atol=1e-6)
     assert float((gamma - g).abs().max()) > 1e-4
 
@@ -191,10 +179,10 @@ def test_dp_dsgt_noise_has_the_laplace_scale(tmp_path):
     msgs = run.messages(CaptureSpec.of(rounds=[1, 2]), progress=False)
     n = run.cfg.agents
     W = run.ctx.W.float()
-    g1 = torch.stack([grad_at(run, run.ctx.x0, i, 1) for i in range(n)])
+    g1 = torch.stack([batch_grad(run, run.ctx.x0, i, 1) for i in range(n)])
     gamma1 = sent_by(msgs, 1, "gt", n)
     theta2, gamma2 = sent_by(msgs, 2, "model", n), sent_by(msgs, 2, "gt", n)
-    g2 = torch.stack([grad_at(run, theta2[i], i, 2) for i in range(n)])
+    g2 = torch.stack([batch_grad(run, theta2[i], i, 2) for i in range(n)])
     # round 1: ζ = γ̃^0 − ∇L; round 2 (fresh noise): ζ = γ̃^1 − W γ̃^0 − (g_2 − g_1)
     for zeta in (gamma1 - g1, gamma2 - W @ gamma1 - (g2 - g1)):
         se = beta / math.sqrt(zeta.numel())  # |ζ| ~ Exp(β): mean β, std β
@@ -210,7 +198,7 @@ def test_lppa_link_observations_on_a_single_edge(tmp_path):
     the round-2 tracking difference is exact (the init offset cancels)."""
     run = Run.create(tiny("lppa", agents=2, params={"beta": 0.5}), tmp_path / "r")
     (nz,) = observe(run, "lppa-noise", 1, links=[(0, 1)], progress=False)
-    g1 = grad_at(run, run.ctx.x0, 0, 1)
+    g1 = batch_grad(run, run.ctx.x0, 0, 1)
     assert nz.meta["exact"] is True and nz.noise_std == 0
     torch.testing.assert_close(flat(run, nz.target), g1, rtol=1e-4, atol=1e-5)
     msgs = run.messages(CaptureSpec.of(rounds=[1]), progress=False)
@@ -220,7 +208,7 @@ def test_lppa_link_observations_on_a_single_edge(tmp_path):
     (model,) = observe(run, "lppa-model", 1, links=[(0, 1)], progress=False)
     torch.testing.assert_close(flat(run, model.target), flat(run, gt.target), rtol=0, atol=1e-4)
     (diff,) = observe(run, "lppa-gt", 2, links=[(0, 1)], progress=False)
-    g2 = grad_at(run, flat(run, diff.params), 0, 2)
+    g2 = batch_grad(run, flat(run, diff.params), 0, 2)
     torch.testing.assert_close(flat(run, diff.target), g2 - g1, rtol=0, atol=1e-5)
     assert diff.meta["exact"] is True and len(diff.terms) == 1
     (theta0, coef, same), x0 = diff.terms[0], run.ctx.x0

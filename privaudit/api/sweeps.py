@@ -150,9 +150,10 @@ def noised(defense_name: str, topology: str, agents: int) -> bool:
 
 
 def _topology(sweep: Sweep, defense: str) -> str:
-
-    own = get_defense(defense).topology
-    return own if own and sweep.base.topology == RunConfig.topology else sweep.base.topology
+    """The graph of ``defense``'s runs: a base that keeps the default graph asks for none,
+    so a defense with its own graph gets that."""
+    base = sweep.base.topology
+    return get_defense(defense).topology_for(None if base == RunConfig.topology else base)
 
 
 def configure(sweep: Sweep, defense: str, epsilon: float | None, seed: int = 0) -> RunConfig:

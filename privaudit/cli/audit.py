@@ -7,12 +7,20 @@ import json
 import math
 from typing import Any
 
+from privaudit.cli.options import (
+    DEFAULTS,
+    check_out,
+    check_threat,
+    checked_params,
+    config_from_args,
+    training_options,
+)
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
 
-def add_parser(sub: Any, training_options: Any) -> None:
-    """Register ``audit`` on the CLI's subparsers (``training_options``: cli's helper)."""
+def add_parser(sub: Any) -> None:
+    """Register ``audit`` on the CLI's subparsers."""
     au = sub.add_parser(
         "audit", help="ε the accounting promises vs ε a canary audit proves (lower bound)"
     )
@@ -57,23 +65,19 @@ def _fmt(x: float | None) -> str:
 
 
 def cmd_audit(a: argparse.Namespace) -> int:
-    from privaudit.cli.app import DEFAULTS, check_out, checked_params, config_from_args
     from privaudit.core.files import to_jsonable, write_json
-    from privaudit.core.threat import ORDER, parse_agents, parse_link
-    from privaudit.eval.audit import audit
+    from privaudit.core.threat import parse_agents, parse_link
+    from privaudit.eval.audit import audit, check_trials
     from privaudit.sim.run import Run
     from privaudit.sim.targets import parse_target
 
-    limits.check_float("--delta", a.delta, limits.DELTA_MIN, 1.0, hi_open=True)
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     if a.mode not in ("white-box", "one-run"):
         raise PrivauditError(f"--mode must be white-box or one-run, got {a.mode!r}")
-    if a.threat not in ORDER:
-        raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
+    check_threat(a.threat)
     defense, kind = parse_target(a.target)
     trials = (4000 if a.mode == "white-box" else 1000) if a.trials is None else a.trials
     limits.check_int("--trials", trials, 1, limits.MAX_TRIALS)
-    _check_trials(a.mode, trials, a.delta, a.confidence)
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
     if a.canary_norm is not None:
         limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
@@ -82,12 +86,15 @@ def cmd_audit(a: argparse.Namespace) -> int:
     if a.run:
         run = Run.open(a.run, device=a.device)
         _check_victim(a.victim, run.cfg.agents, f"the run in {a.run}")
+        check_trials(trials, run.cfg.delta, a.confidence, a.mode)
     else:
         _check_victim(a.victim, a.agents, "--agents")
         need = max(defense.rounds_needed(kind, a.round, a.agents))
         # σ is resolved over the whole run
         rounds = max(need, DEFAULTS.rounds) if a.rounds is None else a.rounds
-        run = Run.create(checked_params(config_from_args(a, defense.name, rounds)), out / "run")
+        cfg = checked_params(config_from_args(a, defense.name, rounds))  # checks --delta
+        check_trials(trials, cfg.delta, a.confidence, a.mode)
+        run = Run.create(cfg, out / "run")
     n = run.cfg.agents
     link = parse_link(a.link, run.edges()) if a.link else None
     result = audit(
@@ -122,22 +129,6 @@ def _check_victim(victim: int | None, agents: int, source: str) -> None:
         raise PrivauditError(
             f"--victim must be an agent of the run, 0..{last} ({agents} agents: {source}), "
             f"got {victim}"
-        )
-
-
-def _check_trials(mode: str, trials: int, delta: float, confidence: float) -> None:
-    from privaudit.eval import bounds
-
-    if mode == "white-box":
-        need = bounds.trials_needed(delta, 1 - (1 - confidence) / 2)
-        what = "trials"
-    else:
-        need = bounds.one_run_canaries_needed(delta, confidence)
-        what = "canaries"
-    if trials < need:
-        raise PrivauditError(
-            f"--trials {trials} is too few for any bound at confidence {confidence} "
-            f"(δ = {delta:g}); the {mode} audit needs at least {need} {what}"
         )
 
 

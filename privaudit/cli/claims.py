@@ -8,17 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from privaudit.cli.options import DEFAULTS, check_out, config_from_args, training_options
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
 OUT = "privaudit-out/claims"
 
 
-def add_parser(sub: Any, training_options: Any) -> None:
-    """Register ``claims`` on the CLI's subparsers (``training_options``: cli's helper)."""
-    from privaudit.cli.app import DEFAULTS
-    from privaudit.eval.claims import CONFIDENCE, ROW_SECONDS, TRIALS
-
+def add_parser(sub: Any) -> None:
+    """Register ``claims`` on the CLI's subparsers; its arguments are added when it runs or
+    shows its help (:class:`~privaudit.cli.options.Parser`), as their defaults are the
+    ledger's, whose module loads the engine."""
     c = sub.add_parser(
         "claims",
         help="the claims ledger: each paper's privacy claim, the correct ε, an audit's ε",
@@ -30,7 +30,15 @@ def add_parser(sub: Any, training_options: Any) -> None:
             "Finished rows are kept in OUT/rows: an interrupted ledger resumes. Writes "
             "OUT/ledger.json and OUT/claims.md (and --markdown PATH)."
         ),
+        arguments=_arguments,
     )
+    c.set_defaults(func=cmd_claims)
+
+
+def _arguments(c: argparse.ArgumentParser) -> None:
+    """The arguments of ``claims``, with the ledger's defaults."""
+    from privaudit.eval.claims import CONFIDENCE, ROW_SECONDS, TRIALS
+
     c.add_argument(
         "--defense",
         action="append",
@@ -75,11 +83,9 @@ def add_parser(sub: Any, training_options: Any) -> None:
     c.add_argument("--fresh", action="store_true", help="recompute rows cached in OUT/rows")
     c.add_argument("--json", action="store_true", help="print the ledger as JSON")
     training_options(c, DEFAULTS.rounds)
-    c.set_defaults(func=cmd_claims)
 
 
 def cmd_claims(a: argparse.Namespace) -> int:
-    from privaudit.cli.app import DEFAULTS, check_out, config_from_args
     from privaudit.core.files import to_jsonable
     from privaudit.eval import claims
 

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from privaudit.cli.options import (
+    add_attack_option,
+    attack_options,
+    check_out,
+    check_threat,
+    config_from_args,
+    explicit_settings,
+    training_options,
+)
 from privaudit.core import limits
-from privaudit.core.errors import PrivauditError
+from privaudit.core.errors import PrivauditError, unknown
 
 COMPARE_TARGETS = "dsgd-half-model,nd-cg,dpdl-cg,pdsl-cg,lppa-gt,adad2p-half-model"
 # --preset utility: the privacy–utility frontier of these, at their operating points
@@ -33,10 +43,8 @@ def _list(kind: type, what: str):
     return parse
 
 
-def add_parser(sub: Any, training_options: Any) -> None:
-    """Register ``compare`` and ``reproduce`` (``training_options``: cli's helper)."""
-    from privaudit.cli.app import add_attack_option
-
+def add_parser(sub: Any) -> None:
+    """Register ``compare`` and ``reproduce`` on the CLI's subparsers."""
     c = sub.add_parser(
         "compare",
         help="attack several targets over rounds, ε and seeds: grid, sweeps, table",
@@ -189,8 +197,6 @@ def add_parser(sub: Any, training_options: Any) -> None:
 
 def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
     """The shared RunConfig of a sweep from the training options (ε and seed set per run)."""
-    from privaudit.cli.app import config_from_args
-
     if a.sigma is not None:
         raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
     return config_from_args(_namespace(a, agents), "dpdl", 1)
@@ -206,25 +212,19 @@ def _namespace(a: argparse.Namespace, agents: int | None = None) -> argparse.Nam
 
 def _check_attack(a: argparse.Namespace) -> None:
     """The attack, its flags and its ``-a`` options, before any training."""
-    from privaudit.cli.app import attack_options, check_out
-
     if a.out is not None:
         check_out(a.out)
-
     attack_options(a, getattr(a, "attack", None))
     limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from privaudit.api.sweeps import Sweep, execute, load_tensors
-    from privaudit.cli.app import explicit_settings
-    from privaudit.core.threat import ORDER
     from privaudit.eval.report import markdown, summarize, write_report
     from privaudit.scenario import presets
     from privaudit.sim.targets import parse_target
 
-    if a.threat is not None and a.threat not in ORDER:
-        raise PrivauditError(f"--threat must be one of {', '.join(ORDER)}, got {a.threat!r}")
+    check_threat(a.threat)
     preset = a.preset or "attack"
     if preset not in presets.PRESETS:
         raise PrivauditError(f"--preset must be one of {', '.join(presets.PRESETS)}")
@@ -275,8 +275,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
         table, written["frontier"] = write_frontier(sweep, rows, out, progress=not a.no_progress)
         print(table)
     if a.figures:
-        import shutil
-
         dest = Path(a.figures)
         dest.mkdir(parents=True, exist_ok=True)
         for p in [out / "summary.md", *(p for ps in written.values() for p in ps)]:
@@ -343,8 +341,6 @@ EXPERIMENTS = {"dpdl-table3": _dpdl_table3}
 
 def cmd_reproduce(a: argparse.Namespace) -> int:
     if a.experiment not in EXPERIMENTS:
-        from privaudit.core.errors import unknown
-
         raise unknown("experiment", a.experiment, EXPERIMENTS)
     _check_attack(a)
     return EXPERIMENTS[a.experiment](a)

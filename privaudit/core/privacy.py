@@ -39,6 +39,14 @@ class Privacy:
     caveats: tuple[str, ...] = ()
 
 
+def no_noise(who: str, why: str | None = "σ = 0") -> Privacy:
+    """The facts of a kind whose messages carry no noise: no mechanism, no finite ε and no
+    claim. The reason reads "``who`` adds no noise (``why``)", or "``who`` adds no noise to
+    its messages" when ``why`` is None (a defense that never adds any)."""
+    cause = "to its messages" if why is None else f"({why})"
+    return Privacy(reason=f"{who} adds no noise {cause}")
+
+
 def dwork_roth_epsilon(sigma: float, delta: float) -> float:
     """ε of the classical Gaussian-mechanism rule σ = √(2 ln(1.25/δ))/ε (Dwork & Roth 2014,
     Thm. A.1, valid only for ε < 1), solved for ε; ∞ without noise."""

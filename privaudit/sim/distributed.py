@@ -1,11 +1,11 @@
 """The torch.distributed engine: one process (rank) per agent, the tap on the wire.
 
 Rank r holds agent r and runs the *same* defense code as the simulator:
-:meth:`privaudit.sim.run.Run.simulate` drives the rounds, the defense computes over one
-agent's rows, and :class:`DistNetwork` moves each per-out-edge row
-to its receiver with point-to-point ``isend``/``irecv`` (gloo on CPU, nccl on GPU). Its tap
-records every message where it arrives, on the receiving rank, so each message is recorded
-once, as it came off the wire.
+:meth:`privaudit.sim.run.Run.simulate` steps the rounds through the one round loop
+(:class:`privaudit.sim.loop.RoundLoop`), the defense computes over one agent's rows, and
+:class:`DistNetwork` moves each per-out-edge row to its receiver with point-to-point
+``isend``/``irecv`` (gloo on CPU, nccl on GPU). Its tap records every message where it
+arrives, on the receiving rank, so each message is recorded once, as it came off the wire.
 
 Same seed → same messages: agent r's generator is seeded as in the simulator
 (:func:`privaudit.core.context.agent_seed`) and draws the same batches and noise in the same

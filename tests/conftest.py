@@ -1,0 +1,72 @@
+"""What the test files share: a tiny run's configuration, an agent's secret batch and its
+gradient, checkpoints compared, and a fixture for one torch thread.
+
+The functions are imported as ``from conftest import tiny``: pytest puts this folder (no
+``__init__.py``) on ``sys.path`` when it collects the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from privaudit.cli import main
+from privaudit.core.config import RunConfig
+from privaudit.defenses import DEFENSES
+from privaudit.sim.run import Run
+
+
+def tiny(defense: str, **kw) -> RunConfig:
+    """A tiny run of ``defense``: 4 agents, 3 rounds, batches of 2, a checkpoint every 2
+    rounds, on the graph the defense requires (the ring where it requires none); ``kw``
+    overrides any RunConfig field."""
+    required = DEFENSES[defense].topology if defense in DEFENSES else None
+    base = dict(
+        defense=defense,
+        rounds=3,
+        agents=4,
+        batch_size=2,
+        topology=required or "ring",
+        checkpoint_every=2,
+    )
+    return RunConfig(**{**base, **kw})
+
+
+def secret_batch(run: Run, agent: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``agent``'s realised round-t batch as a stack of one: x (1, b, …), y (1, b)."""
+    idx = run.secret_index(t, agent)
+    return run.ctx.train_x[idx][None], run.ctx.train_y[idx][None]
+
+
+def batch_grad(
+    run: Run, at: torch.Tensor, agent: int, t: int, clip: float | None = None
+) -> torch.Tensor:
+    """Batch-mean gradient of ``agent``'s round-t batch at the flat model ``at`` (taken in
+    float32), each example's gradient clipped to norm ``clip`` first when one is given."""
+    x, y = secret_batch(run, agent, t)
+    return run.ctx.grads.clipped_mean(at[None].float(), x, y, clip)[0]
+
+
+def assert_states_match(got: dict, want: dict, rtol: float, atol: float) -> None:
+    """Every tensor of the checkpoint ``want`` in ``got``: generator states (``rng.*``) bit for
+    bit, the rest to ``rtol``/``atol``."""
+    for k in want:
+        if k.startswith("rng."):
+            assert torch.equal(got[k], want[k]), k
+        else:
+            torch.testing.assert_close(got[k], want[k], rtol=rtol, atol=atol)
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (small problems: threads cost more than they give)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """The CLI in this process: its exit code, standard output and standard error."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
