@@ -25,15 +25,15 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import optimize, stats
 
+from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
 
 def check_levels(confidence: float, delta: float) -> None:
-    """One error line for a confidence outside (0, 1) or a δ outside (0, 1)."""
+    """One error line for a confidence outside (0, 1) or a δ outside [DELTA_MIN, 1)."""
     if not 0 < confidence < 1:
         raise PrivauditError(f"--confidence must be in (0, 1), got {confidence}")
-    if not 0 < delta < 1:
-        raise PrivauditError(f"--delta must be in (0, 1), got {delta}")
+    limits.check_delta(delta)
 
 
 # -- Clopper–Pearson --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from privaudit.core import limits
 from privaudit.core.accounting import ACCOUNTANTS
 from privaudit.core.config import RunConfig
 from privaudit.scenario.data import dirichlet_partition, evaluation_split, load_dataset
@@ -141,8 +142,7 @@ def _check(
         raise ValueError("clip (the per-example gradient norm bound) is required when private")
     if not (math.isfinite(clip) and clip > 0):
         raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    limits.check_delta(delta)
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
 

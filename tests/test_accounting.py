@@ -17,11 +17,15 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from scipy import integrate, stats
 
-from privaudit.core.accounting import ADJACENCY, SAMPLING
+from privaudit.core.accounting import ADJACENCY, SAMPLING, sigma_for_epsilon
 from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
 from privaudit.defenses.base import neighbours
+from privaudit.eval.bounds import check_levels
+from privaudit.eval.reference import centralised_dpsgd
 from privaudit.sim.run import Run
 
 ORDERS = np.concatenate([np.arange(1.1, 11, 0.1), np.arange(11, 65, 1.0)])
@@ -149,3 +153,33 @@ def test_the_papers_own_count_calibrates_the_sigma_the_paper_would_use(tmp_path)
     assert epsilon(q, sigma, d, T, delta) == pytest.approx(1.0, rel=0.01)
     assert epsilon(q, sigma / 2, d + 1, T, delta) > 2.0
     assert sigma < run.resolved["sigma"] / 2  # the correct σ of the same run's ε = 1
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, 2.0, math.nan, 1e-31])
+def test_every_delta_entry_point_refuses_the_same_way(delta: float) -> None:
+    """One δ check (limits.check_delta): the run config, the accountant, the audit's bounds
+    and the centralised reference all refuse a δ outside [1e-30, 1) with the same line."""
+    x, y = torch.zeros(2, 1, 2, 2), torch.zeros(2, dtype=torch.long)
+    calls = [
+        lambda: RunConfig(delta=delta).validate(),
+        lambda: sigma_for_epsilon(1.0, delta, 0.1, 10),
+        lambda: check_levels(0.95, delta),
+        lambda: centralised_dpsgd(
+            torch.nn.Linear(4, 2),
+            x,
+            y,
+            x,
+            y,
+            sample_rate=0.5,
+            steps=1,
+            lr=0.1,
+            clip=1.0,
+            epsilon=1.0,
+            delta=delta,
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(
+            PrivauditError, match=r"--delta must be a finite number in \[1e-30, 1\)"
+        ):
+            call()

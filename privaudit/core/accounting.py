@@ -62,7 +62,7 @@ class AccountantLimit(PrivauditError):
 def _check(epsilon: float | None, delta: float, sample_rate: float, rounds: int) -> None:
     if epsilon is not None:
         limits.check_float("--epsilon", epsilon, *limits.EPSILON, hint="ε per agent")
-    limits.check_float("--delta", delta, limits.DELTA_MIN, 1.0, hi_open=True)
+    limits.check_delta(delta)
     limits.check_float("the sample rate", sample_rate, 0.0, 1.0, lo_open=True)
     limits.check_int("--rounds", rounds, 1, limits.MAX_ROUNDS)
 

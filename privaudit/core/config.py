@@ -54,7 +54,7 @@ class RunConfig:
         limits.check_int("--batch-size", self.batch_size, 1)
         if self.epsilon is not None:
             limits.check_float("--epsilon", self.epsilon, *limits.EPSILON, hint="ε per agent")
-        limits.check_float("--delta", self.delta, limits.DELTA_MIN, 1.0, hi_open=True)
+        limits.check_delta(self.delta)
         if self.sigma is not None:
             limits.check_sigma("--sigma", self.sigma)
         limits.check_float("--dirichlet-alpha", self.dirichlet_alpha, *limits.DIRICHLET_ALPHA)

@@ -85,6 +85,12 @@ def check_float(
     raise PrivauditError(f"{flag} must be a finite number {where}, got {value!r}{tail}".strip())
 
 
+def check_delta(delta: Any) -> float:
+    """δ of (ε, δ)-DP: a finite number in [DELTA_MIN, 1) — the one δ check of every command,
+    the accountants, the audits' bounds and the reference."""
+    return check_float("--delta", delta, DELTA_MIN, 1.0, hi_open=True)
+
+
 def check_int(
     flag: str, value: Any, lo: int | None = None, hi: int | None = None, hint: str = ""
 ) -> int:

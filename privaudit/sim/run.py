@@ -50,8 +50,8 @@ from privaudit.sim.rundir import Key, RunDir
 
 def resolve_device(name: str) -> torch.device:
     """``name`` as a device; on CUDA, TF32 is switched off for matmuls and convolutions:
-    messages, exact identities and audits need float32 (with TF32 on an H100 the simulator's
-    messages differ from a float32 per-agent loop by 1e-3 relative, 1e-6 without). Freed
+    messages, exact identities and audits need float32 (TF32 keeps 10 mantissa bits, so
+    messages would drift from a float32 per-agent computation far beyond rounding). Freed
     host memory is kept for the next round (:mod:`privaudit.sim.allocator`)."""
     keep_freed_memory()
     if name.startswith("cuda"):
