@@ -23,7 +23,7 @@ leaves the registries exactly as they were before it, so the built-ins keep work
 
 Loading a file again is a no-op while what it registered is still registered. A run
 records only its defense's name: a process that opens a run of a plugin's defense must load
-the plugin again (:data:`MISSING`). The torch.distributed launcher hands
+the plugin again (:data:`privaudit.core.errors.MISSING`). The torch.distributed launcher hands
 :func:`loaded_files` to every rank it starts (:mod:`privaudit.sim.distributed`).
 """
 
@@ -50,9 +50,7 @@ from privaudit.core.privacy import Privacy
 from privaudit.defenses import DEFENSES, Defense, register
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 
-ENV = PLUGIN_ENV
 GROUPS = {"defense": "privaudit.defenses", "attack": "privaudit.attacks"}
-DOCS = PLUGIN_DOCS
 # names and kinds become target names and folder names (privaudit-out/<target>-r<round>)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 SIGNATURES = {
@@ -93,9 +91,9 @@ def load_plugins(files: Iterable[str | os.PathLike[str]] = (), *, environment: b
                 _load_entry_point(what, ep)
         _entry_points_read = True
     if environment:
-        for f in os.environ.get(ENV, "").split(os.pathsep):
+        for f in os.environ.get(PLUGIN_ENV, "").split(os.pathsep):
             if f.strip():
-                _load_file(f.strip(), f"{f.strip()} (from {ENV})")
+                _load_file(f.strip(), f"{f.strip()} (from {PLUGIN_ENV})")
     for f in files:
         _load_file(os.fspath(f), os.fspath(f))
 
@@ -112,7 +110,7 @@ def _load_file(given: str, label: str) -> None:
     if path.suffix != ".py":
         raise _error(label, _Broken("not a .py file", "pass the path of a Python source file"))
     if not path.is_file():
-        raise _error(label, _Broken("no such file", f"check the path (--plugin or {ENV})"))
+        raise _error(label, _Broken("no such file", f"check the path (--plugin or {PLUGIN_ENV})"))
     key = str(path.resolve())
     if _still_registered(key):
         return
@@ -156,7 +154,7 @@ def _load_entry_point(what: str, ep: metadata.EntryPoint) -> None:
             wanted = "a Defense subclass" if what == "defense" else "an attack function"
             raise _Broken(
                 f"the entry point names a {type(obj).__name__}, not a module or {wanted}",
-                f"point it at a module that registers, or at {wanted} ({DOCS})",
+                f"point it at a module that registers, or at {wanted} ({PLUGIN_DOCS})",
             )
         return []
 
@@ -243,7 +241,7 @@ def _check(before: dict[str, dict[str, Any]], require: bool) -> list[tuple[str, 
         raise _Broken(
             "it registers no defense and no attack",
             "decorate your Defense subclass with @privaudit.defenses.register, or call "
-            f"privaudit.attacks.register_attack(name, fn) ({DOCS})",
+            f"privaudit.attacks.register_attack(name, fn) ({PLUGIN_DOCS})",
         )
     targets = {f"{n}-{k}": n for n, d in before["defense"].items() for k in getattr(d, "kinds", {})}
     for what, name, obj in added:
@@ -274,7 +272,7 @@ def _check_defense(
         if getattr(cls, method) is getattr(Defense, method):
             raise _Broken(
                 f"defense {name!r} ({cls.__qualname__}) does not override Defense.{method}",
-                f"define {signature} ({DOCS})",
+                f"define {signature} ({PLUGIN_DOCS})",
             )
     kinds = d.kinds if isinstance(d.kinds, dict) else {}
     if not kinds or not all(isinstance(t, str) for t in kinds.values()):
@@ -345,7 +343,8 @@ def _error(label: str, e: BaseException) -> PrivauditError:
         return PrivauditError(f"plugin {label}: {e}")
     text = (str(e).strip().splitlines() or [""])[0][:200]
     return PrivauditError(
-        f"plugin {label}: checking it raised {type(e).__name__}: {text}; fix: the plugin ({DOCS})"
+        f"plugin {label}: checking it raised {type(e).__name__}: {text}; "
+        f"fix: the plugin ({PLUGIN_DOCS})"
     )
 
 

@@ -18,8 +18,8 @@ from conftest import assert_states_match, run_cli
 
 from privaudit.attacks import ATTACKS
 from privaudit.core.accounting import release_epsilon
+from privaudit.core.errors import PLUGIN_ENV as ENV
 from privaudit.defenses import DEFENSES
-from privaudit.plugins import ENV
 from privaudit.sim.run import Run
 from privaudit.sim.rundir import RunDir
 
