@@ -29,3 +29,20 @@ def test_noised_cross_gradients_carry_exactly_the_documented_noise(tmp_path):
     assert out["sigma"] > 0 and out["values"] > 100_000
     assert abs(out["std_ratio"] - 1) < 0.02
     assert abs(out["mean"]) < 0.02 * out["expected_std"]
+
+
+def test_attack_search_scores_every_grid_point_on_the_train_split(tmp_path):
+    """benchmarks/tune_attack.py: one mean PSNR per (tv, lr) point and model, from its cells,
+    and the JSON it writes says the same."""
+    import json
+
+    from tune_attack import main
+
+    argv = ["--models", "lenet", "--tv", "5e-2,1e-2", "--lr", "0.1", "--batch-sizes", "1"]
+    argv += ["--rounds", "0", "--iterations", "2", "--json", str(tmp_path / "out.json")]
+    doc = main(argv)
+    rows = doc["photos"]["lenet"]
+    assert {(r["tv"], r["lr"]) for r in rows} == {(5e-2, 0.1), (1e-2, 0.1)}
+    for r in rows:
+        assert r["psnr"] == sum(r["cells"].values()) / len(r["cells"])
+    assert json.loads((tmp_path / "out.json").read_text())["photos"] == doc["photos"]
