@@ -17,8 +17,10 @@ Defaults and why:
   3e-2 on the sigmoid LeNet (≈ 9 dB above 1e-3) and falls steadily with the weight on the
   ReLU CNN (best at 1e-3); on the LeNet *trained* for 200 rounds with raw [0, 1] inputs
   (``nd-cg``, 8 victims) it varies by under 1.5 dB from 1e-2 to 2e-1, highest at 5e-2.
-  ``tv=5e-2`` is the default for the default (sigmoid LeNet) model; lower it to 1e-3 for
-  ReLU nets (``privaudit attack -a tv=1e-3``).
+  ``tv=5e-2`` is the default for the default (sigmoid LeNet) model. On the ReLU CNN the
+  best weight depends on the setting — lower (1e-3 to 1e-2) for one image through an
+  untrained net, 5e-2 once it is trained (``benchmarks/tune_attack.py``) — so pass
+  ``-a tv=…`` for the setting at hand.
 - ``iterations=3000``: Geiping/breaching run 24 000 (GPU, ResNets); on the trained LeNet
   PSNR still rises a little from 2000 to 3000 iterations, and a CPU run stays short (PSNR
   figures: README, "Benchmarks").
