@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from privaudit.core import limits
 from privaudit.core.config import RunConfig
 from privaudit.core.context import Context, State
 from privaudit.core.errors import NameTaken, PrivauditError
@@ -121,36 +121,25 @@ def _architecture(name: str, input_shape: tuple[int, ...], num_classes: int) -> 
 
 
 # -- parameters ---------------------------------------------------------------------------
-def _finite(value: Any) -> bool:
-    """A real number, finite, and not a bool (which Python counts as an int)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_positive(name: str, value: Any) -> None:
     """``value`` is a finite number > 0 (a step size, a clip norm, a scale)."""
-    if not (_finite(value) and value > 0):
-        raise PrivauditError(f"{name} must be a finite number > 0, got {value!r}")
+    limits.check_float(name, value, 0, lo_open=True)
 
 
 def check_non_negative(name: str, value: Any) -> None:
     """``value`` is a finite number ≥ 0 (a noise multiplier, a weight, a tolerance)."""
-    if not (_finite(value) and value >= 0):
-        raise PrivauditError(f"{name} must be a finite number ≥ 0, got {value!r}")
+    limits.check_float(name, value, 0)
 
 
 def check_fraction(name: str, value: Any, zero: bool = True) -> None:
     """``value`` is in [0, 1) (``zero``: a momentum) or in (0, 1) (a share)."""
-    low_ok = _finite(value) and (value >= 0 if zero else value > 0)
-    if not (low_ok and value < 1):
-        raise PrivauditError(f"{name} must be in {'[' if zero else '('}0, 1), got {value!r}")
+    limits.check_float(name, value, 0, 1, lo_open=not zero, hi_open=True)
 
 
 def check_count(name: str, value: Any, optional: bool = False) -> None:
     """``value`` is an integer ≥ 1 (None passes when ``optional``)."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PrivauditError(f"{name} must be an integer ≥ 1, got {value!r}")
+    if not (optional and value is None):
+        limits.check_int(name, value, 1)
 
 
 def check_choice(name: str, value: Any, choices: Collection[str]) -> None:

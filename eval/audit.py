@@ -295,7 +295,6 @@ def _flat(obs: Any, names: tuple[str, ...]) -> Tensor:
 
 
 def _progress(total: int, what: str, enabled: bool):
-
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),

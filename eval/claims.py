@@ -100,7 +100,6 @@ def select(defenses: list[str] | None = None, targets: list[str] | None = None) 
 def run_config(base: RunConfig, defense: str) -> RunConfig:
     """``base`` for ``defense``: its own topology when the base keeps the default one (the
     push-sum defenses need theirs), and enough rounds for every kind's round-1 audit."""
-
     d = get_defense(defense)
     topology = d.topology_for(None if base.topology == RunConfig.topology else base.topology)
     need = max(max(d.rounds_needed(k, ROUND, base.agents)) for k in d.kinds)
@@ -111,7 +110,6 @@ def run_config(base: RunConfig, defense: str) -> RunConfig:
 
 
 def _digest(obj: Any) -> str:
-
     text = json.dumps(to_jsonable(obj), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -185,7 +183,6 @@ def row(
     canary (seed + 1), at confidence 1 − (1 − confidence)/``family`` (Bonferroni over the
     ledger's ``family`` rows); that second audit is the row's evidence, so every
     "violated" of a ledger holds together at ``confidence``."""
-
     defense = run.defense
     target = f"{defense.name}-{kind}"
     rep = run.resolved["kinds"][kind]
@@ -318,7 +315,6 @@ def setting(
     family: int,
 ) -> dict[str, Any]:
     """What every row was computed on, stated in the output."""
-
     return {
         "agents": base.agents,
         "topology": base.topology,
@@ -363,7 +359,6 @@ def ledger(
     (each defense with :func:`run_config`). Runs live in ``OUT/runs``, finished rows in
     ``OUT/rows`` (reused unless ``fresh``). Ctrl-C raises :class:`Interrupted` carrying the
     rows finished so far (each already cached)."""
-
     targets = targets or select()
     check_trials(trials, base.delta, confidence)
     if row_seconds is not None and row_seconds < 0:
@@ -428,7 +423,6 @@ def ledger(
 
 
 def _bar(total: int, enabled: bool):
-
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -450,7 +444,6 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None = None) -> None:
     """``OUT/ledger.json`` and ``OUT/claims.md``, and the markdown at ``markdown_path``."""
-
     out = Path(out)
     write_json(out / "ledger.json", to_jsonable(doc))
     text = markdown(doc)

@@ -154,7 +154,6 @@ def _fix_hint(path: Path) -> str:
 
 def _build_lpips(path: Path) -> Any:
     """LPIPS(net='alex') with its backbone loaded from ``path``; never downloads."""
-
     state = torch.load(path, map_location="cpu", weights_only=True)  # fails fast if corrupt
 
     import lpips
@@ -173,7 +172,6 @@ def _build_lpips(path: Path) -> Any:
 
 def _lpips_net(device: torch.device) -> tuple[Any, str | None]:
     """Cached network for ``device``, or ``(None, reason)``."""
-
     if importlib.util.find_spec("lpips") is None:  # checked without the slow import
         return None, "LPIPS unavailable: the lpips package is not installed; pip install lpips."
     path = alexnet_weights_path()

@@ -365,7 +365,6 @@ def reference_for(cfg: RunConfig, epsilon: float | None, progress: bool = False)
     rate of its partition (:func:`pooled_sample_rate`), its rounds as steps, its ``lr`` and
     ``clip`` (defaults 0.05 and 1, the defenses' own); ``epsilon`` at the run's δ and
     accountant (None: the non-private reference)."""
-
     data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
     data = evaluation_split(data, cfg.eval_split, cfg.seed)
     parts = dirichlet_partition(

@@ -182,7 +182,6 @@ def _importing(load: Callable[[], Any], path: str | None, fix: str) -> Any:
 
 # -- checking what a plugin registered ----------------------------------------------------------
 def _registries() -> dict[str, dict[str, Any]]:
-
     return {"defense": DEFENSES, "attack": ATTACKS}
 
 
@@ -261,7 +260,6 @@ def _check_defense(
     name: str, d: Any, targets: dict[str, str], before: dict[str, dict[str, Any]]
 ) -> None:
     """The contract of docs/extending.md that can be checked without running a round."""
-
     cls = type(d)
     if not isinstance(d, Defense):
         raise _Broken(

@@ -17,6 +17,7 @@ imports under ``if TYPE_CHECKING:`` are left out, since they never run. The chec
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -75,6 +76,7 @@ def package_dirs() -> dict[str, Path]:
     return {pkg: ROOT / folder for pkg, folder in pairs}
 
 
+@functools.cache
 def modules() -> dict[str, tuple[Path, bool]]:
     """Every module of the project: dotted name → (file, is a package's __init__)."""
     dirs = package_dirs()
@@ -137,6 +139,7 @@ def imports(path: Path, name: str, is_pkg: bool) -> list[tuple[str, list[str], b
     return out
 
 
+@functools.cache
 def graph() -> tuple[dict[str, set[str]], list[str], list[str]]:
     """Module → project modules it imports; function-level imports of other things; the
     underscore names taken from another module."""
@@ -271,7 +274,8 @@ def _defined(tree: ast.AST) -> set[str]:
 def underscore_reaches() -> list[str]:
     """``x._name`` in one module where ``_name`` is a private member another project module
     defines (and this one does not): a reach into that module's internals."""
-    trees = {name: ast.parse(path.read_text()) for name, (path, _) in modules().items()}
+    mods = modules()
+    trees = {name: ast.parse(path.read_text()) for name, (path, _) in mods.items()}
     own = {name: _defined(tree) for name, tree in trees.items()}
     private = defaultdict(set)
     for name, names in own.items():
@@ -286,7 +290,7 @@ def underscore_reaches() -> list[str]:
                 and node.attr in private
                 and node.attr not in own[name]
             ):
-                where = f"{modules()[name][0].relative_to(ROOT)}:{node.lineno}"
+                where = f"{mods[name][0].relative_to(ROOT)}:{node.lineno}"
                 found.append(f"{where} reaches .{node.attr} of {sorted(private[node.attr])}")
     return found
 

@@ -68,7 +68,6 @@ def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Ref
     first seed: centralised DP-SGD / SGD at :data:`REFERENCE_DEFENSE`'s operating point
     (cached under ``OUT/references``), and the non-private D-PSGD run, trained (or reused)
     under ``OUT/runs`` like the sweep's own runs."""
-
     out = Path(out)
     seed = sweep.seeds[0]
     refs: list[Reference] = []
@@ -103,7 +102,6 @@ def write_frontier(
     """The references, then ``frontier.md`` and ``frontier.png``/``.pdf`` in ``out``, for
     the ``rows`` :func:`privaudit.api.sweeps.execute` returned for ``sweep``. Returns the
     table and the files."""
-
     out = Path(out)
     refs = references(sweep, out, progress)
     summary = summarize(rows)
@@ -188,7 +186,6 @@ def frontier_markdown(
     """The frontier as one Markdown table: per target and requested ε, the accounted ε, the
     audited lower bound, test accuracy and the attack's PSNR/SSIM, and the operating point
     (``configs``: the run of each (defense, requested ε)); the references below."""
-
     head = [
         "target",
         "ε asked",

@@ -176,7 +176,6 @@ def reconstruct(
     ``metrics``).
 
     ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG)."""
-
     attack = attack or DEFAULT_ATTACK
     t0 = time.perf_counter()
     obs = observe(run, target, round, links, threat, progress, attackers=attackers, victims=victims)
@@ -236,7 +235,6 @@ def attack(
     """:func:`reconstruct`, then write ``result.json`` and a figure grid to ``out``; returns
     the result (with ``figure``, its path, when written: not when every victim's batch was
     empty). ``kw``: :func:`reconstruct`'s."""
-
     a = reconstruct(run, target, round, **kw)
     result = a.result
     if out is not None:
@@ -256,7 +254,6 @@ def _figure(
     result: dict[str, Any],
 ) -> Path:
     """Truth over reconstruction for every observation's batch, side by side."""
-
     true = torch.cat([t for t, _ in truths])
     rec = torch.cat(
         [r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores, strict=True)]

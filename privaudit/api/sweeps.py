@@ -143,7 +143,6 @@ def digest(obj: Any) -> str:
 
 def noised(defense_name: str, topology: str, agents: int) -> bool:
     """Whether ``--epsilon`` sets the defense's σ (it makes Gaussian releases of a batch)."""
-
     d = get_defense(defense_name)
     W = metropolis_hastings(build_topology(topology, agents)).double()
     return sigma_noised(d, params_of(d.Params, {}), W)
@@ -252,7 +251,6 @@ def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dic
 
     Returns the result (the fields of :func:`privaudit.api.pipeline.attack`'s, plus per-image
     scores) and the tensors for the figures (truth and matched reconstructions)."""
-
     kw = {"iterations": sweep.iterations} if sweep.iterations is not None else {}
     a = reconstruct(
         run,
@@ -286,7 +284,6 @@ def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dic
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-
     try:
         return load_file(str(path / "recon.safetensors"))
     except Exception as e:  # a truncated or foreign file
@@ -294,7 +291,6 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-
     atomic_write(path / "recon.safetensors", lambda tmp: save_file(tensors, tmp))
 
 
@@ -309,7 +305,6 @@ def execute(
     its last round) and, with ``sweep.audit``, ``audit_epsilon_lo``.
 
     Interrupting loses at most the cell in progress; the same call resumes."""
-
     out = Path(out)
     runs, cells = plan(sweep)
     b = sweep.base
@@ -385,7 +380,6 @@ def _audit(
     (cached beside the run). Its ε lower bound and the accountant's ε for the same single
     release (the comparable upper bound: one round, sample rate 1) go into every row of this
     run and target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
-
     for target in sorted({r["target"] for r in rows}):
         r = max(row["round"] for row in rows if row["target"] == target)
         key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 2}

@@ -277,7 +277,6 @@ def _train_rank(
     stage: bool,
     progress: bool,
 ) -> None:
-
     if rank == 0:
         Run.create(cfg, rd.path)
     dist.barrier()

@@ -91,7 +91,6 @@ def resolve_privacy(
     its own Poisson rate q_i = B/n_i); a defense whose σ is not a noise multiplier keeps
     its parameter. The ε reported per message kind and per agent then comes from the same
     facts at that σ (:func:`privaudit.core.accounting.run_privacy`)."""
-
     W = W.cpu()
     rates = sample_rates(shard_sizes, cfg.batch_size)
     p = base
@@ -307,7 +306,6 @@ class Run:
         and checkpoints of the held agents go to ``store`` (default the run directory; a
         rank's shard under torch.distributed), and ``on_checkpoint(t)`` runs after each
         checkpoint is written."""
-
         loop, tap = self.loop, net.tap
         store = store or self.dir
         have = set(self.dir.checkpoint_rounds())
@@ -424,7 +422,6 @@ class Run:
     def accuracies(self, flats: Tensor) -> list[float]:
         """Test accuracy of each flat parameter vector of ``flats`` (M, D) on the test split
         (less a public validation set the defense drew from it)."""
-
         ctx = self.ctx
         mean = torch.tensor(self.data.mean).view(-1, 1, 1)
         std = torch.tensor(self.data.std).view(-1, 1, 1)
