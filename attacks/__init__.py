@@ -31,6 +31,7 @@ from privaudit.core.observation import Observation, Reconstruction
 from .analytic import analytic
 from .auto import auto
 from .dlg import dlg
+from .fi import fi
 from .idlg import idlg
 from .ig import ig
 from .labels import METHODS as LABEL_METHODS
@@ -45,6 +46,7 @@ ATTACKS: dict[str, Attack] = {
     "idlg": idlg,
     "analytic": analytic,
     "rgap": rgap,
+    "fi": fi,
     "auto": auto,
 }
 

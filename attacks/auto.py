@@ -9,11 +9,15 @@ Exact closed forms first, optimisation where the maths leaves no closed form:
    and the model is a chain of Conv2d/Linear layers and elementwise invertible activations
    whose every layer meets R-GAP's rank condition (checked by running it: the rank is a
    property of the weights and the recovered activations, not of the architecture alone).
-3. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: B > 1, a noised message (each
-   layer's least squares feeds its error to the next, so R-GAP falls to noise level where
-   gradient matching does not), a model R-GAP cannot invert (max-pooling, residual
-   connections), a sum of gradient terms — started from R-GAP's partial recovery where a
-   rank condition failed.
+3. ``fi`` (:mod:`.fi`) when B > 1 and the classifier's gradient gives every example's
+   features exactly (:mod:`.features`, checked by solving: exactness depends on the labels,
+   the weights and the noise): the batch is inverted one example at a time, then refined
+   by IG.
+4. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: B > 1 without exact features, a
+   noised message (each layer's least squares feeds its error to the next, so R-GAP falls
+   to noise level where gradient matching does not), a model R-GAP cannot invert
+   (max-pooling, residual connections), a sum of gradient terms — started from R-GAP's
+   partial recovery where a rank condition failed.
 
 ``meta["attack"]`` names the attack whose answer is returned, ``meta["auto"]`` why.
 """
@@ -31,6 +35,8 @@ from privaudit.core.observation import Observation, Reconstruction
 from .analytic import analytic, first_linear
 from .chain import Unsupported, linear_chain
 from .common import as_list
+from .features import Features, applicable
+from .fi import fi_from, observation_features
 from .ig import ig
 from .rgap import DEFAULT_RCOND, rgap
 
@@ -82,12 +88,27 @@ def auto(
     opt: dict[str, Any] = {"iterations": iterations, "restarts": restarts}
     opt.update({k: v for k, v in (("lr", lr), ("tv", tv)) if v is not None})
     picks = [choose(o) for o in obs]
+    feats = batch_features(obs, seed, label_method) if obs[0].batch_size > 1 else None
+    if feats is not None:
+        picks = [
+            ("fi", f"B = {o.batch_size}: the classifier's gradient gives each example's features "
+             f"exactly (residual {f.residual:.1e})") if f.exact else (attack, f"{why}; features "
+             f"not exact (residual {f.residual:.1e}, rank {f.rank})")
+            for o, f, (attack, why) in zip(obs, feats, picks, strict=True)
+        ]  # fmt: skip
+        if all(a == "fi" for a, _ in picks):  # one batched inversion
+            recs = fi_from(obs, feats, seed=seed, device=device, progress=progress, **opt)
+            return [_tagged(r, a, why) for r, (a, why) in zip(recs, picks, strict=True)]
     if all(a == "ig" for a, _ in picks):  # one batched optimisation
         recs = ig(obs, seed=seed, **common, **opt)
         return [_tagged(r, a, why) for r, (a, why) in zip(recs, picks, strict=True)]
     out = []
     for i, (o, (attack, why)) in enumerate(zip(obs, picks, strict=True)):
-        if attack == "analytic":
+        if attack == "fi":
+            (rec,) = fi_from(
+                [o], [feats[i]], seed=seed + i, device=device, progress=progress, **opt
+            )
+        elif attack == "analytic":
             (rec,) = analytic(o, **common)
         elif attack == "rgap":
             (rec,) = rgap(o, seed=seed + i, rcond=rcond, **common, **opt)
@@ -98,6 +119,14 @@ def auto(
             (rec,) = ig(o, seed=seed + i, **common, **opt)
         out.append(_tagged(rec, attack, why))
     return out
+
+
+def batch_features(obs: list[Observation], seed: int, label_method: str) -> list[Features] | None:
+    """Each observation's recovered features (:mod:`.features`) when every one allows the
+    recovery, else None."""
+    if any(applicable(o) is not None for o in obs):
+        return None
+    return observation_features(obs, seed, label_method)
 
 
 def _tagged(rec: Reconstruction, attack: str, why: str) -> Reconstruction:

@@ -249,25 +249,33 @@ def _bcast(s: Tensor, v: Tensor) -> Tensor:
     return s.reshape(-1, *[1] * (v.dim() - 1))
 
 
-def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
+def gradient_fn(stack: Stack, clip_aware: bool = True, features: str | None = None) -> GradFn:
     """``(x (K, B, *S) in [0, 1], y (K, B, classes) probabilities) -> (K, D)``, flattened in
     ``stack.names`` order like ``stack.target``.
 
     The dummy counterpart of each target: ``scale · mean_b clip(∇_θ CE(f(norm(x_b)), y_b))``;
     the per-example clip is applied only if ``clip_aware`` and the observation has ``clip``.
     Soft labels ``y`` give DLG's soft cross-entropy; one-hot ``y`` gives the ordinary one.
+    With ``features`` (the name of a submodule, e.g. the classifier ``"fc"``) the function
+    returns ``(gradient, inputs of that submodule (K, B, d))`` from the same forward pass.
     """
     model = stack.model
+    seen: list[Tensor] = []
+    if features is not None:
+        model.get_submodule(features).register_forward_pre_hook(
+            lambda _m, args: seen.append(args[0])
+        )
 
     identity = bool((stack.mean == 0).all() and (stack.std == 1).all())  # e.g. DLG's LeNet
 
     def batch_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, mean: Tensor, std: Tensor):
         logits = functional_call(model, p, (x if identity else (x - mean) / std,))
-        return -(y * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        loss = -(y * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        return loss, (seen.pop().flatten(1) if seen else logits.new_zeros(0))
 
     per_example = clip_aware and bool(stack.has_clip.any())
     if not per_example:
-        g_batch = grad(batch_loss)
+        g_batch = grad(batch_loss, has_aux=True)
 
         def one(p, x, y, mean, std, clip, has):  # noqa: ARG001 - uniform signature
             return g_batch(p, x, y, mean, std)
@@ -275,16 +283,17 @@ def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
     else:
 
         def example_loss(p, x, y, mean, std):
-            return batch_loss(p, x.unsqueeze(0), y.unsqueeze(0), mean, std)
+            loss, h = batch_loss(p, x.unsqueeze(0), y.unsqueeze(0), mean, std)
+            return loss, h.squeeze(0) if h.numel() else h
 
-        g_examples = vmap(grad(example_loss), in_dims=(None, 0, 0, None, None))
+        g_examples = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0, None, None))
 
         def one(p, x, y, mean, std, clip, has):
-            gs = g_examples(p, x, y, mean, std)  # {name: (B, *shape)}
+            gs, h = g_examples(p, x, y, mean, std)  # {name: (B, *shape)}
             sq = sum(v.reshape(v.shape[0], -1).pow(2).sum(1) for v in gs.values())
             norm = sq.clamp_min(1e-30).sqrt()
             factor = torch.where(has, (clip / (norm + 1e-12)).clamp(max=1.0), torch.ones_like(norm))
-            return {n: (v * _bcast(factor, v)).mean(0) for n, v in gs.items()}
+            return {n: (v * _bcast(factor, v)).mean(0) for n, v in gs.items()}, h
 
     args = (stack.params, stack.mean, stack.std, stack.clip, stack.has_clip)
     if stack.scale.shape[0] == 1:
@@ -294,8 +303,8 @@ def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
         )
 
         def batched(p, x, y, mean, std, clip, has):  # noqa: ARG001 - same signature as vmap's
-            g = one(p1, x[0], y[0], mean1, std1, clip1, has1)
-            return {n: v.unsqueeze(0) for n, v in g.items()}
+            g, h = one(p1, x[0], y[0], mean1, std1, clip1, has1)
+            return {n: v.unsqueeze(0) for n, v in g.items()}, h.unsqueeze(0)
 
     else:
         batched = vmap(one)
@@ -303,9 +312,30 @@ def gradient_fn(stack: Stack, clip_aware: bool = True) -> GradFn:
     names, k = stack.names, stack.k
     scale = stack.scale.unsqueeze(1)
 
-    def fn(x: Tensor, y: Tensor) -> Tensor:
-        gs = batched(stack.params, x, y, stack.mean, stack.std, stack.clip, stack.has_clip)
-        return torch.cat([gs[n].reshape(k, -1) for n in names], dim=1) * scale
+    def fn(x: Tensor, y: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        gs, h = batched(stack.params, x, y, stack.mean, stack.std, stack.clip, stack.has_clip)
+        g = torch.cat([gs[n].reshape(k, -1) for n in names], dim=1) * scale
+        return g if features is None else (g, h)
+
+    return fn
+
+
+def feature_fn(stack: Stack, module: str) -> Callable[[Tensor], Tensor]:
+    """``x (K, B, *S) in [0, 1] -> (K, B, d)``: what each example feeds the submodule
+    ``module`` (e.g. the classifier ``"fc"``) under each observation's parameters."""
+    model = stack.model
+    seen: list[Tensor] = []
+    model.get_submodule(module).register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    identity = bool((stack.mean == 0).all() and (stack.std == 1).all())
+
+    def one(p: dict[str, Tensor], x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        functional_call(model, p, (x if identity else (x - mean) / std,))
+        return seen.pop().flatten(1)
+
+    batched = vmap(one)
+
+    def fn(x: Tensor) -> Tensor:
+        return batched(stack.params, x, stack.mean, stack.std)
 
     return fn
 

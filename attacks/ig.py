@@ -67,24 +67,31 @@ from .common import (
     value_and_grad,
     worth_tracing,
 )
+from .features import Features, applicable, classifier_module, recover_features
 from .labels import labels_for
 
 DEFAULT_ITERATIONS = 3000
 DEFAULT_RESTARTS = 1
 _START: ContextVar[torch.Tensor | None] = ContextVar("ig_start", default=None)
+_FEATURES: ContextVar[list[Features] | None] = ContextVar("ig_features", default=None)
 
 
 @contextmanager
-def starting_from(images: torch.Tensor | None) -> Iterator[None]:
+def starting_from(
+    images: torch.Tensor | None, features: list[Features] | None = None
+) -> Iterator[None]:
     """Inside this block :func:`ig` starts the first restart of observation k from
     ``images[k]`` ((K, B, *input_shape) in [0, 1]) instead of uniform noise, e.g. from
-    R-GAP's partial recovery (:mod:`.rgap`); None keeps the noise. A context, not an attack
-    option: a tensor cannot come from the command line."""
-    token = _START.set(images)
+    R-GAP's partial recovery (:mod:`.rgap`) or feature inversion (:mod:`.fi`); None keeps
+    the noise. ``features`` (one per observation, images in their label order) replaces
+    :func:`batch_features`' recovery. A context, not an attack option: a tensor cannot come
+    from the command line."""
+    tokens = _START.set(images), _FEATURES.set(features)
     try:
         yield
     finally:
-        _START.reset(token)
+        _START.reset(tokens[0])
+        _FEATURES.reset(tokens[1])
 
 
 def _started(x: torch.Tensor, restarts: int, slots: int) -> torch.Tensor:
@@ -111,6 +118,34 @@ def gaussian_nll(obs: list[Observation], prob: Problem, restarts: int) -> Callab
     return lambda g: ((g - prob.target).square() / (2 * var)).sum(1) / d
 
 
+def batch_features(
+    obs: list[Observation], labels: Sequence[torch.Tensor], seed: int
+) -> list[Features] | None:
+    """Every observation's per-example features (:mod:`.features`), or None when one of
+    them has B = 1 (nothing to decouple) or does not allow the recovery."""
+    if any(o.batch_size == 1 or applicable(o) is not None for o in obs):
+        return None
+    return [
+        recover_features(o, lab, label_search=0 if o.labels is not None else 2, seed=seed + k)
+        for k, (o, lab) in enumerate(zip(obs, labels, strict=True))
+    ]
+
+
+def feature_term(
+    feats: list[Features], weight: float, restarts: int, stack
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``h (K·R, B, d) -> (K·R,)``: ``weight · mean_b ‖h_b − ĥ_b‖² / ‖ĥ_b‖²`` against the
+    recovered features ĥ of each observation whose recovery is exact (0 for the others):
+    each dummy example is pulled to its own example's features, so the B examples of a
+    batch stop competing for the same gradient."""
+    target = torch.stack([f.h for f in feats]).to(stack.device, stack.dtype)
+    target = target.repeat_interleave(restarts, dim=0)
+    inv = 1 / target.square().sum(-1).clamp_min(1e-30)
+    w = torch.tensor([weight if f.exact else 0.0 for f in feats], dtype=stack.dtype)
+    w = w.repeat_interleave(restarts).to(stack.device)
+    return lambda h: w * ((h - target).square().sum(-1) * inv).mean(-1)
+
+
 def milestones(iterations: int) -> list[int]:
     """Step-decay points at 3/8, 5/8, 7/8 of the run (``inversefed``: ``it // 2.667`` …)."""
     return sorted({max(1, round(iterations * f)) for f in (3 / 8, 5 / 8, 7 / 8)})
@@ -132,6 +167,7 @@ def ig(
     clip_aware: bool = True,
     label_method: str = "auto",
     noise_aware: bool = True,
+    feature_weight: float = 1.0,
 ) -> list[Reconstruction]:
     """Inverting Gradients on every observation at once; one Reconstruction each (on the
     device of that observation's params), ``loss`` = final cosine distance."""
@@ -141,8 +177,15 @@ def ig(
     prob, slot_obs = problem(obs, r, device)
     stack = prob.stack
     labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
+    feats = _FEATURES.get()
+    if feats is None and feature_weight and prob.gather is None:
+        feats = batch_features(obs, labels, seed)
+    if feats is not None:
+        labels = tuple(f.labels for f in feats)
     y = one_hot(labels, stack, r)
-    dummy_grad = gradient_fn(stack, clip_aware)
+    classifier = classifier_module(obs[0]) if feats is not None and feature_weight else None
+    dummy_grad = gradient_fn(stack, clip_aware, features=classifier)
+    match_features = feature_term(feats, feature_weight, r, stack) if classifier else None
 
     x = init_images(generators(seed, len(obs)), r * prob.slots, stack)
     x = _started(x, r, prob.slots).requires_grad_(True)
@@ -156,7 +199,11 @@ def ig(
 
     def objective(x: torch.Tensor) -> torch.Tensor:
         g = prob.gradient(dummy_grad, x, y)
+        if match_features is not None:
+            g, h = g
         loss = nll(g) if nll is not None else cosine_distance(g, prob.target)
+        if match_features is not None:
+            loss = loss + match_features(h)
         if tv:
             loss = loss + tv * prob.per_problem(total_variation(x))
         return loss
@@ -185,7 +232,8 @@ def ig(
 
     with torch.no_grad():
         x = x.detach().clamp(0, 1)
-    match = cosine_distance(prob.gradient(dummy_grad, x, y), prob.target).detach()
+    g = prob.gradient(dummy_grad, x, y)
+    match = cosine_distance(g[0] if match_features is not None else g, prob.target).detach()
     rows = best_restart(match, r)
     out = []
     for k, o in enumerate(obs):
@@ -208,6 +256,7 @@ def ig(
                     "tv": tv,
                     "loss": "gaussian" if nll is not None else "cosine",
                     "lr": lr,
+                    "features": None if feats is None else feats[k].meta(),
                     "observation": dict(o.meta),
                 },
             )
