@@ -49,7 +49,7 @@ from privaudit.core.observation import Observation
 from .labels import estimated_counts, last_linear, last_linear_gradient
 
 MOVES = 16  # label moves tried per search round, the most plausible first
-DEFAULT_TOL = 1e-13  # squared relative residual: float32 gradients leave 1e-18…1e-15
+DEFAULT_TOL = 1e-11  # squared relative residual; float32 gradients leave 1e-18…1e-12
 FLOOR = 1e-20  # a solve stops here: nothing left to gain
 
 
@@ -87,7 +87,7 @@ def applicable(obs: Observation) -> str | None:
     return None
 
 
-class _System:
+class System:
     """The equations above for one Observation, in float64 on the CPU."""
 
     def __init__(self, obs: Observation, tol: float):
@@ -142,6 +142,13 @@ class _System:
             jac = torch.cat([jac, torch.cat([ju1, dd.T]) / b], dim=1)
         return r, jac / self.norm
 
+    def clip_logits(self, a: Tensor, y: Tensor) -> Tensor:
+        """Starting clip factors for coefficients ``a``: the least-squares fit of the bias
+        equation ``(1/B) Σ_b f_b δ_b = ∂c``, clamped to [1e-4, 1 − 1e-4], as logits."""
+        d = torch.softmax(a @ self.k.T + self.c, -1) - y  # (B, C)
+        f = torch.linalg.lstsq(d.T / self.b, self.db[:, None]).solution.flatten()
+        return torch.logit(f.clamp(1e-4, 1 - 1e-4))
+
     def solve(
         self, labels: Tensor, starts: int, iterations: int, gen: torch.Generator
     ) -> tuple[float, Tensor]:
@@ -155,8 +162,8 @@ class _System:
         for s in range(starts):
             a = base + (0.3 * s * spread) * torch.randn(base.shape, generator=gen, dtype=base.dtype)
             v = a.flatten()
-            if self.clipped:  # clip factors start at sigmoid(4) ≈ 0.98
-                v = torch.cat([v, torch.full((self.b,), 4.0, dtype=v.dtype)])
+            if self.clipped:
+                v = torch.cat([v, self.clip_logits(a, y)])
             value, v = levenberg_marquardt(fn, v, iterations, FLOOR)
             if value < best[0]:
                 best = (value, v[: self.b * self.b].view(self.b, self.b))
@@ -207,7 +214,7 @@ def recover_features(
     """Solve for the batch's features (module docstring), starting from ``labels`` ((B,)
     int64, e.g. :func:`.labels.infer_labels`); ``label_search`` rounds of single-label moves
     (0: keep ``labels``). Call :func:`applicable` first."""
-    system = _System(obs, tol)
+    system = System(obs, tol)
     gen = torch.Generator().manual_seed(int(seed))
     labels = torch.as_tensor(labels).reshape(-1).long().cpu().sort().values
     residual, a = system.solve(labels, starts, iterations, gen)

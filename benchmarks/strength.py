@@ -23,7 +23,7 @@ wall time covers ``attacker.reconstruct()`` only. Not on 1-channel data (MNIST):
 
 Usage::
 
-    python benchmarks/strength.py [--models lenet,cnn] [--attacks ig,dlg,rgap,auto]
+    python benchmarks/strength.py [--models lenet,cnn] [--attacks ig,fi,dlg,rgap,auto]
         [--batch-sizes 1,4,8] [--rounds 0,200] [--batches 1] [--ig-iterations 300]
         [--dlg-iterations 30] [--data-root DIR] [--no-breaching] [--threads 1] [--json PATH]
 """
@@ -58,7 +58,7 @@ TRAIN_LR = 0.05
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="lenet,cnn")
-    p.add_argument("--attacks", default="ig,dlg,rgap,auto")
+    p.add_argument("--attacks", default="ig,fi,dlg,rgap,auto")
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--rounds", default="0,200", help="training steps before the attack")
     p.add_argument("--batches", type=int, default=1, help="batches per cell (default 1)")

@@ -1,0 +1,136 @@
+"""privaudit.attacks.features and .fi: per-example features and labels of a batch from the
+classifier's gradient, and the attack that inverts them one example at a time (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_attacks import observe, photos
+from torch import nn
+from torch.func import jacrev
+
+from privaudit.attacks import run_attack
+from privaudit.attacks.features import System, applicable, recover_features
+from privaudit.attacks.fi import fi, observation_features
+from privaudit.core.errors import PrivauditError
+from privaudit.eval.metrics import score
+from privaudit.scenario.models import build_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+IMAGES = photos(4, 16)
+LABELS = torch.tensor([8, 0, 5, 2])
+
+
+def true_features(model: nn.Module, obs, x: torch.Tensor) -> torch.Tensor:
+    """What each example feeds the classifier, computed with the model's own modules."""
+    m = torch.tensor(obs.mean).view(-1, 1, 1)
+    s = torch.tensor(obs.std).view(-1, 1, 1)
+    with torch.no_grad():
+        return model.body((x - m) / s).flatten(1)
+
+
+@pytest.mark.parametrize("arch", ["lenet", "cnn"])
+def test_features_of_a_batch_are_recovered_exactly(arch):
+    model = build_model(arch, (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS)
+    f = recover_features(obs, LABELS)
+    assert f.exact and f.rank == 4 and f.residual < 1e-11
+    order = LABELS.argsort()  # the features come in sorted-label order
+    assert f.labels.tolist() == sorted(LABELS.tolist())
+    want = true_features(model, obs, IMAGES[order])
+    cos = F.cosine_similarity(f.h, want, dim=1)
+    assert cos.min() > 0.9999
+    torch.testing.assert_close(f.h, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
+
+
+def test_scale_and_clipping_are_modelled():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS, scale=-0.3, clip=0.05)
+    f = recover_features(obs, LABELS)
+    assert f.exact
+    want = true_features(model, obs, IMAGES[LABELS.argsort()])
+    assert F.cosine_similarity(f.h, want, dim=1).min() > 0.999
+
+
+def test_a_wrong_label_is_found_by_the_search():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS)
+    wrong = torch.tensor([8, 0, 5, 3])  # one example moved from class 2 to 3
+    kept = recover_features(obs, wrong, label_search=0)
+    assert not kept.exact  # no features explain the gradient with these labels
+    found = recover_features(obs, wrong)
+    assert found.exact
+    assert found.labels.tolist() == sorted(LABELS.tolist())
+
+
+def test_noise_makes_the_features_inexact():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS, noise=1e-3)
+    f = recover_features(obs, LABELS, label_search=0)
+    assert not f.exact and f.residual > 1e-11
+
+
+def test_closed_form_jacobian_equals_autograd():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    for clip in (None, 0.05):
+        obs = observe(model, IMAGES, LABELS, clip=clip)
+        system = System(obs, 1e-13)
+        y = F.one_hot(LABELS.sort().values, 10).double()
+        v = torch.randn(16 + (4 if clip else 0), dtype=torch.float64)
+        _, jac = system.residuals(v, y)
+        want = jacrev(lambda u, s=system, y=y: s.residuals(u, y, False)[0])(v)
+        torch.testing.assert_close(jac, want, rtol=1e-10, atol=1e-12)
+
+
+def test_where_the_recovery_does_not_apply():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    big = observe(model, photos(10, 16), torch.arange(10))
+    assert "classes" in applicable(big)
+    with pytest.raises(PrivauditError, match="does not apply"):
+        observation_features([big])
+    no_bias = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10, bias=False))
+    assert "bias" in applicable(observe(no_bias, IMAGES, LABELS))
+
+
+def test_features_raise_psnr_on_a_batch():
+    model = build_model("lenet", (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS, mean=(0.0,) * 3, std=(1.0,) * 3)
+
+    def psnr(name: str, **kw) -> float:
+        (rec,) = run_attack(name, [obs], **kw)
+        return score(IMAGES, LABELS, rec.images, rec.labels, lpips=False)["psnr"]
+
+    plain = psnr("ig", iterations=300, feature_weight=0.0)
+    assert psnr("ig", iterations=300) > plain + 2  # the feature term
+    assert psnr("fi", iterations=150, refine=0) > plain + 0.5  # first order, half the steps
+
+
+def test_fi_keeps_each_examples_best_restart():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS)
+    one = fi([obs], iterations=30, refine=0)[0].meta["feature_loss"]
+    two = fi([obs], iterations=30, refine=0, restarts=3)[0].meta["feature_loss"]
+    # restart 0 of three runs what the single restart runs; each example keeps its best
+    assert all(b <= a * (1 + 1e-4) for a, b in zip(one, two, strict=True))
+    assert sum(two) < sum(one)
+
+
+def test_fi_batched_equals_separate():
+    obs = [observe(build_model("cnn", (3, 16, 16), 10, k), IMAGES, LABELS) for k in range(2)]
+    batched = fi(obs, iterations=20, refine=5, seed=3)
+    for k in range(2):
+        (alone,) = fi([obs[k]], iterations=20, refine=5, seed=3 + k)
+        torch.testing.assert_close(batched[k].images, alone.images, atol=1e-4, rtol=0)
+        assert batched[k].labels.tolist() == alone.labels.tolist()
+
+
+def test_auto_picks_fi_for_a_batch_with_exact_features():
+    model = build_model("cnn", (3, 16, 16), 10, 1)
+    exact = observe(model, IMAGES, LABELS)
+    noised = observe(model, IMAGES, LABELS, noise=1e-2)
+    (a,) = run_attack("auto", [exact], iterations=10)
+    (b,) = run_attack("auto", [noised], iterations=10)
+    assert a.meta["attack"] == "fi" and "exactly" in a.meta["auto"]
+    assert b.meta["attack"] == "ig" and "not exact" in b.meta["auto"]
