@@ -33,6 +33,14 @@ Defaults and why:
   about 1.4 dB at ε = 8 and 2.6 dB at ε = 64 over the cosine. No effect on noise-free or
   scale-estimated observations.
 
+- ``feature_weight=1.0``: for a batch (B > 1) whose classifier gradient gives every
+  example's features exactly (:mod:`.features`), the loss gains ``feature_weight ·
+  mean_b ‖h(x_b) − h_b‖² / ‖h_b‖²`` and the labels are the ones that solve those equations:
+  each dummy example is pulled toward its own example instead of all of them sharing one
+  batch gradient. Observations whose features are not exact (noise, a local minimum) get
+  no feature term and keep their inferred labels. 0 turns it off
+  (``benchmarks/strength.py``: README, "Exact recovery").
+
 Batching: all observations and restarts are one tensor under one Adam; Adam, the sign and
 the box are elementwise and the losses are independent, so a batched run equals separate
 runs with seeds ``seed + i`` up to float rounding of the batched kernels: bit-identical on
@@ -177,11 +185,14 @@ def ig(
     prob, slot_obs = problem(obs, r, device)
     stack = prob.stack
     labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
-    feats = _FEATURES.get()
+    feats = given = _FEATURES.get()
     if feats is None and feature_weight and prob.gather is None:
         feats = batch_features(obs, labels, seed)
-    if feats is not None:
-        labels = tuple(f.labels for f in feats)
+    if feats is not None:  # exact features come with the labels that explain them
+        keep = [given is None and not f.exact for f in feats]
+        labels = tuple(
+            lab if k else f.labels for f, lab, k in zip(feats, labels, keep, strict=True)
+        )
     y = one_hot(labels, stack, r)
     classifier = classifier_module(obs[0]) if feats is not None and feature_weight else None
     dummy_grad = gradient_fn(stack, clip_aware, features=classifier)
