@@ -120,6 +120,10 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "label_method": (f"one of {', '.join(LABEL_METHODS)}", lambda v: v in LABEL_METHODS),
     "line_search_fn": ("'strong_wolfe' or null", lambda v: v == "strong_wolfe"),
     "rcond": ("a number in (0, 1)", lambda v: 0 < v < 1),
+    "refine": ("an integer in 0..10^7", lambda v: 0 <= v <= 10**7),
+    "refine_lr": ("a finite number > 0", lambda v: v > 0),
+    "feature_weight": ("a finite number ≥ 0", lambda v: v >= 0),
+    "fi_residual": ("a finite number ≥ 0", lambda v: v >= 0),
 }
 
 

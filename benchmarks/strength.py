@@ -58,7 +58,9 @@ TRAIN_LR = 0.05
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="lenet,cnn")
-    p.add_argument("--attacks", default="ig,fi,dlg,rgap,auto")
+    p.add_argument(
+        "--attacks", default="ig,fi,dlg,rgap,auto", help="names, with options as fi:refine=0"
+    )
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--rounds", default="0,200", help="training steps before the attack")
     p.add_argument("--batches", type=int, default=1, help="batches per cell (default 1)")
@@ -161,9 +163,12 @@ def batches(data: Any, b: int, count: int, seed: int) -> list[tuple[Any, Any]]:
 
 def note(attack: str, rec: Any) -> str:
     """What ran, in a few words."""
+    attack = spec(attack)[0]
     m = rec.meta
     if attack == "auto":
         return f"→ {m['attack']}"
+    if attack == "fi":
+        return "features exact" if m["features"]["exact"] else "features inexact"
     if attack != "rgap":
         return ""
     why = m.get("fallback")
@@ -179,6 +184,20 @@ def note(attack: str, rec: Any) -> str:
 # --------------------------------------------------------------------------- runs
 
 
+def spec(text: str) -> tuple[str, dict[str, Any]]:
+    """``"fi:refine=0:tv=0.01"`` -> ``("fi", {"refine": 0, "tv": 0.01})``: an attack and its
+    options, each value read as JSON where it parses (else the string)."""
+    name, *pairs = text.split(":")
+    options = {}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return name, options
+
+
 def run_cell(attacks: list[str], obs: Any, x: Any, y: Any, args: argparse.Namespace, seed: int):
     """Every attack on one observation -> rows (attack, psnr, ssim, label_acc, wall, note)."""
     from privaudit.attacks import run_attack
@@ -186,9 +205,10 @@ def run_cell(attacks: list[str], obs: Any, x: Any, y: Any, args: argparse.Namesp
 
     rows = []
     for attack in attacks:
-        its = args.dlg_iterations if attack == "dlg" else args.ig_iterations
+        name, options = spec(attack)
+        its = args.dlg_iterations if name == "dlg" else args.ig_iterations
         t = time.perf_counter()
-        (rec,) = run_attack(attack, [obs], iterations=its, seed=seed)
+        (rec,) = run_attack(name, [obs], iterations=its, seed=seed, **options)
         wall = time.perf_counter() - t
         s = score(x, y, rec.images.detach().cpu(), rec.labels.cpu(), lpips=False)
         rows.append(

@@ -10,7 +10,7 @@ from test_attacks import observe, photos
 from torch import nn
 from torch.func import jacrev
 
-from privaudit.attacks import run_attack
+from privaudit.attacks import check_options, run_attack
 from privaudit.attacks.features import System, applicable, recover_features
 from privaudit.attacks.fi import fi, observation_features
 from privaudit.core.errors import PrivauditError
@@ -126,11 +126,22 @@ def test_fi_batched_equals_separate():
         assert batched[k].labels.tolist() == alone.labels.tolist()
 
 
-def test_auto_picks_fi_for_a_batch_with_exact_features():
+def test_auto_picks_fi_where_the_features_solve():
     model = build_model("cnn", (3, 16, 16), 10, 1)
     exact = observe(model, IMAGES, LABELS)
-    noised = observe(model, IMAGES, LABELS, noise=1e-2)
+    noised = observe(model, IMAGES, LABELS, noise=0.1)  # features residual ≈ 6e-3
     (a,) = run_attack("auto", [exact], iterations=10)
     (b,) = run_attack("auto", [noised], iterations=10)
     assert a.meta["attack"] == "fi" and "exactly" in a.meta["auto"]
-    assert b.meta["attack"] == "ig" and "not exact" in b.meta["auto"]
+    assert b.meta["attack"] == "ig" and "is above" in b.meta["auto"]
+
+
+def test_fi_options_are_checked():
+    assert check_options("fi", {"refine": 0, "feature_weight": 2}) == {
+        "refine": 0,
+        "feature_weight": 2.0,
+    }
+    with pytest.raises(PrivauditError, match="refine must be"):
+        check_options("fi", {"refine": -1})
+    with pytest.raises(PrivauditError, match="feature_weight must be"):
+        check_options("ig", {"feature_weight": -0.5})
