@@ -13,7 +13,7 @@ space is exactly ``span{h_b}``. Writing ``H = A R`` with ``R`` the top-B right s
 vectors of ``∂W`` leaves B² unknowns (A) — plus B clip factors — against classes × (B + 1)
 equations, a small nonlinear least-squares problem:
 
-    min_A ‖(1/B) Δ(A)ᵀ A − ∂W Rᵀ‖² + ‖(1/B) Σ_b f_b δ_b(A) − ∂c‖²   (relative),
+    min_A (‖(1/B) Δ(A)ᵀ A − ∂W Rᵀ‖² + ‖(1/B) Σ_b f_b δ_b(A) − ∂c‖²) / (‖∂W Rᵀ‖² + ‖∂c‖²),
 
 solved by Levenberg–Marquardt in float64 from ``starts`` points
 (``h_b ≈ ∂W_{y_b} / ∂c_{y_b}``, the B = 1 identity, then perturbations of it). A residual
@@ -49,7 +49,7 @@ from privaudit.core.observation import Observation
 from .labels import estimated_counts, last_linear, last_linear_gradient
 
 MOVES = 16  # label moves tried per search round, the most plausible first
-DEFAULT_TOL = 1e-11  # squared relative residual; float32 gradients leave 1e-18…1e-12
+DEFAULT_TOL = 1e-9  # squared relative residual; float32 gradients leave 1e-17…1e-10
 FLOOR = 1e-20  # a solve stops here: nothing left to gain
 
 
@@ -105,7 +105,7 @@ class System:
         self.r = vh[: self.b]  # (B, d)
         self.m = dw @ self.r.T  # (classes, B)
         self.k = self.w @ self.r.T  # (classes, B): logits = A kᵀ + c
-        self.norm = float(self.m.square().sum() + db.square().sum()) or 1.0
+        self.norm = float(self.m.square().sum() + db.square().sum()) ** 0.5 or 1.0
         self.clipped = obs.clip is not None
 
     def rank(self, rtol: float = 1e-5) -> int:

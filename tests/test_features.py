@@ -36,7 +36,7 @@ def test_features_of_a_batch_are_recovered_exactly(arch):
     model = build_model(arch, (3, 16, 16), 10, 1)
     obs = observe(model, IMAGES, LABELS)
     f = recover_features(obs, LABELS)
-    assert f.exact and f.rank == 4 and f.residual < 1e-11
+    assert f.exact and f.rank == 4 and f.residual < 1e-9
     order = LABELS.argsort()  # the features come in sorted-label order
     assert f.labels.tolist() == sorted(LABELS.tolist())
     want = true_features(model, obs, IMAGES[order])
@@ -69,7 +69,7 @@ def test_noise_makes_the_features_inexact():
     model = build_model("cnn", (3, 16, 16), 10, 1)
     obs = observe(model, IMAGES, LABELS, noise=1e-3)
     f = recover_features(obs, LABELS, label_search=0)
-    assert not f.exact and f.residual > 1e-11
+    assert not f.exact and f.residual > 1e-9
 
 
 def test_closed_form_jacobian_equals_autograd():
