@@ -39,8 +39,8 @@ from privaudit.core.observation import Observation, Reconstruction
 from .analytic import analytic, first_linear
 from .chain import Unsupported, linear_chain
 from .common import as_list
-from .features import Features, applicable
-from .fi import fi_from, observation_features
+from .features import batch_features
+from .fi import fi_from
 from .ig import ig
 from .rgap import DEFAULT_RCOND, rgap
 
@@ -128,14 +128,6 @@ def auto(
             (rec,) = ig(o, seed=seed + i, **common, **opt)
         out.append(_tagged(rec, attack, why))
     return out
-
-
-def batch_features(obs: list[Observation], seed: int, label_method: str) -> list[Features] | None:
-    """Each observation's recovered features (:mod:`.features`) when every one allows the
-    recovery, else None."""
-    if any(applicable(o) is not None for o in obs):
-        return None
-    return observation_features(obs, seed, label_method)
 
 
 def _tagged(rec: Reconstruction, attack: str, why: str) -> Reconstruction:

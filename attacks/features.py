@@ -37,7 +37,7 @@ network (equal ``δ_b`` merge rows of ``Δ``, so the rank falls below B), a loca
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +46,7 @@ from torch import Tensor
 
 from privaudit.core.observation import Observation
 
-from .labels import estimated_counts, last_linear, last_linear_gradient
+from .labels import estimated_counts, labels_for, last_linear, last_linear_gradient
 
 MOVES = 16  # label moves tried per search round, the most plausible first
 DEFAULT_TOL = 1e-9  # squared relative residual; float32 gradients leave 1e-17…1e-10
@@ -250,3 +250,19 @@ def recover_features(
     return Features(
         h=h, labels=labels, residual=residual, rank=system.rank(), exact=residual <= tol
     )
+
+
+def batch_features(
+    obs: Sequence[Observation], seed: int = 0, label_method: str = "auto"
+) -> list[Features] | None:
+    """:func:`recover_features` for each observation (seed ``seed + k``) from its given or
+    inferred labels, searching labels only where they were inferred; None when one of the
+    observations does not allow the recovery (:func:`applicable`)."""
+    if any(applicable(o) is not None for o in obs):
+        return None
+    out = []
+    for k, o in enumerate(obs):
+        labels, source = labels_for(o, label_method)
+        search = 0 if source == "given" else 2
+        out.append(recover_features(o, labels, label_search=search, seed=seed + k))
+    return out

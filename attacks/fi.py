@@ -44,9 +44,8 @@ from .common import (
     total_variation,
     value_and_grad,
 )
-from .features import Features, applicable, classifier_module, recover_features
+from .features import Features, applicable, batch_features, classifier_module
 from .ig import ig, milestones, starting_from
-from .labels import labels_for
 
 DEFAULT_ITERATIONS = 1000
 DEFAULT_REFINE = 200
@@ -55,17 +54,13 @@ DEFAULT_REFINE = 200
 def observation_features(
     obs: Sequence[Observation], seed: int = 0, label_method: str = "auto"
 ) -> list[Features]:
-    """:func:`.features.recover_features` for each observation (seed ``seed + k``), from its
-    given or inferred labels; a label search only where they were inferred."""
-    out = []
-    for k, o in enumerate(obs):
-        why = applicable(o)
-        if why is not None:
-            raise PrivauditError(f"feature inversion does not apply to observation {k}: {why}")
-        labels, source = labels_for(o, label_method)
-        search = 0 if source == "given" else 2
-        out.append(recover_features(o, labels, label_search=search, seed=seed + k))
-    return out
+    """:func:`.features.batch_features`, or one error naming the first observation it does
+    not apply to."""
+    feats = batch_features(obs, seed, label_method)
+    if feats is None:
+        k, why = next((k, applicable(o)) for k, o in enumerate(obs) if applicable(o))
+        raise PrivauditError(f"feature inversion does not apply to observation {k}: {why}")
+    return feats
 
 
 def invert_features(

@@ -75,7 +75,7 @@ from .common import (
     value_and_grad,
     worth_tracing,
 )
-from .features import Features, applicable, classifier_module, recover_features
+from .features import Features, batch_features, classifier_module
 from .labels import labels_for
 
 DEFAULT_ITERATIONS = 3000
@@ -126,19 +126,6 @@ def gaussian_nll(obs: list[Observation], prob: Problem, restarts: int) -> Callab
     return lambda g: ((g - prob.target).square() / (2 * var)).sum(1) / d
 
 
-def batch_features(
-    obs: list[Observation], labels: Sequence[torch.Tensor], seed: int
-) -> list[Features] | None:
-    """Every observation's per-example features (:mod:`.features`), or None when one of
-    them has B = 1 (nothing to decouple) or does not allow the recovery."""
-    if any(o.batch_size == 1 or applicable(o) is not None for o in obs):
-        return None
-    return [
-        recover_features(o, lab, label_search=0 if o.labels is not None else 2, seed=seed + k)
-        for k, (o, lab) in enumerate(zip(obs, labels, strict=True))
-    ]
-
-
 def feature_term(
     feats: list[Features], weight: float, restarts: int, stack
 ) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -186,8 +173,8 @@ def ig(
     stack = prob.stack
     labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
     feats = given = _FEATURES.get()
-    if feats is None and feature_weight and prob.gather is None:
-        feats = batch_features(obs, labels, seed)
+    if feats is None and feature_weight and prob.gather is None and stack.batch_size > 1:
+        feats = batch_features(obs, seed, label_method)
     if feats is not None:  # exact features come with the labels that explain them
         keep = [given is None and not f.exact for f in feats]
         labels = tuple(
