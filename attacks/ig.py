@@ -39,7 +39,7 @@ Defaults and why:
   each dummy example is pulled toward its own example instead of all of them sharing one
   batch gradient. Observations whose features are not exact (noise, a local minimum) get
   no feature term and keep their inferred labels. 0 turns it off
-  (``benchmarks/strength.py``: README, "Exact recovery").
+  (``benchmarks/strength.py``: README, "Exact recovery and batches").
 
 Batching: all observations and restarts are one tensor under one Adam; Adam, the sign and
 the box are elementwise and the losses are independent, so a batched run equals separate
@@ -60,6 +60,7 @@ from privaudit.core.observation import Observation, Reconstruction
 
 from .common import (
     Problem,
+    Stack,
     as_list,
     best_restart,
     conv_backend,
@@ -127,7 +128,7 @@ def gaussian_nll(obs: list[Observation], prob: Problem, restarts: int) -> Callab
 
 
 def feature_term(
-    feats: list[Features], weight: float, restarts: int, stack
+    feats: list[Features], weight: float, restarts: int, stack: Stack
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``h (K·R, B, d) -> (K·R,)``: ``weight · mean_b ‖h_b − ĥ_b‖² / ‖ĥ_b‖²`` against the
     recovered features ĥ of each observation whose recovery is exact (0 for the others):
