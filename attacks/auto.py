@@ -9,15 +9,15 @@ Exact closed forms first, optimisation where the maths leaves no closed form:
    and the model is a chain of Conv2d/Linear layers and elementwise invertible activations
    whose every layer meets R-GAP's rank condition (checked by running it: the rank is a
    property of the weights and the recovered activations, not of the architecture alone).
-3. ``fi`` (:mod:`.fi`) when B > 1 and the classifier's gradient gives every example's
+3. ``fi`` (:mod:`.fi`) otherwise, when the classifier's gradient gives every example's
    features (:mod:`.features`) to a squared relative residual of at most ``fi_residual``
    (checked by solving: it depends on the labels, the weights and the noise): the batch is
    inverted one example at a time, then refined by IG. The bound is not float rounding:
    on a trained network the smallest singular value of ∂W can sit near float32's
    resolution, and approximate features (residual 1e-9…1e-2) still beat batch gradient
    matching there (``benchmarks/strength.py``; the bound was chosen on the photos train
-   split: README, "Exact recovery and batches").
-4. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: B > 1 without usable features, a
+   split: README, "Exact recovery and batches"; at B = 1 through the ReLU ``cnn`` too).
+4. ``ig`` (:mod:`.ig`; Geiping et al. 2020) otherwise: no usable features, a
    noised message (each layer's least squares feeds its error to the next, so R-GAP falls
    to noise level where gradient matching does not), a model R-GAP cannot invert
    (max-pooling, residual connections), a sum of gradient terms — started from R-GAP's
@@ -87,8 +87,8 @@ def auto(
 ) -> list[Reconstruction]:
     """Each observation attacked by :func:`choose`'s pick (observation i with seed
     ``seed + i``); an R-GAP pick whose rank condition fails becomes IG started from R-GAP's
-    recovery; a batch whose features solve the classifier's equations to a squared relative
-    residual of at most ``fi_residual`` goes to ``fi``. ``lr``/``tv`` (None: the defaults)
+    recovery; an IG pick whose features solve the classifier's equations to a squared
+    relative residual of at most ``fi_residual`` goes to ``fi``. ``lr``/``tv`` (None: the defaults)
     and ``iterations``/``restarts`` reach IG and ``fi`` only."""
     obs = as_list(observations)
     common: dict[str, Any] = {"device": device, "progress": progress}
@@ -96,9 +96,10 @@ def auto(
     opt: dict[str, Any] = {"iterations": iterations, "restarts": restarts}
     opt.update({k: v for k, v in (("lr", lr), ("tv", tv)) if v is not None})
     picks = [choose(o) for o in obs]
-    feats = batch_features(obs, seed, label_method) if obs[0].batch_size > 1 else None
+    feats = batch_features(obs, seed, label_method) if any(a == "ig" for a, _ in picks) else None
     if feats is not None:
         picks = [
+            (attack, why) if attack != "ig" else
             ("fi", f"B = {o.batch_size}: the classifier's gradient gives each example's features "
              f"({'exactly' if f.exact else 'approximately'}: residual {f.residual:.1e})")
             if f.residual <= fi_residual else (attack, f"{why}; the features' residual "

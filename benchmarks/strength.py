@@ -7,7 +7,7 @@ round (0: the freshly initialised model; 200: the same model after 200 steps of 
 batch 64, lr 0.05, on the dataset's train split — data the attacked images are not in) and
 every batch size B, ``--batches`` batches of B test images are drawn. Each batch gives one
 observation: the exact gradient of the batch's mean cross-entropy at the model's parameters
-(no noise, scale 1, labels hidden). Every attack (``ig``, ``dlg``, ``rgap``, ``auto``) runs
+(no noise, scale 1, labels hidden). Every attack (``ig``, ``fi``, ``dlg``, ``rgap``, ``auto``) runs
 on that observation; reconstructions are matched to the true images and scored with
 privaudit.eval.metrics (PSNR, SSIM, label accuracy), and the attack call is timed (wall).
 ``rgap`` and ``auto`` fall back to IG (same iterations as ``ig``) where no closed form
