@@ -39,7 +39,7 @@ from privaudit.core.observation import Observation, Reconstruction
 from .analytic import analytic, first_linear
 from .chain import Unsupported, linear_chain
 from .common import as_list
-from .features import batch_features
+from .features import Features, batch_features
 from .fi import fi_from
 from .ig import ig
 from .rgap import DEFAULT_RCOND, rgap
@@ -99,13 +99,9 @@ def auto(
     feats = batch_features(obs, seed, label_method) if any(a == "ig" for a, _ in picks) else None
     if feats is not None:
         picks = [
-            (attack, why) if attack != "ig" else
-            ("fi", f"B = {o.batch_size}: the classifier's gradient gives each example's features "
-             f"({'exactly' if f.exact else 'approximately'}: residual {f.residual:.1e})")
-            if f.residual <= fi_residual else (attack, f"{why}; the features' residual "
-             f"{f.residual:.1e} is above {fi_residual:g} (rank {f.rank})")
-            for o, f, (attack, why) in zip(obs, feats, picks, strict=True)
-        ]  # fmt: skip
+            with_features(o, f, pick, fi_residual)
+            for o, f, pick in zip(obs, feats, picks, strict=True)
+        ]
         if all(a == "fi" for a, _ in picks):  # one batched inversion
             recs = fi_from(obs, feats, seed=seed, device=device, progress=progress, **opt)
             return [_tagged(r, a, why) for r, (a, why) in zip(recs, picks, strict=True)]
@@ -129,6 +125,27 @@ def auto(
             (rec,) = ig(o, seed=seed + i, **common, **opt)
         out.append(_tagged(rec, attack, why))
     return out
+
+
+def with_features(
+    obs: Observation, feats: Features, pick: tuple[str, str], bound: float
+) -> tuple[str, str]:
+    """``pick`` turned into ``fi`` when it is IG's and the features' residual is at most
+    ``bound``; the reason says why either way."""
+    attack, why = pick
+    if attack != "ig":
+        return pick
+    if feats.residual > bound:
+        return (
+            attack,
+            f"{why}; the features' residual {feats.residual:.1e} is above {bound:g} "
+            f"(rank {feats.rank})",
+        )
+    how = "exactly" if feats.exact else "approximately"
+    return "fi", (
+        f"B = {obs.batch_size}: the classifier's gradient gives each example's features "
+        f"({how}: residual {feats.residual:.1e})"
+    )
 
 
 def _tagged(rec: Reconstruction, attack: str, why: str) -> Reconstruction:

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
 
 from .labels import estimated_counts, labels_for, last_linear, last_linear_gradient
@@ -78,7 +79,7 @@ def applicable(obs: Observation) -> str | None:
         return "a sum of gradient terms"
     try:
         _, b_name = last_linear(obs)
-    except Exception as e:  # noqa: BLE001 - PrivauditError: no classifier layer
+    except PrivauditError as e:  # no classifier layer
         return str(e)
     if b_name is None:
         return "the last layer has no bias"
@@ -100,7 +101,7 @@ class System:
         self.c = obs.params[b_name].detach().double().cpu()
         self.db = db
         self.dw = dw
-        sv_u, s, vh = torch.linalg.svd(dw, full_matrices=False)
+        _, s, vh = torch.linalg.svd(dw, full_matrices=False)
         self.s = s
         self.r = vh[: self.b]  # (B, d)
         self.m = dw @ self.r.T  # (classes, B)

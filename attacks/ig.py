@@ -174,15 +174,17 @@ def ig(
     stack = prob.stack
     labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
     feats = given = _FEATURES.get()
+    noised = any(o.noise_std > 0 for o in obs)  # a noised message's features are not exact
     if feats is None and feature_weight and prob.gather is None and stack.batch_size > 1:
-        feats = batch_features(obs, seed, label_method)
+        feats = None if noised else batch_features(obs, seed, label_method)
     if feats is not None:  # exact features come with the labels that explain them
         keep = [given is None and not f.exact for f in feats]
         labels = tuple(
             lab if k else f.labels for f, lab, k in zip(feats, labels, keep, strict=True)
         )
     y = one_hot(labels, stack, r)
-    classifier = classifier_module(obs[0]) if feats is not None and feature_weight else None
+    exact = feats is not None and any(f.exact for f in feats)
+    classifier = classifier_module(obs[0]) if exact and feature_weight else None
     dummy_grad = gradient_fn(stack, clip_aware, features=classifier)
     match_features = feature_term(feats, feature_weight, r, stack) if classifier else None
 
