@@ -22,8 +22,8 @@ and R-GAP recovers the input layer by layer, from the top:
    ``z_l`` and ``σ'(z_l)``, hence ``δ_l``; then ``x_{l−1}`` solves, by least squares, the
    stacked linear system of the *forward* constraint ``A_l x_{l−1} = z_l − b_l`` and the
    *gradient* constraint ``G_l(δ_l) x_{l−1} = ∂L/∂W_l`` (the weight gradient is linear in
-   the layer's input once ``δ_l`` is known). Both are built here as explicit matrices
-   (:func:`conv_matrices`) and solved by least squares in float64 on the CPU, each block
+   the layer's input once ``δ_l`` is known). Both are built here as explicit sparse
+   matrices (:func:`conv_matrices`) and solved by least squares in float64 on the CPU, each block
    scaled to unit RMS row norm (:func:`solve_layer`). The layer is determined exactly
    when the stacked matrix has full column rank (the condition of R-GAP's rank analysis:
    as many independent equations as unknowns); its rank and condition number are
@@ -52,8 +52,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import scipy.sparse.linalg  # noqa: F401 - makes sparse.linalg available
 import torch
 import torch.nn.functional as F
+from scipy import sparse
 from torch import Tensor, nn
 
 from privaudit.core.errors import PrivauditError
@@ -66,7 +69,8 @@ from .labels import labels_for
 
 DEFAULT_RCOND = 1e-9  # singular values below rcond × the largest count as zero
 NORMAL_COND = 1e6  # below this condition number the normal equations are solved
-MAX_ENTRIES = 64_000_000  # explicit systems larger than this (float64: 512 MB) are refused
+MAX_ENTRIES = 64_000_000  # systems larger than this (a dense float64 copy: 512 MB) are refused
+EIG_TOL = 1e-3  # relative accuracy of the Lanczos estimates of the extreme eigenvalues
 ALPHA_GRID = torch.logspace(-6, 6, 1201, dtype=torch.float64)
 
 
@@ -83,62 +87,106 @@ def conv_index(conv: nn.Conv2d, in_shape: tuple[int, ...]) -> Tensor:
 
 def conv_matrices(
     conv: nn.Conv2d, in_shape: tuple[int, ...], weight: Tensor, delta: Tensor
-) -> tuple[Tensor, Tensor]:
+) -> tuple[sparse.csr_matrix, sparse.csr_matrix]:
     """The forward matrix ``A`` (out·P, n), ``conv(x) = A x`` without bias, and the
     gradient matrix ``G`` (out·Q, n), ``∂L/∂W = G x`` for output gradient ``delta``
-    (out·P,): both are sums of kernel / δ entries at the indices of :func:`conv_index`."""
+    (out·P,), both sparse (float64): row (o, p) of ``A`` holds the kernel ``W[o, q]`` at the
+    input index read by entry q at position p (:func:`conv_index`), row (o, q) of ``G``
+    holds ``δ[o, p]`` there."""
     idx = conv_index(conv, in_shape)
     q, p = idx.shape
     out = weight.shape[0]
     n = int(torch.tensor(in_shape).prod())
-    fwd = weight.new_zeros(out, p, n + 1)
-    fwd.scatter_add_(2, idx.t().expand(out, p, q), weight.reshape(out, 1, q).expand(out, p, q))
-    grad = weight.new_zeros(out, q, n + 1)
-    grad.scatter_add_(2, idx.expand(out, q, p), delta.reshape(out, 1, p).expand(out, q, p))
-    return fwd[:, :, 1:].reshape(out * p, n), grad[:, :, 1:].reshape(out * q, n)
+    cols = idx.expand(out, q, p)
+    keep = (cols > 0).numpy()
+    cols = cols.numpy()[keep] - 1
+    o = torch.arange(out).reshape(out, 1, 1)
+    rows_f = (o * p + torch.arange(p).reshape(1, 1, p)).expand(out, q, p).numpy()[keep]
+    rows_g = (o * q + torch.arange(q).reshape(1, q, 1)).expand(out, q, p).numpy()[keep]
+    vals_f = weight.double().reshape(out, q, 1).expand(out, q, p).numpy()[keep]
+    vals_g = delta.double().reshape(out, 1, p).expand(out, q, p).numpy()[keep]
+    fwd = sparse.csr_matrix((vals_f, (rows_f, cols)), shape=(out * p, n))
+    grad = sparse.csr_matrix((vals_g, (rows_g, cols)), shape=(out * q, n))
+    return fwd, grad
 
 
-def _rms_rows(a: Tensor) -> float:
-    norm = float(a.norm())
+def _rms_rows(a: sparse.spmatrix) -> float:
+    norm = float(sparse.linalg.norm(a))
     return (a.shape[0] ** 0.5) / norm if norm > 0 else 1.0
 
 
-def solve_layer(
-    blocks: list[tuple[Tensor, Tensor]], unknowns: int, rcond: float
-) -> tuple[Tensor, dict[str, Any]]:
-    """Least squares over the stacked ``(matrix, rhs)`` blocks, each scaled to unit RMS row
-    norm -> (solution (n,), report: equations, rank, condition number, relative residual,
-    full column rank or not).
+def cholesky_solve(chol: Tensor, rhs: Tensor) -> Tensor:
+    """``(L Lᵀ)⁻¹ rhs`` by two triangular solves."""
+    y = torch.linalg.solve_triangular(chol, rhs, upper=False)
+    return torch.linalg.solve_triangular(chol.t(), y, upper=True)
 
-    The singular values of the stacked matrix ``A`` are first read off the eigenvalues of
-    ``AᵀA``; when ``A`` has full column rank with condition number below ``NORMAL_COND``
-    the normal equations are solved by Cholesky (squaring the condition number costs at
-    most 12 of float64's 16 digits, and it is cheaper than an SVD of ``A``). Otherwise
-    ``torch.linalg.lstsq`` with the SVD-based ``gelsd`` driver solves it and reports the
-    rank (singular values below ``rcond`` × the largest count as zero)."""
-    a = torch.cat([m * _rms_rows(m) for m, _ in blocks])
-    b = torch.cat([r * _rms_rows(m) for m, r in blocks])
-    if a.numel() > MAX_ENTRIES:
+
+def _extreme_eigenvalues(gram: Tensor, chol: Tensor) -> tuple[float, float]:
+    """Largest and smallest eigenvalue of the positive definite ``gram`` by Lanczos
+    (ARPACK), the smallest as the largest of ``gram⁻¹`` applied through its Cholesky
+    factor: two O(n²) products per step instead of an O(n³) eigendecomposition."""
+    n = gram.shape[0]
+    v0 = np.ones(n)
+
+    def largest(matvec: Any) -> float:
+        op = sparse.linalg.LinearOperator((n, n), matvec=matvec, dtype=np.float64)
+        (lam,) = sparse.linalg.eigsh(
+            op, k=1, which="LA", v0=v0, tol=EIG_TOL, return_eigenvectors=False
+        )
+        return float(lam)
+
+    def times(v: np.ndarray) -> np.ndarray:
+        return (gram @ torch.from_numpy(np.ascontiguousarray(v).reshape(n))).numpy()
+
+    def solve(v: np.ndarray) -> np.ndarray:
+        rhs = torch.from_numpy(np.ascontiguousarray(v).reshape(n, 1))
+        return cholesky_solve(chol, rhs)[:, 0].numpy()
+
+    return largest(times), 1.0 / largest(solve)
+
+
+def solve_layer(
+    blocks: list[tuple[sparse.spmatrix, Tensor]], unknowns: int, rcond: float
+) -> tuple[Tensor, dict[str, Any]]:
+    """Least squares over the stacked sparse ``(matrix, rhs)`` blocks, each scaled to unit
+    RMS row norm -> (solution (n,), report: equations, rank, condition number, relative
+    residual, full column rank or not).
+
+    The normal matrix ``AᵀA`` is formed from the sparse ``A`` and Cholesky-factored; where
+    that succeeds, the extreme singular values of ``A`` follow from Lanczos on ``AᵀA`` and
+    its inverse (:func:`_extreme_eigenvalues`), and when the condition number is below
+    ``NORMAL_COND`` the normal equations are solved (squaring the condition number costs at
+    most 12 of float64's 16 digits). Otherwise ``torch.linalg.lstsq`` with the SVD-based
+    ``gelsd`` driver solves the dense system and reports the rank (singular values below
+    ``rcond`` × the largest count as zero)."""
+    a = sparse.vstack([sparse.csr_matrix(m) * _rms_rows(m) for m, _ in blocks]).tocsr()
+    b = torch.cat([r.double() * _rms_rows(m) for m, r in blocks])
+    if a.shape[0] * a.shape[1] > MAX_ENTRIES:
         raise Unsupported(
             f"the layer's explicit system is {a.shape[0]}×{a.shape[1]}, larger than R-GAP "
             f"solves here ({MAX_ENTRIES:,} entries)"
         )
-    gram = a.t() @ a
-    eig = torch.linalg.eigvalsh(gram)
-    cond = float((eig[-1] / eig[0]).sqrt()) if float(eig[0]) > 0 else float("inf")
+    gram = torch.from_numpy((a.T @ a).toarray())
+    chol, failed = torch.linalg.cholesky_ex(gram)
+    cond = float("inf")
+    if not int(failed):
+        hi, lo = _extreme_eigenvalues(gram, chol)
+        cond = (hi / lo) ** 0.5 if lo > 0 else float("inf")
     if a.shape[0] >= a.shape[1] and cond < min(NORMAL_COND, 1 / rcond):
-        chol = torch.linalg.cholesky(gram)
-        x = torch.cholesky_solve((a.t() @ b).unsqueeze(1), chol)[:, 0]
+        atb = torch.from_numpy(a.T @ b.numpy()).unsqueeze(1)
+        x = cholesky_solve(chol, atb)[:, 0]
         rank, solver = a.shape[1], "normal-equations"
     else:
-        sol = torch.linalg.lstsq(a, b.unsqueeze(1), rcond=rcond, driver="gelsd")
+        dense = torch.from_numpy(a.toarray())
+        sol = torch.linalg.lstsq(dense, b.unsqueeze(1), rcond=rcond, driver="gelsd")
         x, s = sol.solution[:, 0], sol.singular_values
         rank, solver = int(sol.rank), "lstsq-gelsd"
         if len(s) < a.shape[1] or float(s[-1]) == 0.0:
             cond = float("inf")
         else:
             cond = float(s[0] / s[-1])
-    residual = float((a @ x - b).norm() / b.norm().clamp_min(1e-300))
+    fit = torch.from_numpy(a @ x.numpy())
+    residual = float((fit - b).norm() / b.norm().clamp_min(1e-300))
     info = {
         "unknowns": unknowns,
         "equations": int(a.shape[0]),
@@ -218,10 +266,10 @@ def recover(
     top = layers[-1]
     x, delta, info = _classifier(obs, top, labels, target)
     reports = [{"layer": top.name, "type": "Linear", **info}]
-    above = params[top.param("weight")]  # the forward matrix of the layer above
+    above = sparse.csr_matrix(params[top.param("weight")].numpy())  # the layer above's A
     for layer in reversed(layers[:-1]):
         z, slope, known = invert(layer.activation, x)
-        delta = (above.t() @ delta) * slope
+        delta = torch.from_numpy(above.T @ delta.numpy()) * slope
         weight = params[layer.param("weight")]
         bias = params.get(layer.param("bias")) if layer.module.bias is not None else None
         dw = target[layer.param("weight")].reshape(-1)
@@ -231,13 +279,13 @@ def recover(
             if bias is not None:
                 z = z - bias.repeat_interleave(fwd.shape[0] // bias.numel())
         else:
-            fwd = weight
+            fwd = sparse.csr_matrix(weight.numpy())
             norm = float(delta.norm())
-            grad = torch.eye(weight.shape[1], dtype=weight.dtype) * norm
+            grad = sparse.identity(weight.shape[1], format="csr") * norm
             rhs_grad = target[layer.param("weight")].t() @ delta / max(norm, 1e-300)
             if bias is not None:
                 z = z - bias
-        blocks = [(fwd[known], z[known]), (grad, rhs_grad)]
+        blocks = [(fwd[known.numpy()], z[known]), (grad, rhs_grad)]
         x, info = solve_layer(blocks, layer.unknowns, rcond)
         info["exact"] = info["full_rank"] and reports[-1]["exact"]  # built on the layer above
         reports.append({"layer": layer.name, "type": type(layer.module).__name__, **info})

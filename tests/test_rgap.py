@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from scipy import sparse
 from test_attacks import MEAN, STD, observe, photos, psnr
 from torch import nn
 
@@ -13,7 +14,7 @@ from privaudit.attacks import ATTACKS, check_options, run_attack
 from privaudit.attacks.auto import choose
 from privaudit.attacks.chain import Unsupported, linear_chain
 from privaudit.attacks.ig import ig, starting_from
-from privaudit.attacks.rgap import conv_matrices
+from privaudit.attacks.rgap import conv_matrices, solve_layer
 from privaudit.cli import main
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
@@ -70,8 +71,30 @@ def test_conv_matrices_match_the_convolution_and_its_weight_gradient():
     (dw,) = torch.autograd.grad(out, [conv.weight], delta)
     fwd, grad = conv_matrices(conv, (3, 12, 12), conv.weight.detach(), delta.reshape(-1))
     bias = conv.bias.detach().repeat_interleave(out[0, 0].numel())
-    torch.testing.assert_close(fwd @ x.reshape(-1) + bias, out.detach().reshape(-1))
-    torch.testing.assert_close(grad @ x.reshape(-1), dw.reshape(-1))
+    flat = x.reshape(-1).numpy()
+    torch.testing.assert_close(torch.from_numpy(fwd @ flat) + bias, out.detach().reshape(-1))
+    torch.testing.assert_close(torch.from_numpy(grad @ flat), dw.reshape(-1))
+
+
+@pytest.mark.parametrize("decay", [1.0, 1e-8])
+def test_solve_layer_matches_dense_least_squares_and_the_svd_condition_number(decay):
+    """The sparse normal-equation path (Cholesky, Lanczos condition estimate) against the
+    dense SVD of the same row-scaled system; an ill-conditioned one goes to gelsd."""
+    gen = torch.Generator().manual_seed(0)
+    n = 60
+    scales = torch.logspace(0, torch.log10(torch.tensor(decay)).item(), n, dtype=torch.float64)
+    fwd = torch.randn(n, n, generator=gen, dtype=torch.float64) * scales
+    grad = torch.randn(40, n, generator=gen, dtype=torch.float64) * scales * 3
+    x_true = torch.randn(n, generator=gen, dtype=torch.float64)
+    blocks = [(sparse.csr_matrix(m.numpy()), m @ x_true) for m in (fwd, grad)]
+    x, info = solve_layer(blocks, n, rcond=1e-12)
+    rows = [m * (m.shape[0] ** 0.5 / m.norm()) for m in (fwd, grad)]
+    s = torch.linalg.svdvals(torch.cat(rows))
+    assert info["cond"] == pytest.approx(float(s[0] / s[-1]), rel=1e-2)
+    assert info["solver"] == ("normal-equations" if decay == 1.0 else "lstsq-gelsd")
+    if decay == 1.0:
+        torch.testing.assert_close(x, x_true)
+    assert info["residual"] < 1e-8 and info["equations"] == 100 and info["full_rank"]
 
 
 def test_chain_reads_lenet_and_refuses_pooling():
