@@ -32,6 +32,7 @@ from .analytic import analytic
 from .auto import auto
 from .dlg import dlg
 from .fi import fi
+from .hybrid import hybrid
 from .idlg import idlg
 from .ig import ig
 from .labels import METHODS as LABEL_METHODS
@@ -47,6 +48,7 @@ ATTACKS: dict[str, Attack] = {
     "analytic": analytic,
     "rgap": rgap,
     "fi": fi,
+    "hybrid": hybrid,
     "auto": auto,
 }
 
@@ -196,6 +198,7 @@ __all__ = [
     "check_attack",
     "check_options",
     "dlg",
+    "hybrid",
     "idlg",
     "ig",
     "infer_labels",

@@ -36,6 +36,7 @@ from .common import (
     as_list,
     best_restart,
     conv_backend,
+    cosine_distance,
     generators,
     gradient_fn,
     init_images,
@@ -44,6 +45,7 @@ from .common import (
     onednn_convs,
     problem,
     progress_bar,
+    total_variation,
     value_and_grad,
     worth_tracing,
 )
@@ -52,6 +54,8 @@ from .lbfgs import LBFGS
 
 DEFAULT_ITERATIONS = 300
 DEFAULT_RESTARTS = 1
+DISTANCES = {"l2": l2_distance, "cosine": cosine_distance}
+BOX_EDGE = 1e-3  # start pixels are kept this far inside [0, 1] before their logit
 
 
 def lbfgs_attack(
@@ -70,9 +74,14 @@ def lbfgs_attack(
     line_search_fn: str | None,
     clip_aware: bool,
     label_method: str,
+    distance: str = "l2",
+    tv: float = 0.0,
+    box: bool = False,
 ) -> list[Reconstruction]:
-    """The L-BFGS gradient-matching loop shared by DLG (soft labels optimised) and iDLG
-    (labels fixed)."""
+    """The L-BFGS gradient-matching loop shared by DLG (soft labels optimised), iDLG
+    (labels fixed) and the hybrid (labels fixed, ``distance="cosine"``, ``tv`` times the
+    total variation added, and with ``box`` the images ``sigmoid(w)`` of free variables
+    ``w``: L-BFGS stays unconstrained while every iterate lies in [0, 1])."""
     obs = as_list(observations)
     iterations = DEFAULT_ITERATIONS if iterations is None else int(iterations)
     r = DEFAULT_RESTARTS if restarts is None else max(1, int(restarts))
@@ -80,8 +89,16 @@ def lbfgs_attack(
     stack = prob.stack
     dummy_grad = gradient_fn(stack, clip_aware)
     gens = generators(seed, len(obs))
-    x = init_images(gens, r * prob.slots, stack).requires_grad_(True)
+    x = init_images(gens, r * prob.slots, stack)
+    if box:
+        x = torch.logit(x.clamp(BOX_EDGE, 1 - BOX_EDGE))
+    x.requires_grad_(True)
     variables = [x]
+    match = DISTANCES[distance]
+
+    def pixels(v: Tensor) -> Tensor:
+        return torch.sigmoid(v) if box else v
+
     if fixed_labels:
         labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
         y_fixed = one_hot(labels, stack, r)
@@ -97,7 +114,7 @@ def lbfgs_attack(
         return y_fixed if fixed_labels else torch.softmax(y_logits, dim=-1)
 
     best_loss = torch.full((len(obs) * r,), float("inf"), device=stack.device, dtype=stack.dtype)
-    best_x = x.detach().clone()
+    best_x = pixels(x).detach().clone()
     best_y = soft_labels().detach().clone()
 
     opt = LBFGS(
@@ -110,7 +127,11 @@ def lbfgs_attack(
 
     def objective(*v: Tensor) -> Tensor:
         y = y_fixed if fixed_labels else torch.softmax(v[1], dim=-1)
-        return l2_distance(prob.gradient(dummy_grad, v[0], y), prob.target)
+        images = pixels(v[0])
+        loss = match(prob.gradient(dummy_grad, images, y), prob.target)
+        if tv:
+            loss = loss + tv * prob.per_problem(total_variation(images))
+        return loss
 
     images = x.shape[0] * x.shape[1]
     step = value_and_grad(
@@ -132,7 +153,7 @@ def lbfgs_attack(
             best_loss = torch.where(better, losses, best_loss)
             # per free row, without boolean indexing (no host sync, no gather/scatter)
             free = better.view(len(obs), 1, r).expand(-1, prob.slots, -1).reshape(-1, 1, 1)
-            best_x = torch.where(free.view(-1, *[1] * (x.dim() - 1)), x, best_x)
+            best_x = torch.where(free.view(-1, *[1] * (x.dim() - 1)), pixels(x), best_x)
             best_y = torch.where(free, soft_labels(), best_y)
         return losses.sum()
 

@@ -7,9 +7,11 @@ round (0: the freshly initialised model; 200: the same model after 200 steps of 
 batch 64, lr 0.05, on the dataset's train split — data the attacked images are not in) and
 every batch size B, ``--batches`` batches of B test images are drawn. Each batch gives one
 observation: the exact gradient of the batch's mean cross-entropy at the model's parameters
-(no noise, scale 1, labels hidden). Every attack (``ig``, ``fi``, ``dlg``, ``rgap``, ``auto``) runs
-on that observation; reconstructions are matched to the true images and scored with
-privaudit.eval.metrics (PSNR, SSIM, label accuracy), and the attack call is timed (wall).
+(no noise, scale 1, labels hidden). Every attack (``ig``, ``fi``, ``dlg``, ``hybrid``,
+``rgap``, ``auto``) runs on that observation; reconstructions are matched to the true images
+and scored with privaudit.eval.metrics (PSNR, SSIM, label accuracy), and the attack call is
+timed (wall). ``--dlg-iterations`` counts the L-BFGS steps of ``dlg``, ``idlg`` and
+``hybrid``.
 ``rgap`` and ``auto`` fall back to IG (same iterations as ``ig``) where no closed form
 applies; the note column says what ran.
 
@@ -23,7 +25,7 @@ wall time covers ``attacker.reconstruct()`` only. Not on 1-channel data (MNIST):
 
 Usage::
 
-    python benchmarks/strength.py [--models lenet,cnn] [--attacks ig,fi,dlg,rgap,auto]
+    python benchmarks/strength.py [--models lenet,cnn] [--attacks ig,fi,dlg,hybrid,rgap,auto]
         [--batch-sizes 1,4,8] [--rounds 0,200] [--batches 1] [--ig-iterations 300]
         [--dlg-iterations 30] [--data-root DIR] [--no-breaching] [--threads 1] [--json PATH]
 """
@@ -53,19 +55,22 @@ from vs_breaching import (  # noqa: E402 - a sibling script, not a package
 MODEL_SEED = 1000
 TRAIN_BATCH = 64
 TRAIN_LR = 0.05
+LBFGS_ATTACKS = ("dlg", "idlg", "hybrid")  # --dlg-iterations counts their L-BFGS steps
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="lenet,cnn")
     p.add_argument(
-        "--attacks", default="ig,fi,dlg,rgap,auto", help="names, with options as fi:refine=0"
+        "--attacks", default="ig,fi,dlg,hybrid,rgap,auto", help="names, options as fi:refine=0"
     )
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--rounds", default="0,200", help="training steps before the attack")
     p.add_argument("--batches", type=int, default=1, help="batches per cell (default 1)")
     p.add_argument("--ig-iterations", type=int, default=300, help="IG (and fallbacks)")
-    p.add_argument("--dlg-iterations", type=int, default=30, help="L-BFGS steps of DLG")
+    p.add_argument(
+        "--dlg-iterations", type=int, default=30, help="L-BFGS steps of dlg, idlg, hybrid"
+    )
     p.add_argument("--data-root", default=None, help="also MNIST, from this folder")
     p.add_argument("--no-breaching", action="store_true", help="skip breaching's IG")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -206,7 +211,7 @@ def run_cell(attacks: list[str], obs: Any, x: Any, y: Any, args: argparse.Namesp
     rows = []
     for attack in attacks:
         name, options = spec(attack)
-        its = args.dlg_iterations if name == "dlg" else args.ig_iterations
+        its = args.dlg_iterations if name in LBFGS_ATTACKS else args.ig_iterations
         t = time.perf_counter()
         (rec,) = run_attack(name, [obs], iterations=its, seed=seed, **options)
         wall = time.perf_counter() - t

@@ -239,7 +239,7 @@ def test_mixed_architectures_are_refused(lenet_obs):
 
 
 def test_registry():
-    assert set(ATTACKS) == {"ig", "dlg", "idlg", "analytic", "rgap", "fi", "auto"}
+    assert set(ATTACKS) == {"ig", "dlg", "idlg", "analytic", "rgap", "fi", "hybrid", "auto"}
     assert DEFAULT_ATTACK in ATTACKS
 
 

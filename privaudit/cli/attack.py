@@ -25,7 +25,9 @@ def add_parser(sub: Any) -> None:
     at.add_argument("--target", required=True, help="e.g. dpdl-cg (privaudit targets)")
     at.add_argument("--round", type=int, required=True, help="round whose message is attacked")
     at.add_argument(
-        "--attack", default=None, help="ig (default) | fi | dlg | idlg | analytic | rgap | auto"
+        "--attack",
+        default=None,
+        help="ig (default) | fi | dlg | idlg | hybrid | analytic | rgap | auto",
     )
     at.add_argument(
         "--threat",

@@ -89,7 +89,9 @@ def add_parser(sub: Any) -> None:
         help="agents 0..V-1 are attacked in every cell (default 4; utility preset: 1)",
     )
     c.add_argument(
-        "--attack", default=None, help="ig (default) | fi | dlg | idlg | analytic | rgap | auto"
+        "--attack",
+        default=None,
+        help="ig (default) | fi | dlg | idlg | hybrid | analytic | rgap | auto",
     )
     c.add_argument(
         "--iterations",
