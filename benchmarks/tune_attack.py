@@ -1,20 +1,22 @@
-"""Search IG's TV weight and step size per model, on data the benchmarks do not report.
+"""Search an attack's TV weight and step size per model, on data the benchmarks do not report.
 
 For every model (``lenet``: sigmoid, raw pixels; ``cnn``: ReLU, normalised pixels), round
 (0 and 200 SGD steps, trained as in ``benchmarks/strength.py``) and batch size B, ``--images``
 batches of B images are drawn from the photos *train* split (strength.py reports the test
 split) with a fixed seed; each batch gives strength.py's observation (exact gradient, labels
-hidden). IG runs at ``--iterations`` (strength.py's IG budget) for every grid point
-(``--tv`` × ``--lr``) and the mean PSNR over all cells is printed per model, with the best
-point. With ``--data-root DIR`` the best point of each model and the current default are
-re-scored the same way on MNIST's train split (the folder that holds ``MNIST/``), as a
-check on a second data set. Models, observations and scoring are strength.py's helpers.
+hidden). The attack (``--attack``: ``ig``, ``fi`` or ``hybrid``) runs at ``--iterations``
+(strength.py's budget: 300 for IG and ``fi``, 30 L-BFGS steps for the hybrid) for every grid
+point (``--tv`` × ``--lr``; for ``fi`` ``--lr`` sets the refinement's step ``refine_lr``)
+and the mean PSNR over all cells is printed per model, with the best point. With
+``--data-root DIR`` the best point of each model and the current default are re-scored the
+same way on MNIST's train split (the folder that holds ``MNIST/``), as a check on a second
+data set. Models, observations and scoring are strength.py's helpers.
 
 Usage::
 
-    python benchmarks/tune_attack.py [--models lenet,cnn] [--tv 1e-4,1e-3,1e-2,5e-2]
-        [--lr 0.03,0.1,0.3] [--batch-sizes 1,4] [--rounds 0,200] [--images 1]
-        [--iterations 300] [--data-root DIR] [--threads 1] [--seed 0] [--json PATH]
+    python benchmarks/tune_attack.py [--attack ig|fi|hybrid] [--models lenet,cnn]
+        [--tv 1e-4,1e-3,1e-2,5e-2] [--lr 0.03,0.1,0.3] [--batch-sizes 1,4] [--rounds 0,200]
+        [--images 1] [--iterations 300] [--data-root DIR] [--threads 1] [--seed 0] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,10 +33,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from strength import batches, ints, names, observation, trained  # noqa: E402 - sibling script
-from vs_breaching import privaudit_defaults  # noqa: E402
 
-_IG = privaudit_defaults()["ig"]
-DEFAULT_POINT = (_IG["tv"], _IG["lr"])  # IG's signature defaults (tv, lr)
+STEP = {"ig": "lr", "fi": "refine_lr", "hybrid": "lr"}  # the option --lr sets
+
+
+def default_point(attack: str) -> tuple[float, float]:
+    """The attack's signature defaults of (tv, its step option)."""
+    import inspect
+
+    from privaudit.attacks import ATTACKS
+
+    params = inspect.signature(ATTACKS[attack]).parameters
+    return params["tv"].default, params[STEP[attack]].default
 
 
 def floats(text: str) -> list[float]:
@@ -43,13 +53,14 @@ def floats(text: str) -> list[float]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--attack", default="ig", choices=sorted(STEP))
     p.add_argument("--models", default="lenet,cnn")
     p.add_argument("--tv", default="1e-4,1e-3,1e-2,5e-2")
     p.add_argument("--lr", default="0.03,0.1,0.3")
     p.add_argument("--batch-sizes", default="1,4")
     p.add_argument("--rounds", default="0,200")
     p.add_argument("--images", type=int, default=1, help="batches per cell (default 1)")
-    p.add_argument("--iterations", type=int, default=300, help="IG iterations (default 300)")
+    p.add_argument("--iterations", type=int, default=300, help="the attack's (default 300)")
     p.add_argument("--data-root", default=None, help="also re-score on MNIST from this folder")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -71,13 +82,16 @@ def cells(data: Any, model_name: str, args: argparse.Namespace) -> list[tuple]:
 
 
 def score_point(cs: list[tuple], tv: float, lr: float, args: argparse.Namespace) -> dict:
-    """Mean PSNR of IG at (tv, lr) over every batch of every cell, and per cell."""
+    """Mean PSNR of the attack at (tv, lr) over every batch of every cell, and per cell."""
     from privaudit.attacks import run_attack
     from privaudit.eval.metrics import score
 
     per_cell, all_ = {}, []
     for rnd, b, obs, xs, ys in cs:
-        recs = run_attack("ig", obs, iterations=args.iterations, seed=args.seed, tv=tv, lr=lr)
+        step = {STEP[args.attack]: lr}
+        recs = run_attack(
+            args.attack, obs, iterations=args.iterations, seed=args.seed, tv=tv, **step
+        )
         vals = [
             score(x, y, r.images.detach().cpu(), r.labels.cpu(), lpips=False)["psnr"]
             for x, y, r in zip(xs, ys, recs, strict=True)
@@ -134,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
         print_grid("photos train", m, rows)
     if args.data_root:
         mnist = load_dataset("mnist", args.data_root)
-        points = sorted({DEFAULT_POINT, *((b["tv"], b["lr"]) for b in best.values())})
+        points = sorted({default_point(args.attack), *((b["tv"], b["lr"]) for b in best.values())})
         for m in names(args.models):
             rows = search(mnist, m, points, args)
             report["mnist"][m] = rows

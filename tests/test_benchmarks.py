@@ -46,3 +46,40 @@ def test_attack_search_scores_every_grid_point_on_the_train_split(tmp_path):
     for r in rows:
         assert r["psnr"] == sum(r["cells"].values()) / len(r["cells"])
     assert json.loads((tmp_path / "out.json").read_text())["photos"] == doc["photos"]
+
+
+def test_attack_search_sets_the_refinement_step_of_fi():
+    """``--attack fi``: ``--lr`` reaches fi's ``refine_lr``, so the two points differ."""
+    from tune_attack import default_point, main
+
+    argv = ["--attack", "fi", "--models", "lenet", "--tv", "5e-2", "--lr", "0.01,0.1"]
+    argv += ["--batch-sizes", "2", "--rounds", "0", "--iterations", "2"]
+    rows = main(argv)["photos"]["lenet"]
+    assert {(r["tv"], r["lr"]) for r in rows} == {(5e-2, 0.01), (5e-2, 0.1)}
+    assert rows[0]["psnr"] != rows[1]["psnr"]
+    assert default_point("fi") == (5e-2, 0.01) and default_point("hybrid") == (1e-2, 1.0)
+
+
+def test_strength_margin_takes_the_best_attack_no_slower_than_breaching():
+    from strength import BREACHING, margins
+
+    def row(model, rnd, b, attack, psnr, wall):
+        return dict(dataset="photos", model=model, round=rnd, batch_size=b, attack=attack,
+                    psnr=psnr, wall_s=wall)  # fmt: skip
+
+    table = [
+        row("lenet", 0, 4, "ig", 20.0, 2.0),
+        row("lenet", 0, 4, "fi", 30.0, 5.0),  # best, but slower than breaching
+        row("lenet", 0, 4, "fi:refine=0", 14.5, 1.0),
+        row("lenet", 0, 4, BREACHING, 12.0, 4.0),
+        row("cnn", 0, 1, "ig", 10.0, 9.0),
+        row("cnn", 0, 1, BREACHING, 12.0, 4.0),
+        row("cnn", 200, 8, "ig", 10.0, 1.0),  # no breaching row: no margin
+    ]
+    got = {(m["model"], m["round"], m["batch_size"]): m for m in margins(table)}
+    assert set(got) == {("lenet", 0, 4), ("cnn", 0, 1)}
+    lenet = got[("lenet", 0, 4)]
+    assert lenet["attack"] == "ig" and lenet["margin_db"] == 8.0 and lenet["wall_ratio"] == 0.5
+    assert lenet["target"] and lenet["meets"]
+    cnn = got[("cnn", 0, 1)]
+    assert cnn["attack"] is None and not cnn["meets"] and not cnn["target"]
