@@ -198,6 +198,7 @@ __all__ = [
     "check_attack",
     "check_options",
     "dlg",
+    "fi",
     "hybrid",
     "idlg",
     "ig",

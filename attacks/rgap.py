@@ -23,10 +23,10 @@ and R-GAP recovers the input layer by layer, from the top:
    stacked linear system of the *forward* constraint ``A_l x_{l−1} = z_l − b_l`` and the
    *gradient* constraint ``G_l(δ_l) x_{l−1} = ∂L/∂W_l`` (the weight gradient is linear in
    the layer's input once ``δ_l`` is known). Both are built here as explicit sparse
-   matrices (:func:`conv_matrices`) and solved by least squares in float64 on the CPU, each block
-   scaled to unit RMS row norm (:func:`solve_layer`). The layer is determined exactly
-   when the stacked matrix has full column rank (the condition of R-GAP's rank analysis:
-   as many independent equations as unknowns); its rank and condition number are
+   matrices (:func:`conv_matrices`) and solved by least squares in float64 on the CPU,
+   each block scaled to unit RMS row norm (:func:`solve_layer`). The layer is determined
+   exactly when the stacked matrix has full column rank (the condition of R-GAP's rank
+   analysis: as many independent equations as unknowns); its rank and condition number are
    reported per layer. The paper's derivation has no biases; a bias only moves the
    forward constraint's right-hand side.
    A Linear layer's gradient block ``δ xᵀ`` is replaced by its normal-equation equivalent
@@ -71,6 +71,7 @@ DEFAULT_RCOND = 1e-9  # singular values below rcond × the largest count as zero
 NORMAL_COND = 1e6  # below this condition number the normal equations are solved
 MAX_ENTRIES = 64_000_000  # systems larger than this (a dense float64 copy: 512 MB) are refused
 EIG_TOL = 1e-3  # relative accuracy of the Lanczos estimates of the extreme eigenvalues
+DENSE_EIG = 256  # up to this many unknowns the eigenvalues come from a dense eigvalsh
 ALPHA_GRID = torch.logspace(-6, 6, 1201, dtype=torch.float64)
 
 
@@ -124,8 +125,12 @@ def cholesky_solve(chol: Tensor, rhs: Tensor) -> Tensor:
 def _extreme_eigenvalues(gram: Tensor, chol: Tensor) -> tuple[float, float]:
     """Largest and smallest eigenvalue of the positive definite ``gram`` by Lanczos
     (ARPACK), the smallest as the largest of ``gram⁻¹`` applied through its Cholesky
-    factor: two O(n²) products per step instead of an O(n³) eigendecomposition."""
+    factor: two O(n²) products per step instead of an O(n³) eigendecomposition. Small
+    matrices, and any where Lanczos does not converge, get the full eigendecomposition."""
     n = gram.shape[0]
+    if n <= DENSE_EIG:
+        eig = torch.linalg.eigvalsh(gram)
+        return float(eig[-1]), float(eig[0])
     v0 = np.ones(n)
 
     def largest(matvec: Any) -> float:
@@ -142,7 +147,11 @@ def _extreme_eigenvalues(gram: Tensor, chol: Tensor) -> tuple[float, float]:
         rhs = torch.from_numpy(np.ascontiguousarray(v).reshape(n, 1))
         return cholesky_solve(chol, rhs)[:, 0].numpy()
 
-    return largest(times), 1.0 / largest(solve)
+    try:
+        return largest(times), 1.0 / largest(solve)
+    except sparse.linalg.ArpackNoConvergence:
+        eig = torch.linalg.eigvalsh(gram)
+        return float(eig[-1]), float(eig[0])
 
 
 def solve_layer(

@@ -14,7 +14,7 @@ from privaudit.attacks import ATTACKS, check_options, run_attack
 from privaudit.attacks.auto import choose
 from privaudit.attacks.chain import Unsupported, linear_chain
 from privaudit.attacks.ig import ig, starting_from
-from privaudit.attacks.rgap import conv_matrices, solve_layer
+from privaudit.attacks.rgap import DENSE_EIG, conv_matrices, solve_layer
 from privaudit.cli import main
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
@@ -78,13 +78,14 @@ def test_conv_matrices_match_the_convolution_and_its_weight_gradient():
 
 @pytest.mark.parametrize("decay", [1.0, 1e-8])
 def test_solve_layer_matches_dense_least_squares_and_the_svd_condition_number(decay):
-    """The sparse normal-equation path (Cholesky, Lanczos condition estimate) against the
-    dense SVD of the same row-scaled system; an ill-conditioned one goes to gelsd."""
+    """The sparse normal-equation path (Cholesky, Lanczos condition estimate: n is above
+    the dense-eigenvalue size) against the dense SVD of the same row-scaled system; an
+    ill-conditioned one goes to gelsd."""
     gen = torch.Generator().manual_seed(0)
-    n = 60
+    n = DENSE_EIG + 44
     scales = torch.logspace(0, torch.log10(torch.tensor(decay)).item(), n, dtype=torch.float64)
     fwd = torch.randn(n, n, generator=gen, dtype=torch.float64) * scales
-    grad = torch.randn(40, n, generator=gen, dtype=torch.float64) * scales * 3
+    grad = torch.randn(200, n, generator=gen, dtype=torch.float64) * scales * 3
     x_true = torch.randn(n, generator=gen, dtype=torch.float64)
     blocks = [(sparse.csr_matrix(m.numpy()), m @ x_true) for m in (fwd, grad)]
     x, info = solve_layer(blocks, n, rcond=1e-12)
@@ -94,7 +95,7 @@ def test_solve_layer_matches_dense_least_squares_and_the_svd_condition_number(de
     assert info["solver"] == ("normal-equations" if decay == 1.0 else "lstsq-gelsd")
     if decay == 1.0:
         torch.testing.assert_close(x, x_true)
-    assert info["residual"] < 1e-8 and info["equations"] == 100 and info["full_rank"]
+    assert info["residual"] < 1e-8 and info["equations"] == n + 200 and info["full_rank"]
 
 
 def test_chain_reads_lenet_and_refuses_pooling():
