@@ -421,12 +421,12 @@ def margins(table: list[dict]) -> list[dict]:
         ref = next((r for r in rows if r["attack"] == BREACHING), None)
         if ref is None or ref["psnr"] is None or ref["wall_s"] is None:
             continue
-        ours = [
+        fast = [
             r
             for r in rows
-            if r["attack"] != BREACHING and r["psnr"] is not None and r["wall_s"] is not None
-        ]
-        fast = [r for r in ours if r["wall_s"] <= ref["wall_s"]]
+            if r["attack"] != BREACHING and r["psnr"] is not None
+            and r["wall_s"] is not None and r["wall_s"] <= ref["wall_s"]
+        ]  # fmt: skip
         best = max(fast, key=lambda r: r["psnr"], default=None)
         margin = None if best is None else best["psnr"] - ref["psnr"]
         out.append(
