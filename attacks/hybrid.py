@@ -6,8 +6,7 @@ L-BFGS as in DLG (Zhu et al. 2019, Algorithm 1) instead of by Adam on the signed
 L-BFGS has no projection step, so the box is a change of variables: the images are
 ``sigmoid(w)`` and L-BFGS runs on the unconstrained ``w`` (every iterate is a valid image,
 and a pixel can only approach 0 or 1 asymptotically). Labels are fixed, given or inferred
-(:mod:`.labels`), as in iDLG. Yin et al. 2021 (GradInversion, §3) pair this kind of
-second-order matching with image priors on larger models; here the prior is TV alone.
+(:mod:`.labels`), as in iDLG.
 
 ``tv=1e-2``: on the photos *train* split it beat IG's 5e-2 for the sigmoid LeNet (README,
 "Exact recovery and batches"). On a ReLU network the gradient-matching objective is
