@@ -249,6 +249,14 @@ def _bcast(s: Tensor, v: Tensor) -> Tensor:
     return s.reshape(-1, *[1] * (v.dim() - 1))
 
 
+def _inputs_of(model: nn.Module, module: str) -> list[Tensor]:
+    """A list that each forward pass of ``model`` appends ``module``'s input to (the
+    caller pops it): the features a submodule receives, read from the same pass."""
+    seen: list[Tensor] = []
+    model.get_submodule(module).register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    return seen
+
+
 def gradient_fn(stack: Stack, clip_aware: bool = True, features: str | None = None) -> GradFn:
     """``(x (K, B, *S) in [0, 1], y (K, B, classes) probabilities) -> (K, D)``, flattened in
     ``stack.names`` order like ``stack.target``.
@@ -260,11 +268,7 @@ def gradient_fn(stack: Stack, clip_aware: bool = True, features: str | None = No
     returns ``(gradient, inputs of that submodule (K, B, d))`` from the same forward pass.
     """
     model = stack.model
-    seen: list[Tensor] = []
-    if features is not None:
-        model.get_submodule(features).register_forward_pre_hook(
-            lambda _m, args: seen.append(args[0])
-        )
+    seen = _inputs_of(model, features) if features is not None else []
 
     identity = bool((stack.mean == 0).all() and (stack.std == 1).all())  # e.g. DLG's LeNet
 
@@ -324,8 +328,7 @@ def feature_fn(stack: Stack, module: str) -> Callable[[Tensor], Tensor]:
     """``x (K, B, *S) in [0, 1] -> (K, B, d)``: what each example feeds the submodule
     ``module`` (e.g. the classifier ``"fc"``) under each observation's parameters."""
     model = stack.model
-    seen: list[Tensor] = []
-    model.get_submodule(module).register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    seen = _inputs_of(model, module)
     identity = bool((stack.mean == 0).all() and (stack.std == 1).all())
 
     def one(p: dict[str, Tensor], x: Tensor, mean: Tensor, std: Tensor) -> Tensor:

@@ -68,6 +68,16 @@ class Features:
         return {"residual": self.residual, "rank": self.rank, "exact": self.exact}
 
 
+def feature_targets(
+    feats: Sequence[Features], restarts: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """What dummy examples' features are fitted to: each observation's recovered ``h``,
+    repeated per restart (K·R, B, d), and the inverse of each ``‖h_b‖²`` (K·R, B)."""
+    target = torch.stack([f.h for f in feats]).to(device, dtype)
+    target = target.repeat_interleave(restarts, dim=0)
+    return target, 1 / target.square().sum(-1).clamp_min(1e-30)
+
+
 def classifier_module(obs: Observation) -> str:
     """The name of the submodule whose input is ``h`` (the owner of the last 2-D weight)."""
     return last_linear(obs)[0].rsplit(".", 1)[0]

@@ -20,7 +20,7 @@ Three steps per Observation:
 Applies to an Observation without gradient terms whose model ends in a Linear layer with
 a bias and whose batch is smaller than the number of classes (:func:`.features.applicable`).
 Noise on the message makes the features approximate (``meta["features"]["exact"]`` False);
-:func:`.auto.auto` uses this attack only where they are exact.
+:func:`.auto.auto` uses this attack where their residual is at most its ``fi_residual``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,13 @@ from .common import (
     total_variation,
     value_and_grad,
 )
-from .features import Features, applicable, batch_features, classifier_module
+from .features import (
+    Features,
+    applicable,
+    batch_features,
+    classifier_module,
+    feature_targets,
+)
 from .ig import ig, milestones, starting_from
 
 DEFAULT_ITERATIONS = 1000
@@ -58,7 +64,7 @@ def observation_features(
     not apply to."""
     feats = batch_features(obs, seed, label_method)
     if feats is None:
-        k, why = next((k, applicable(o)) for k, o in enumerate(obs) if applicable(o))
+        k, why = next((k, why) for k, o in enumerate(obs) if (why := applicable(o)))
         raise PrivauditError(f"feature inversion does not apply to observation {k}: {why}")
     return feats
 
@@ -80,9 +86,7 @@ def invert_features(
     stack = stack_observations(obs, device).repeat(restarts)
     k, b = len(obs), stack.batch_size
     features = feature_fn(stack, classifier_module(obs[0]))
-    target = torch.stack([f.h for f in feats]).to(stack.device, stack.dtype)
-    target = target.repeat_interleave(restarts, dim=0)  # (K·R, B, d)
-    inv = 1 / target.square().sum(-1).clamp_min(1e-30)
+    target, inv = feature_targets(feats, restarts, stack.device, stack.dtype)
 
     def per_image(x: torch.Tensor) -> torch.Tensor:
         fit = (features(x) - target).square().sum(-1) * inv
@@ -173,14 +177,10 @@ def fi_from(
                 lr=refine_lr, tv=tv, clip_aware=clip_aware, feature_weight=feature_weight,
             )  # fmt: skip
     else:
+        devices = [next(iter(o.params.values())).device for o in obs]
         recs = [
-            Reconstruction(
-                images=images[k].to(next(iter(o.params.values())).device),
-                labels=feats[k].labels.to(next(iter(o.params.values())).device),
-                loss=float(fit[k].mean()),
-                meta={},
-            )
-            for k, o in enumerate(obs)
+            Reconstruction(images[k].to(d), feats[k].labels.to(d), float(fit[k].mean()), {})
+            for k, d in enumerate(devices)
         ]
     out = []
     for k, (o, rec) in enumerate(zip(obs, recs, strict=True)):

@@ -76,7 +76,7 @@ from .common import (
     value_and_grad,
     worth_tracing,
 )
-from .features import Features, batch_features, classifier_module
+from .features import Features, batch_features, classifier_module, feature_targets
 from .labels import labels_for
 
 DEFAULT_ITERATIONS = 3000
@@ -134,9 +134,7 @@ def feature_term(
     recovered features ĥ of each observation whose recovery is exact (0 for the others):
     each dummy example is pulled to its own example's features, so the B examples of a
     batch stop competing for the same gradient."""
-    target = torch.stack([f.h for f in feats]).to(stack.device, stack.dtype)
-    target = target.repeat_interleave(restarts, dim=0)
-    inv = 1 / target.square().sum(-1).clamp_min(1e-30)
+    target, inv = feature_targets(feats, restarts, stack.device, stack.dtype)
     w = torch.tensor([weight if f.exact else 0.0 for f in feats], dtype=stack.dtype)
     w = w.repeat_interleave(restarts).to(stack.device)
     return lambda h: w * ((h - target).square().sum(-1) * inv).mean(-1)
