@@ -16,7 +16,9 @@ The worker imports everything, then reads one JSON command per line on stdin, so
 script can interleave its own runs with breaching's (fair timing on a shared machine):
 
 - ``{"attack": "ig", "k": 0, "iterations": N, "keep": true, "overrides": [...]}``: one
-  breaching reconstruction (``overrides``, optional: further config overrides for this run);
+  breaching reconstruction (``overrides``, optional: further config overrides for this run;
+  ``"known_labels": true`` hands breaching the true labels ``{k}.label`` in the user's
+  metadata, which it then uses instead of inferring them);
   replies one JSON line ``{"wall", "cpu", "evals", "steps", "objective"}`` on stdout (breaching's
   own prints go to stderr). ``wall``/``cpu`` cover ``attacker.reconstruct()`` only: no import,
   config or attacker construction. ``evals`` counts forward passes, ``steps`` optimizer steps.
@@ -104,7 +106,7 @@ def main(argv: list[str]) -> int:
         grads = [tensors[f"{k}.grad.{n}"].to(device) for n, _ in net.named_parameters()]
         return model.to(device), grads
 
-    def payloads(model, grads, k: int):
+    def payloads(model, grads, k: int, labels=None):
         meta = dict(
             shape=shape, modality="vision", task="classification", classes=int(cfg["num_classes"])
         )
@@ -122,7 +124,7 @@ def main(argv: list[str]) -> int:
         user = dict(
             gradients=[g.clone() for g in grads],
             buffers=None,
-            metadata=dict(num_data_points=points, labels=None, local_hyperparams=None),
+            metadata=dict(num_data_points=points, labels=labels, local_hyperparams=None),
         )
         return [server], [user]
 
@@ -141,7 +143,7 @@ def main(argv: list[str]) -> int:
 
     configs = {}
 
-    def run(attack: str, k: int, iterations: int, extra: list[str]):
+    def run(attack: str, k: int, iterations: int, extra: list[str], known_labels: bool):
         a = cfg[attack]
         overrides = [f"optim.max_iterations={iterations}"] + list(a["overrides"]) + extra
         cfg_attack = breaching.get_attack_config(a["config"], overrides=overrides)
@@ -163,7 +165,8 @@ def main(argv: list[str]) -> int:
                 return c
 
             attacker._initialize_data = init
-        server, user = payloads(model, grads, k)
+        labels = tensors[f"{k}.label"].to(device) if known_labels else None
+        server, user = payloads(model, grads, k, labels)
         counts.update(evals=0, steps=0)
         sync()
         c, t = time.process_time(), time.perf_counter()
@@ -186,7 +189,8 @@ def main(argv: list[str]) -> int:
         if cmd.get("finish"):
             break
         extra = list(cmd.get("overrides", []))
-        info, out = run(cmd["attack"], int(cmd["k"]), int(cmd["iterations"]), extra)
+        known = bool(cmd.get("known_labels", False))
+        info, out = run(cmd["attack"], int(cmd["k"]), int(cmd["iterations"]), extra, known)
         runs.append(dict(cmd, **info))
         if cmd.get("keep"):
             key = f"{cmd['attack']}.{cmd['k']}"

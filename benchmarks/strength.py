@@ -7,11 +7,15 @@ round (0: the freshly initialised model; 200: the same model after 200 steps of 
 batch 64, lr 0.05, on the dataset's train split — data the attacked images are not in) and
 every batch size B, ``--batches`` batches of B test images are drawn. Each batch gives one
 observation: the exact gradient of the batch's mean cross-entropy at the model's parameters
-(no noise, scale 1, labels hidden). Every attack (``ig``, ``fi``, ``dlg``, ``hybrid``,
+(no noise, scale 1). Labels are hidden by default, so each attack infers them as it would
+from a real message; ``--labels known`` tells both tools the true labels instead, which
+isolates the image step from label recovery. Every attack (``ig``, ``fi``, ``dlg``, ``hybrid``,
 ``rgap``, ``auto``) runs on that observation; reconstructions are matched to the true images
 and scored with privaudit.eval.metrics (PSNR, SSIM, label accuracy), and the attack call is
-timed (wall). ``--dlg-iterations`` counts the L-BFGS steps of ``dlg``, ``idlg`` and
-``hybrid``.
+timed (wall). Beside them, the row ``data-mean`` scores the train split's mean image as
+every reconstruction: what an attacker gets from the data distribution alone, without the
+gradient; an attack at or below it has recovered nothing. ``--dlg-iterations`` counts the
+L-BFGS steps of ``dlg``, ``idlg`` and ``hybrid``.
 ``rgap`` and ``auto`` fall back to IG (same iterations as ``ig``) where no closed form
 applies; the note column says what ran.
 
@@ -19,7 +23,8 @@ With ``benchmarks/.breaching-env`` (``bash benchmarks/setup_breaching.sh``) brea
 ``invertinggradients`` runs on the same gradients in a worker process
 (``benchmarks/_breaching_worker.py``, driven as in ``benchmarks/vs_breaching.py``): privaudit
 IG's hyperparameters as config overrides, the same start point (privaudit's seeded uniform
-batch), labels by iDLG for B = 1 and breaching's ``bias-corrected`` rule for B > 1; its
+batch), labels by iDLG for B = 1 and breaching's ``bias-corrected`` rule for B > 1 (with
+``--labels known``: the true labels, in the user's metadata); its
 wall time covers ``attacker.reconstruct()`` only. Not on 1-channel data (MNIST): breaching
 0.1.2's total-variation regulariser convolves exactly three channels.
 
@@ -27,7 +32,8 @@ Usage::
 
     python benchmarks/strength.py [--models lenet,cnn] [--attacks ig,fi,dlg,hybrid,rgap,auto]
         [--batch-sizes 1,4,8] [--rounds 0,200] [--batches 1] [--ig-iterations 300]
-        [--dlg-iterations 30] [--data-root DIR] [--no-breaching] [--threads 1] [--json PATH]
+        [--dlg-iterations 30] [--labels hidden|known] [--data-root DIR] [--no-breaching]
+        [--threads 1] [--json PATH]
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ TRAIN_BATCH = 64
 TRAIN_LR = 0.05
 MARGIN_DB = 3.0  # the margin over breaching asked of every target cell
 BREACHING = "breaching-ig"  # the attack name of breaching's rows
+FLOOR = "data-mean"  # the row scoring the train split's mean image (no attack)
 LBFGS_ATTACKS = ("dlg", "idlg", "hybrid")  # --dlg-iterations counts their L-BFGS steps
 
 
@@ -72,6 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ig-iterations", type=int, default=300, help="IG (and fallbacks)")
     p.add_argument(
         "--dlg-iterations", type=int, default=30, help="L-BFGS steps of dlg, idlg, hybrid"
+    )
+    p.add_argument(
+        "--labels",
+        choices=("hidden", "known"),
+        default="hidden",
+        help="hidden: attacks infer labels (default); known: both tools are told them",
     )
     p.add_argument("--data-root", default=None, help="also MNIST, from this folder")
     p.add_argument("--no-breaching", action="store_true", help="skip breaching's IG")
@@ -131,8 +144,9 @@ def normaliser(model: Any, data: Any):
     return lambda x: (x - mean) / std
 
 
-def observation(model: Any, data: Any, x: Any, y: Any) -> Any:
-    """The exact gradient of the batch's mean cross-entropy, as an Observation."""
+def observation(model: Any, data: Any, x: Any, y: Any, known_labels: bool = False) -> Any:
+    """The exact gradient of the batch's mean cross-entropy, as an Observation (with the
+    true labels told to the attack when ``known_labels``)."""
     import torch
     import torch.nn.functional as F
 
@@ -153,7 +167,17 @@ def observation(model: Any, data: Any, x: Any, y: Any) -> Any:
         num_classes=data.num_classes,
         mean=(0.0,) * c if identity else tuple(data.mean),
         std=(1.0,) * c if identity else tuple(data.std),
+        labels=y.clone() if known_labels else None,
     )
+
+
+def floor_row(data: Any, x: Any, y: Any) -> dict:
+    """The ``data-mean`` row: the train split's mean image scored as every reconstruction."""
+    from privaudit.eval.metrics import score
+
+    guess = data.train_x.float().mean(0, keepdim=True).expand_as(x).clone()
+    s = score(x, y, guess, None, lpips=False)
+    return dict(attack=FLOOR, psnr=s["psnr"], ssim=s["ssim"], label_acc=None, wall=0.0, note="")
 
 
 def batches(data: Any, b: int, count: int, seed: int) -> list[tuple[Any, Any]]:
@@ -283,7 +307,14 @@ def breaching_rows(cells: list[dict], args: argparse.Namespace) -> dict[int, dic
         infos = {}
         for k, c in enumerate(cells):
             labels = "label_strategy=iDLG" if len(c["x"]) == 1 else "label_strategy=bias-corrected"
-            infos[k] = worker.run("ig", k, args.ig_iterations, keep=True, overrides=[labels])
+            infos[k] = worker.run(
+                "ig",
+                k,
+                args.ig_iterations,
+                keep=True,
+                overrides=[labels],
+                known_labels=args.labels == "known",
+            )
             print(f"  breaching ig, cell {k + 1}/{len(cells)}", file=sys.stderr, flush=True)
         result = worker.finish()
     for k, c in enumerate(cells):
@@ -321,13 +352,14 @@ def benchmark(args: argparse.Namespace) -> dict:
                 for b in ints(args.batch_sizes):
                     for j, (x, y) in enumerate(batches(data, b, args.batches, args.seed)):
                         seed = args.seed + j
-                        obs = observation(model, data, x, y)
+                        obs = observation(model, data, x, y, args.labels == "known")
                         print(
                             f"{dname} {model_name} round {rnd} B={b} batch {j + 1}",
                             file=sys.stderr,
                             flush=True,
                         )
                         rows = run_cell(attacks, obs, x, y, args, seed)
+                        rows.append(floor_row(data, x, y))
                         cells.append(
                             dict(
                                 dataset=dname,
@@ -403,6 +435,7 @@ def summarise(cells: list[dict], accuracy: dict, breaching: dict | None, args) -
             threads=args.threads,
             train=dict(batch=TRAIN_BATCH, lr=TRAIN_LR, optimizer="SGD"),
             breaching=breaching is not None,
+            labels=args.labels,
         ),
     }
 
@@ -411,7 +444,8 @@ def margins(table: list[dict]) -> list[dict]:
     """Per (dataset, model, round, B) with a breaching row: the privaudit attack of highest
     mean PSNR among those whose mean wall time is at most breaching's, and its margin over
     breaching's PSNR; ``target`` marks the cells the margin is asked of (B ≥ 4 or a
-    trained model), ``meets`` a margin of at least ``MARGIN_DB``."""
+    trained model), ``meets`` a margin of at least ``MARGIN_DB``; ``floor_db`` is the
+    ``data-mean`` row's PSNR (None without one)."""
     cells: dict[tuple, list[dict]] = {}
     for r in table:
         key = (r["dataset"], r["model"], r["round"], r["batch_size"])
@@ -419,12 +453,13 @@ def margins(table: list[dict]) -> list[dict]:
     out = []
     for (dname, model, rnd, b), rows in cells.items():
         ref = next((r for r in rows if r["attack"] == BREACHING), None)
+        floor = next((r["psnr"] for r in rows if r["attack"] == FLOOR), None)
         if ref is None or ref["psnr"] is None or ref["wall_s"] is None:
             continue
         fast = [
             r
             for r in rows
-            if r["attack"] != BREACHING and r["psnr"] is not None
+            if r["attack"] not in (BREACHING, FLOOR) and r["psnr"] is not None
             and r["wall_s"] is not None and r["wall_s"] <= ref["wall_s"]
         ]  # fmt: skip
         best = max(fast, key=lambda r: r["psnr"], default=None)
@@ -440,6 +475,8 @@ def margins(table: list[dict]) -> list[dict]:
                 wall_ratio=None if best is None else best["wall_s"] / ref["wall_s"],
                 target=b >= 4 or rnd > 0,
                 meets=margin is not None and margin >= MARGIN_DB,
+                breaching_db=ref["psnr"],
+                floor_db=floor,
             )
         )
     return out
@@ -451,7 +488,8 @@ def print_report(report: dict) -> None:
         f"attack strength — {s['batches']} batch(es) per cell, IG {s['ig_iterations']} "
         f"iterations (also rgap/auto fallbacks), DLG {s['dlg_iterations']} L-BFGS steps, "
         f"{s['threads']} thread(s); round R = after R SGD steps (batch "
-        f"{s['train']['batch']}, lr {s['train']['lr']}) on the train split"
+        f"{s['train']['batch']}, lr {s['train']['lr']}) on the train split; labels "
+        + ("told to both tools" if s["labels"] == "known" else "hidden (each attack infers them)")
         + ("" if s["breaching"] else "; breaching not run (no benchmarks/.breaching-env)")
     )
     if s.get("breaching_skipped"):
@@ -492,6 +530,8 @@ def print_report(report: dict) -> None:
             if m["attack"] is None
             else (f"{m['attack']} {m['margin_db']:+.1f} dB at {m['wall_ratio']:.2f}× the time")
         )
+        if m["floor_db"] is not None and m["breaching_db"] <= m["floor_db"]:
+            how += f" (breaching at or below the data-mean floor, {m['floor_db']:.1f} dB)"
         print(f"  {m['dataset']} {m['model']} round {m['round']} B={m['batch_size']}: {how} {mark}")
     targets = [m for m in report["margins"] if m["target"]]
     met = sum(m["meets"] for m in targets)

@@ -339,10 +339,16 @@ class Breaching:
         return json.loads(line)
 
     def run(
-        self, attack: str, k: int, iterations: int, keep: bool = False, overrides: tuple = ()
+        self,
+        attack: str,
+        k: int,
+        iterations: int,
+        keep: bool = False,
+        overrides: tuple = (),
+        known_labels: bool = False,
     ) -> dict:
         cmd = {"attack": attack, "k": k, "iterations": iterations, "keep": keep}
-        return self._ask({**cmd, "overrides": list(overrides)})
+        return self._ask({**cmd, "overrides": list(overrides), "known_labels": known_labels})
 
     def finish(self) -> dict:
         from safetensors.torch import load_file, safe_open

@@ -61,7 +61,7 @@ def test_attack_search_sets_the_refinement_step_of_fi():
 
 
 def test_strength_margin_takes_the_best_attack_no_slower_than_breaching():
-    from strength import BREACHING, margins
+    from strength import BREACHING, FLOOR, margins
 
     def row(model, rnd, b, attack, psnr, wall):
         return dict(dataset="photos", model=model, round=rnd, batch_size=b, attack=attack,
@@ -72,6 +72,7 @@ def test_strength_margin_takes_the_best_attack_no_slower_than_breaching():
         row("lenet", 0, 4, "fi", 30.0, 5.0),  # best, but slower than breaching
         row("lenet", 0, 4, "fi:refine=0", 14.5, 1.0),
         row("lenet", 0, 4, BREACHING, 12.0, 4.0),
+        row("lenet", 0, 4, FLOOR, 40.0, 0.0),  # no attack: never the best attack
         row("cnn", 0, 1, "ig", 10.0, 9.0),
         row("cnn", 0, 1, BREACHING, 12.0, 4.0),
         row("cnn", 200, 8, "ig", 10.0, 1.0),  # no breaching row: no margin
@@ -81,5 +82,31 @@ def test_strength_margin_takes_the_best_attack_no_slower_than_breaching():
     lenet = got[("lenet", 0, 4)]
     assert lenet["attack"] == "ig" and lenet["margin_db"] == 8.0 and lenet["wall_ratio"] == 0.5
     assert lenet["target"] and lenet["meets"]
+    assert lenet["floor_db"] == 40.0 and lenet["breaching_db"] == 12.0
     cnn = got[("cnn", 0, 1)]
     assert cnn["attack"] is None and not cnn["meets"] and not cnn["target"]
+    assert cnn["floor_db"] is None
+
+
+def test_strength_tells_known_labels_and_scores_the_data_mean_floor(tmp_path):
+    """benchmarks/strength.py --labels known: the observations carry the true labels (which
+    attacks then use as given); every cell has a ``data-mean`` row whose PSNR is the train
+    mean image's against the batch."""
+    from strength import FLOOR, batches, benchmark, observation, parse_args, trained
+
+    from privaudit.eval.metrics import psnr
+    from privaudit.scenario.data import load_dataset
+
+    argv = ["--models", "lenet", "--attacks", "ig", "--batch-sizes", "4", "--rounds", "0"]
+    argv += ["--ig-iterations", "2", "--no-breaching", "--labels", "known"]
+    report = benchmark(parse_args(argv))
+    rows = {r["attack"]: r for r in report["rows"]}
+    assert set(rows) == {"ig", FLOOR} and report["settings"]["labels"] == "known"
+    data = load_dataset("photos")
+    ((x, y),) = batches(data, 4, 1, 0)
+    model, _ = trained("lenet", data, 0, 0)
+    assert observation(model, data, x, y).labels is None
+    assert observation(model, data, x, y, known_labels=True).labels.tolist() == y.tolist()
+    mean = data.train_x.float().mean(0, keepdim=True).expand_as(x)
+    assert rows[FLOOR]["psnr"] == pytest.approx(psnr(x, mean), abs=1e-4)
+    assert rows[FLOOR]["label_acc"] is None and rows[FLOOR]["psnr"] != rows["ig"]["psnr"]
