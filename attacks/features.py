@@ -22,6 +22,22 @@ features ``h_b`` — and with them each example's logits and prediction — are 
 exactly: the batch decouples into B single-example problems (:func:`privaudit.attacks.ig.ig`
 matches each dummy example's features to its own ``h_b``).
 
+**Anchors: labels without a search, for sparse non-negative features.** ``H = A R`` means
+``R = A⁻¹ H``: column j of ``R`` is ``Σ_b H_bj g_b`` with ``g_b`` the b-th column of
+``G = A⁻¹``. Features after a ReLU are non-negative and sparse, so many coordinates j are
+active in one example only (anchors, as in separable non-negative matrix factorisation:
+Arora et al. 2012, "Computing a Nonnegative Matrix Factorization — Provably", §4); every
+anchor column of ``R`` points along its example's ``g_b``. :meth:`System.anchors` groups
+the columns of ``R`` that are collinear to within ``ANCHOR_TOL`` and takes the B largest
+groups as ``G = Ĝ diag(t)``, up to positive scales ``t``. Then ``Δᵀ = B M G`` (from
+``(1/B) Δᵀ A = M``): each ``δ_b = B t_b (M Ĝ)_b``, the bias equation
+``(1/B) Σ_b δ_b = ∂c`` is linear in ``t`` (least squares), and since
+``δ_b = softmax − e_{y_b}`` is negative at its label only, ``y_b = argmin_c δ_bc``. That
+gives labels and ``A = G⁻¹`` in closed form — on trained networks too, where a confidently
+classified example barely moves ``∂c`` and the count estimate fails — and one
+Levenberg–Marquardt run polishes them. Dense features (sigmoid) or noise on the message
+leave no anchor groups; the count path below then runs alone.
+
 This is the embedding-recovery idea of iLRG (Ma et al. 2023, "Instance-wise Batch Label
 Restoration via Gradients in Federated Learning", ICLR, §3), solved here as one joint
 least-squares problem in the coefficients ``A`` rather than iLRG's closed form for
@@ -37,6 +53,8 @@ network (equal ``δ_b`` merge rows of ``Δ``, so the rank falls below B), a loca
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +68,10 @@ from privaudit.core.observation import Observation
 from .labels import estimated_counts, labels_for, last_linear, last_linear_gradient
 
 MOVES = 16  # label moves tried per search round, the most plausible first
+ANCHOR_TOL = 1e-6  # 1 − cosine within which two columns of R are one anchor direction
+ANCHOR_MIN = 2  # columns an anchor group needs (one column is collinear with itself)
+ANCHOR_EXTRA = 4  # groups beyond B kept as candidates (a pair can be collinear by chance)
+ANCHOR_SUBSETS = 5000  # at most this many B-subsets of the candidates are checked
 DEFAULT_TOL = 1e-9  # squared relative residual; float32 gradients leave 1e-17…1e-10
 FLOOR = 1e-20  # a solve stops here: nothing left to gain
 
@@ -63,9 +85,15 @@ class Features:
     residual: float  # squared relative residual of the system above
     rank: int  # numerical rank of ∂W (B when every example contributes)
     exact: bool  # residual <= tol: the features solve the gradient equations
+    anchors: bool = False  # labels and features from the anchor groups (module docstring)
 
     def meta(self) -> dict:
-        return {"residual": self.residual, "rank": self.rank, "exact": self.exact}
+        return {
+            "residual": self.residual,
+            "rank": self.rank,
+            "exact": self.exact,
+            "anchors": self.anchors,
+        }
 
 
 def feature_targets(
@@ -119,6 +147,17 @@ class System:
         self.norm = float(self.m.square().sum() + db.square().sum()) ** 0.5 or 1.0
         self.clipped = obs.clip is not None
 
+    def features(self, a: Tensor, labels: Tensor, residual: float, anchors: bool = False):
+        """The :class:`Features` of coefficients ``a`` for these labels."""
+        return Features(
+            h=(a @ self.r).float(),
+            labels=labels,
+            residual=residual,
+            rank=self.rank(),
+            exact=residual <= self.tol,
+            anchors=anchors,
+        )
+
     def rank(self, rtol: float = 1e-5) -> int:
         return int((self.s > rtol * self.s[0]).sum()) if len(self.s) else 0
 
@@ -160,27 +199,78 @@ class System:
         f = torch.linalg.lstsq(d.T / self.b, self.db[:, None]).solution.flatten()
         return torch.logit(f.clamp(1e-4, 1 - 1e-4))
 
+    def fit(self, a: Tensor, labels: Tensor, iterations: int) -> tuple[float, Tensor]:
+        """One Levenberg–Marquardt run from coefficients ``a`` for these labels ->
+        (squared relative residual, A)."""
+        y = F.one_hot(labels, self.w.shape[0]).double()
+        v = a.flatten()
+        if self.clipped:
+            v = torch.cat([v, self.clip_logits(a, y)])
+        fn = lambda v, jac=True: self.residuals(v, y, jac)  # noqa: E731
+        value, v = levenberg_marquardt(fn, v, iterations, FLOOR)
+        return value, v[: self.b * self.b].view(self.b, self.b)
+
     def solve(
         self, labels: Tensor, starts: int, iterations: int, gen: torch.Generator
     ) -> tuple[float, Tensor]:
         """Best of up to ``starts`` Levenberg–Marquardt runs for these labels (ending at the
         first that meets ``tol``) -> (squared relative residual, A)."""
-        y = F.one_hot(labels, self.w.shape[0]).double()
         base = self.start(labels)
         spread = float(base.norm(dim=1).mean()) / self.b**0.5
         best: tuple[float, Tensor] = (float("inf"), base)
-        fn = lambda v, jac=True: self.residuals(v, y, jac)  # noqa: E731
         for s in range(starts):
             a = base + (0.3 * s * spread) * torch.randn(base.shape, generator=gen, dtype=base.dtype)
-            v = a.flatten()
-            if self.clipped:
-                v = torch.cat([v, self.clip_logits(a, y)])
-            value, v = levenberg_marquardt(fn, v, iterations, FLOOR)
-            if value < best[0]:
-                best = (value, v[: self.b * self.b].view(self.b, self.b))
+            best = min(best, self.fit(a, labels, iterations), key=lambda r: r[0])
             if best[0] <= self.tol:
                 break
         return best
+
+    def anchor_groups(self) -> list[Tensor]:
+        """Unit directions of the largest groups of collinear columns of ``R`` (at most
+        B + ``ANCHOR_EXTRA``, each of at least ``ANCHOR_MIN`` columns), largest first."""
+        norms = self.r.norm(dim=0)
+        x = self.r[:, norms > 1e-4 * norms.max()]
+        x = x / x.norm(dim=0)
+        counts = torch.cat([(x[:, i : i + 512].T @ x > 1 - ANCHOR_TOL).sum(1)
+                            for i in range(0, x.shape[1], 512)])  # fmt: skip
+        alive = torch.ones(x.shape[1], dtype=torch.bool)
+        groups = []
+        while len(groups) < self.b + ANCHOR_EXTRA:
+            k = int(torch.where(alive, counts, 0).argmax())
+            members = alive & (x[:, k] @ x > 1 - ANCHOR_TOL)
+            if int(members.sum()) < ANCHOR_MIN:
+                break
+            groups.append(x[:, members].mean(1))
+            alive &= ~members
+        return groups
+
+    def anchors(self) -> tuple[Tensor, Tensor] | None:
+        """Labels (sorted) and coefficients ``A`` (rows in label order) in closed form from
+        the anchor groups (module docstring): of the B-subsets of the candidate groups
+        whose scales ``t`` are all positive, the one whose closed-form solution leaves the
+        smallest residual; None without one."""
+        groups = self.anchor_groups()
+        if len(groups) < self.b:
+            return None
+        subsets = itertools.combinations(range(len(groups)), self.b)
+        if math.comb(len(groups), self.b) > ANCHOR_SUBSETS:
+            subsets = iter([tuple(range(self.b))])
+        best: tuple[float, Tensor, Tensor] | None = None
+        for subset in subsets:
+            g = torch.stack([groups[i] for i in subset], 1)  # (B, B): columns along g_b
+            mg = self.m @ g  # (classes, B)
+            t = torch.linalg.lstsq(mg, self.db[:, None]).solution.flatten()
+            if bool((t <= 0).any()):
+                continue
+            labels = (mg * t).argmin(0)  # δ_b ∝ t_b (M Ĝ)_b is negative at its label only
+            order = labels.argsort(stable=True)
+            labels, a = labels[order], torch.linalg.inv(g * t)[order]
+            y = F.one_hot(labels, self.w.shape[0]).double()
+            v = torch.cat([a.flatten(), self.clip_logits(a, y)]) if self.clipped else a.flatten()
+            r, _ = self.residuals(v, y, jacobian=False)
+            if best is None or float(r @ r) < best[0]:
+                best = (float(r @ r), labels, a)
+        return None if best is None else best[1:]
 
 
 def levenberg_marquardt(
@@ -221,13 +311,21 @@ def recover_features(
     label_search: int = 2,
     tol: float = DEFAULT_TOL,
     seed: int = 0,
+    anchors: bool = True,
 ) -> Features:
     """Solve for the batch's features (module docstring), starting from ``labels`` ((B,)
     int64, e.g. :func:`.labels.infer_labels`); ``label_search`` rounds of single-label moves
-    (0: keep ``labels``). Call :func:`applicable` first."""
+    (0: keep ``labels``). With ``anchors``, the anchor solution is tried first and kept when
+    it solves the equations (with ``label_search=0`` only if its labels are ``labels``).
+    Call :func:`applicable` first."""
     system = System(obs, tol)
     gen = torch.Generator().manual_seed(int(seed))
     labels = torch.as_tensor(labels).reshape(-1).long().cpu().sort().values
+    found = system.anchors() if anchors else None
+    if found is not None and (label_search > 0 or torch.equal(found[0], labels)):
+        residual, a = system.fit(found[1], found[0], iterations)
+        if residual <= tol:
+            return system.features(a, found[0], residual, anchors=True)
     residual, a = system.solve(labels, starts, iterations, gen)
     tried = {tuple(labels.tolist())}
     classes = system.w.shape[0]
@@ -257,10 +355,7 @@ def recover_features(
         if found is None:
             break
         labels = found
-    h = (a @ system.r).float()
-    return Features(
-        h=h, labels=labels, residual=residual, rank=system.rank(), exact=residual <= tol
-    )
+    return system.features(a, labels, residual)
 
 
 def batch_features(

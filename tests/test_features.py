@@ -13,8 +13,10 @@ from torch.func import jacrev
 from privaudit.attacks import check_options, run_attack
 from privaudit.attacks.features import System, applicable, recover_features
 from privaudit.attacks.fi import fi, observation_features
+from privaudit.attacks.labels import infer_labels
 from privaudit.core.errors import PrivauditError
 from privaudit.eval.metrics import score
+from privaudit.scenario.data import load_dataset
 from privaudit.scenario.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,11 +60,70 @@ def test_a_wrong_label_is_found_by_the_search():
     model = build_model("cnn", (3, 16, 16), 10, 1)
     obs = observe(model, IMAGES, LABELS)
     wrong = torch.tensor([8, 0, 5, 3])  # one example moved from class 2 to 3
-    kept = recover_features(obs, wrong, label_search=0)
+    kept = recover_features(obs, wrong, label_search=0, anchors=False)
     assert not kept.exact  # no features explain the gradient with these labels
-    found = recover_features(obs, wrong)
-    assert found.exact
+    found = recover_features(obs, wrong, anchors=False)
+    assert found.exact and not found.anchors
     assert found.labels.tolist() == sorted(LABELS.tolist())
+
+
+class SparseMLP(nn.Module):
+    """Flatten → Linear → ReLU → Linear, the hidden bias lowered so that about a quarter of
+    the features are active: sparse non-negative features, as after a trained ReLU body."""
+
+    def __init__(self, d: int, width: int = 512, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(d, width), nn.ReLU())
+        with torch.no_grad():
+            self.body[1].bias.sub_(0.02 * self.body[1].weight.abs().sum(1))
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x))
+
+
+def confident(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Set ``model.fc`` (the minimum-norm weights, no bias) so that every example is
+    classified as its label with a logit of 4 to 8 against N(0, 1) for the other classes:
+    a trained network's gradient, where each example's δ_b barely moves the bias."""
+    h = true_features(model, observe(model, x, y), x).double()
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(len(y), 10, generator=gen, dtype=torch.float64)
+    z[torch.arange(len(y)), y] = 4 + 4 * torch.rand(len(y), generator=gen, dtype=torch.float64)
+    w = torch.linalg.lstsq(h, z).solution.T  # (10, d): h w.T = z
+    with torch.no_grad():
+        model.fc.weight.copy_(w.float())
+        model.fc.bias.zero_()
+
+
+def test_anchors_recover_a_confident_batch_where_counting_fails():
+    """Sparse ReLU features: coordinates active in one example only make collinear groups
+    in ∂W's row space, which give labels and features in closed form."""
+    data = load_dataset("photos")
+    images, labels = data.test_x[:6], torch.tensor([3, 3, 7, 1, 1, 1])
+    model = SparseMLP(images[0].numel())
+    confident(model, images, labels)
+    obs = observe(model, images, labels)
+    counted = infer_labels(obs)
+    assert counted.tolist() != sorted(labels.tolist())  # the count estimate is wrong here
+    assert not recover_features(obs, counted, anchors=False).exact  # so is the search
+    f = recover_features(obs, counted)
+    assert f.anchors and f.exact and f.labels.tolist() == sorted(labels.tolist())
+    want = true_features(model, obs, images[labels.argsort(stable=True)])
+    for c in f.labels.unique():  # within a class the order is free
+        cos = F.cosine_similarity(f.h[f.labels == c][:, None], want[f.labels == c][None], dim=-1)
+        assert cos.max(1).values.min() > 0.9999
+
+
+def test_anchors_need_sparse_features():
+    """The sigmoid LeNet's features are dense: no column of R is collinear with another,
+    so there is no anchor solution and the count path runs alone."""
+    model = build_model("lenet", (3, 16, 16), 10, 1)
+    obs = observe(model, IMAGES, LABELS, mean=(0.0,) * 3, std=(1.0,) * 3)
+    assert System(obs, 1e-9).anchors() is None
+    f = recover_features(obs, LABELS)
+    assert f.exact and not f.anchors
 
 
 def test_noise_makes_the_features_inexact():
