@@ -28,15 +28,17 @@ matches each dummy example's features to its own ``h_b``).
 active in one example only (anchors, as in separable non-negative matrix factorisation:
 Arora et al. 2012, "Computing a Nonnegative Matrix Factorization — Provably", §4); every
 anchor column of ``R`` points along its example's ``g_b``. :meth:`System.anchors` groups
-the columns of ``R`` that are collinear to within ``ANCHOR_TOL`` and takes the B largest
-groups as ``G = Ĝ diag(t)``, up to positive scales ``t``. Then ``Δᵀ = B M G`` (from
+the columns of ``R`` that are collinear to within ``ANCHOR_TOL``; B of the groups give
+``G = Ĝ diag(t)``, up to positive scales ``t``. Then ``Δᵀ = B M G`` (from
 ``(1/B) Δᵀ A = M``): each ``δ_b = B t_b (M Ĝ)_b``, the bias equation
 ``(1/B) Σ_b δ_b = ∂c`` is linear in ``t`` (least squares), and since
 ``δ_b = softmax − e_{y_b}`` is negative at its label only, ``y_b = argmin_c δ_bc``. That
 gives labels and ``A = G⁻¹`` in closed form — on trained networks too, where a confidently
-classified example barely moves ``∂c`` and the count estimate fails — and one
-Levenberg–Marquardt run polishes them. Dense features (sigmoid) or noise on the message
-leave no anchor groups; the count path below then runs alone.
+classified example barely moves ``∂c`` and the count estimate fails. A pair of mixed
+columns can be collinear by chance, so up to B + ``ANCHOR_EXTRA`` groups are candidates,
+and of the B-subsets with every ``t_b > 0`` the one whose closed form leaves the smallest
+residual is polished by one Levenberg–Marquardt run. Dense features (sigmoid) or noise on
+the message leave no anchor groups; the count path below then runs alone.
 
 This is the embedding-recovery idea of iLRG (Ma et al. 2023, "Instance-wise Batch Label
 Restoration via Gradients in Federated Learning", ICLR, §3), solved here as one joint

@@ -6,8 +6,9 @@ Everything below first divides the target by ``scale`` (a negative scale flips e
 sign); per-example clipping multiplies each example's terms by a factor in (0, 1].
 
 - **B = 1, iDLG** (Zhao et al. 2020, §3.1): only the true class has ``p_c − y_c < 0``; with
-  non-negative features ``h`` (after sigmoid / ReLU / pooling of ReLU, as in every model
-  here) its weight-gradient row is the only one with a negative sum:
+  non-negative features ``h`` (after sigmoid / ReLU / pooling of ReLU: ``lenet``, ``cnn``,
+  ``resnet18``; not ``tanh-cnn``, whose classifier reads tanh outputs) its weight-gradient
+  row is the only one with a negative sum:
   ``label = argmin_c Σ_j ∂L/∂W_cj`` (iDLG's own rule; summing many coordinates also averages
   Gaussian noise on the target).
 - **B > 1, "counts"** (default when the last layer has a bias): the bias-corrected count
