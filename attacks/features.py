@@ -149,7 +149,9 @@ class System:
         self.norm = float(self.m.square().sum() + db.square().sum()) ** 0.5 or 1.0
         self.clipped = obs.clip is not None
 
-    def features(self, a: Tensor, labels: Tensor, residual: float, anchors: bool = False):
+    def features(
+        self, a: Tensor, labels: Tensor, residual: float, anchors: bool = False
+    ) -> Features:
         """The :class:`Features` of coefficients ``a`` for these labels."""
         return Features(
             h=(a @ self.r).float(),
@@ -317,17 +319,20 @@ def recover_features(
 ) -> Features:
     """Solve for the batch's features (module docstring), starting from ``labels`` ((B,)
     int64, e.g. :func:`.labels.infer_labels`); ``label_search`` rounds of single-label moves
-    (0: keep ``labels``). With ``anchors``, the anchor solution is tried first and kept when
-    it solves the equations (with ``label_search=0`` only if its labels are ``labels``).
-    Call :func:`applicable` first."""
+    (0: keep ``labels``). With ``anchors``, the anchor solution is tried first (with
+    ``label_search=0`` only if its labels are ``labels``): it is returned when it solves the
+    equations, and kept where the count path ends with a larger residual. Call
+    :func:`applicable` first."""
     system = System(obs, tol)
     gen = torch.Generator().manual_seed(int(seed))
     labels = torch.as_tensor(labels).reshape(-1).long().cpu().sort().values
-    found = system.anchors() if anchors else None
-    if found is not None and (label_search > 0 or torch.equal(found[0], labels)):
-        residual, a = system.fit(found[1], found[0], iterations)
-        if residual <= tol:
-            return system.features(a, found[0], residual, anchors=True)
+    anchored: Features | None = None
+    closed = system.anchors() if anchors else None
+    if closed is not None and (label_search > 0 or torch.equal(closed[0], labels)):
+        residual, a = system.fit(closed[1], closed[0], iterations)
+        anchored = system.features(a, closed[0], residual, anchors=True)
+        if anchored.exact:
+            return anchored
     residual, a = system.solve(labels, starts, iterations, gen)
     tried = {tuple(labels.tolist())}
     classes = system.w.shape[0]
@@ -357,6 +362,8 @@ def recover_features(
         if found is None:
             break
         labels = found
+    if anchored is not None and anchored.residual < residual:
+        return anchored
     return system.features(a, labels, residual)
 
 
