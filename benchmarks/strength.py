@@ -171,12 +171,12 @@ def observation(model: Any, data: Any, x: Any, y: Any, known_labels: bool = Fals
     )
 
 
-def floor_row(data: Any, x: Any, y: Any) -> dict:
-    """The ``data-mean`` row: the train split's mean image scored as every reconstruction."""
+def floor_row(mean_image: Any, x: Any, y: Any) -> dict:
+    """The ``data-mean`` row: ``mean_image`` (the train split's, (1, *S)) scored as every
+    reconstruction."""
     from privaudit.eval.metrics import score
 
-    guess = data.train_x.float().mean(0, keepdim=True).expand_as(x).clone()
-    s = score(x, y, guess, None, lpips=False)
+    s = score(x, y, mean_image.expand_as(x).clone(), None, lpips=False)
     return dict(attack=FLOOR, psnr=s["psnr"], ssim=s["ssim"], label_acc=None, wall=0.0, note="")
 
 
@@ -345,6 +345,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     cells: list[dict] = []
     accuracy = {}
     for dname, data in datasets:
+        mean_image = data.train_x.float().mean(0, keepdim=True)
         for model_name in names(args.models):
             for rnd in ints(args.rounds):
                 model, acc = trained(model_name, data, rnd, args.seed)
@@ -359,7 +360,7 @@ def benchmark(args: argparse.Namespace) -> dict:
                             flush=True,
                         )
                         rows = run_cell(attacks, obs, x, y, args, seed)
-                        rows.append(floor_row(data, x, y))
+                        rows.append(floor_row(mean_image, x, y))
                         cells.append(
                             dict(
                                 dataset=dname,
