@@ -338,7 +338,8 @@ def rgap(
     residual, full_rank, exact = full rank here and in every layer above), ``exact_layers``
     (names of the layers determined exactly), ``exact``, ``inexact`` (None, or why R-GAP
     is not exact here), ``fallback`` (None, or why IG ran), and when IG ran ``start``
-    (what it started from: "rgap" or "noise") and ``ig`` (its meta)."""
+    (what it started from: "rgap" or "noise") and ``ig`` (its meta); ``attack`` names what
+    produced the answer: "rgap", "rgap+ig" (IG refined R-GAP's partial solution) or "ig"."""
     refine = {k: v for k, v in (("lr", lr), ("tv", tv)) if v is not None}
     out = []
     for i, o in enumerate(as_list(observations)):
@@ -378,7 +379,12 @@ def rgap(
                     label_method=label_method,
                     **refine,
                 )
-            meta.update(start="rgap" if start is not None else "noise", ig=rec.meta)
+            # what ran is what is reported: IG's answer, from R-GAP's partial one or noise
+            meta.update(
+                attack="rgap+ig" if start is not None else "ig",
+                start="rgap" if start is not None else "noise",
+                ig=rec.meta,
+            )
             meta["observation"] = dict(o.meta)
             out.append(Reconstruction(rec.images, rec.labels, rec.loss, meta))
             continue

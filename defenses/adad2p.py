@@ -76,7 +76,7 @@ import torch
 from torch import Tensor
 
 from privaudit.core.context import Context, State
-from privaudit.core.errors import PrivauditError
+from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy, dwork_roth_epsilon
@@ -392,14 +392,14 @@ class _D2P(Defense):
         now = (src + hop(n, t)) % n
         fix = f"in round {t} agent {src} sends to {now} (--link {src},{now})"
         if act is None:
-            raise PrivauditError(
+            raise Unobservable(
                 f"{self.name}: link {src}->{dst} never carries a message on the time-varying "
                 f"exponential graph over {n} agents (hops {hops(n)}); {fix}"
             )
         first, period = act
         if (t - first) % period:
             rounds = ", ".join(str(first + period * m) for m in range(3))
-            raise PrivauditError(
+            raise Unobservable(
                 f"{self.name}: link {src}->{dst} carries no message in round {t}; it does in "
                 f"rounds {rounds}, … (every {period} from {first}); {fix}"
             )

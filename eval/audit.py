@@ -49,7 +49,7 @@ from torch import Tensor
 
 from privaudit.core import sampling
 from privaudit.core.accounting import account
-from privaudit.core.errors import PrivauditError
+from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
 from privaudit.core.threat import build_threat, victim_threat
@@ -558,7 +558,7 @@ def _observe(defense: Any, s: Setting, history: dict, public: dict, r: int) -> T
     try:
         dst = th.receiver(s.src, receivers, f"{s.kind!r} message in round {r}")
         obs = defense.observe(th.view(history, public), s.kind, r, s.src, dst)
-    except PrivauditError:
+    except Unobservable:
         return None
     return _flat(obs, s.run.ctx.spec.names)
 

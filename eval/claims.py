@@ -46,6 +46,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from privaudit.core.accounting import ADJACENCY, SAMPLING
 from privaudit.core.config import RunConfig
+from privaudit.core.errors import Interrupted as RunStopped
 from privaudit.core.errors import PrivauditError, unknown
 from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
 from privaudit.defenses import DEFENSES, get_defense
@@ -241,6 +242,8 @@ def row(
             again = bounds.trials_needed(run.cfg.delta, 1 - (1 - level) / 2, HELD_OUT)
             first = {k: res[k] for k in ("epsilon_lo", "trials", "confidence", "verdicts")}
             res = run_audit(max(res["trials"], again), level, offset=1)
+    except RunStopped:  # a stop request is not this row's failure
+        raise
     except PrivauditError as e:
         out["error"] = str(e)
         return out
@@ -414,7 +417,7 @@ def ledger(
                         r = {**from_jsonable(r), "cached": True}
                     doc["rows"].append(r)
                     bar.advance(task)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, RunStopped):  # RunStopped: a run's own stop request
             doc["seconds"] = round(time.perf_counter() - t0, 1)
             raise Interrupted(doc) from None
     doc["complete"] = True

@@ -147,6 +147,26 @@ BAD = {
     "claims row seconds nan": ([*CLAIMS, "--row-seconds", "nan"], "--row-seconds"),
     "reproduce one agent": ([*REPRODUCE, "--agents", "1"], "--agents"),
     "reproduce seed negative": ([*REPRODUCE, "--seeds", "-3"], "--seeds"),
+    # flags that would be ignored or silently lose to another
+    "attack --run with training flags": (
+        [*ATTACK, "--agents", "6", "--dataset", "mnist", "--epsilon", "8"],
+        "--agents, --dataset, --epsilon would be ignored: --run",
+    ),
+    "audit --run with a seed": ([*AUDIT, "--seed", "3"], "--seed would be ignored: --run"),
+    "epsilon and sigma": ([*TRAIN, "--epsilon", "2", "--sigma", "1"], "both set the noise"),
+    "-p lr and --lr": ([*ND, "-p", "lr=0.5", "--lr", "0.01"], "-p lr=0.5 and --lr 0.01"),
+    "global threat with an attacker": (
+        [*ATTACK, "--threat", "global", "--attacker", "1"],
+        "--attacker 1 would be ignored",
+    ),
+    "audit link threat with an attacker": (
+        [*AUDIT, "--threat", "link", "--attacker", "1"],
+        "--attacker 1 would be ignored",
+    ),
+    "a link named twice": (
+        [*ATTACK, "--link", "0,1", "--link", "1,0", "--link", "0,1"],
+        "--link 0,1 is given more than once",
+    ),
     # paths
     "out is a file": (["train", "--defense", "nd", "--out", "{file}"], "--out"),
     "attack out is a file": (
@@ -355,3 +375,160 @@ def test_any_numbers_through_the_prv_accountant_answer_quickly(sigma, delta, rou
     except PrivauditError:
         return
     assert e >= 0 and not math.isnan(e)
+
+
+# -- nothing the user had is overwritten ------------------------------------------------------
+USER_FILES = {  # what each command would write, planted by the user beforehand
+    "result.json": '{"mine": 1}',
+    "grid.png": "my picture",
+    "summary.md": "my notes",
+    "cells.csv": "a,b",
+    "claims.md": "my claims",
+    "ledger.json": "{}",
+    "audit.json": "{}",
+    "table3.md": "my table",
+}
+WRITERS = {
+    "attack": [*ATTACK, "--iterations", "2", "--no-lpips"],
+    "audit": [*AUDIT],
+    "compare": [*COMPARE, "--rounds", "1", "--agents", "3", "--iterations", "2"],
+    "claims": [*CLAIMS, "--agents", "3", "--rounds", "2", "--trials", "16"],
+    "reproduce": [*REPRODUCE, "--agents", "3", "--topologies", "ring", "--dataset", "photos"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(WRITERS))
+def test_an_out_folder_of_the_users_files_is_refused(command, tmp_path, small_run, capsys):
+    """Every command that writes refuses a non-empty --out it did not make: one line naming
+    --overwrite, exit 2, every file of the user's byte for byte as it was."""
+    out = tmp_path / "x"
+    out.mkdir()
+    for name, text in USER_FILES.items():
+        (out / name).write_text(text)
+    argv = [a.format(tmp=tmp_path, run=small_run) for a in WRITERS[command]]
+    code, _, err, wall = run_cli(capsys, *argv, "--no-progress")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("privaudit: error: --out") and "--overwrite" in lines[0], err
+    assert wall < SECONDS
+    assert {p.name: p.read_text() for p in out.iterdir()} == USER_FILES
+
+
+def test_another_commands_output_is_refused_and_its_own_is_reused(tmp_path, small_run, capsys):
+    """attack writes again into the folder it made (a rerun), refuses one made by audit, and
+    --overwrite lets it write among the user's files."""
+    attack = [a.format(tmp=tmp_path, run=small_run) for a in WRITERS["attack"]]
+    for _ in range(2):  # the second run writes into its own folder
+        code, out, err, _ = run_cli(capsys, *attack, "--no-progress")
+        assert code == 0, err
+    audit = [a.format(tmp=tmp_path, run=small_run) for a in AUDIT]
+    code, _, err, _ = run_cli(capsys, *audit, "--no-progress")
+    assert code == 2 and "holds the output of privaudit attack" in err, err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    attack[attack.index(str(tmp_path / "x"))] = str(mine)
+    code, _, err, _ = run_cli(capsys, *attack, "--overwrite", "--no-progress")
+    assert code == 0, err
+    assert (mine / "notes.txt").read_text() == "keep me" and (mine / "result.json").exists()
+
+
+# -- an interrupt is never taken for "this threat cannot observe it" --------------------------
+def interrupt_at_round(monkeypatch, t: int) -> None:
+    """Send this process a real SIGINT while round ``t`` runs, as a user's Ctrl-C would."""
+    import os
+
+    from privaudit.sim.loop import RoundLoop
+
+    step = RoundLoop.step
+
+    def step_and_interrupt(self, state, r, *args, **kw):
+        if r == t:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, state, r, *args, **kw)
+
+    monkeypatch.setattr(RoundLoop, "step", step_and_interrupt)
+
+
+INTERRUPTED = {
+    "attack": ["attack", "--target", "nd-cg", "--round", "3", "--agents", "3", "--no-lpips"],
+    "compare": [
+        "compare",
+        "--targets",
+        "nd-cg",
+        "--rounds",
+        "3",
+        "--agents",
+        "3",
+        "--victims",
+        "1",
+    ],
+}
+
+
+@pytest.mark.parametrize("command", sorted(INTERRUPTED))
+def test_an_interrupt_during_the_threat_search_stops_the_command(
+    command, tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C while the weakest adversary's rounds train: exit 2 with the resume line and no
+    result (before the fix the search caught it, went on under another threat and exited 0).
+    The same command again resumes and attacks under the threat an uninterrupted run picks."""
+    out = tmp_path / "x"
+    argv = [*INTERRUPTED[command], "--iterations", "2", "--out", str(out), "--no-progress"]
+    interrupt_at_round(monkeypatch, 2)
+    code, stdout, err, _ = run_cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert lines[-1].startswith("privaudit: error: interrupted after round"), err
+    assert "run the same command again to resume" in lines[-1]
+    assert not list(out.rglob("result.json")) and "no adversary" not in err
+    monkeypatch.undo()
+    code, stdout, err, _ = run_cli(capsys, *argv)
+    assert code == 0, err
+    (result,) = [json.loads(p.read_text()) for p in out.rglob("result.json")]
+    assert result["threat"] == "link", result["adversaries"]
+
+
+def test_a_second_writer_is_refused_before_data_is_loaded(tmp_path, capsys, monkeypatch):
+    """A run folder another process is training is refused at once: the writer lock is
+    probed before the data, the graph or the accountant are touched."""
+    from privaudit.sim import run
+
+    out = tmp_path / "x"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'w'); f.write('PID 1: train'); "
+            "f.flush(); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(out / ".lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    loads = []
+    monkeypatch.setattr(run, "load_dataset", lambda *a, **k: loads.append(a))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, _, err, wall = run_cli(capsys, *[a.format(tmp=tmp_path) for a in ND])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 2 and err.count("\n") == 1, err
+    assert "being written by another privaudit process (PID 1: train)" in err
+    assert not loads and wall < SECONDS
+
+
+def test_an_attack_that_hands_over_says_what_ran(tmp_path, small_run, capsys):
+    """R-GAP inverts one example: on a batch of several, Inverting Gradients runs, and
+    result.json and stdout say so (``attack_used`` ig, the reason in ``fallback``)."""
+    out = tmp_path / "x"
+    argv = ["attack", "--target", "nd-cg", "--round", "1", "--run", str(small_run), "--victim"]
+    argv += ["0", "--attack", "rgap", "--iterations", "2", "--no-lpips", "--no-progress"]
+    code, stdout, err, _ = run_cli(capsys, *argv, "--out", str(out))
+    assert code == 0, err
+    result = json.loads((out / "result.json").read_text())
+    assert result["batch_sizes"][0] > 1, "the test needs a batch of several examples"
+    assert result["attack_used"] == ["ig"] and "one example" in result["fallback"][0]
+    assert "rgap (ig)" in stdout and "Inverting Gradients produced the reconstruction" in stdout

@@ -46,12 +46,12 @@ def registries(monkeypatch):
     ATTACKS.update(attacks)
 
 
-def cli_process(*argv: str, env: dict[str, str] | None = None, python: str = sys.executable):
+def cli_process(*argv: str, env: dict[str, str] | None = None):
     """The CLI in a fresh process, which loads only what it finds itself (``env``: extra
     environment variables)."""
     base = {k: v for k, v in os.environ.items() if k != ENV}
     return subprocess.run(
-        [python, "-m", "privaudit.cli", *argv],
+        [sys.executable, "-m", "privaudit.cli", *argv],
         capture_output=True,
         text=True,
         env=base | (env or {}),
@@ -165,32 +165,35 @@ def _assert_same_state(got: dict, want: dict) -> None:
 
 # -- installed as a package: entry points -------------------------------------------------------
 def test_installed_package_registers_through_entry_points(tmp_path):
-    venv = tmp_path / "venv"
-    made = subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
-    python = str(venv / ("Scripts" if os.name == "nt" else "bin") / "python")
+    """pip (the running interpreter's own, with the setuptools the dev install declares)
+    installs the example package into a folder; a process with that folder on its path loads
+    the package's entry points, one without it does not."""
+    site = tmp_path / "site"
     source = tmp_path / "plugin"  # pip builds in place: keep the build files out of the repo
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", str(source)]
-    installed = subprocess.run(pip, capture_output=True, text=True)
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q"]
+    installed = subprocess.run(
+        [*pip, "--target", str(site), str(source)], capture_output=True, text=True
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
+    assert (site / "privaudit_example").is_dir()
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path}
 
-    proc = cli_process("targets", "--json", python=python)
+    proc = cli_process("targets", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     names = [row["target"] for row in json.loads(proc.stdout)]
     assert names[-2:] == NEW_TARGETS and "dpdl-cg" in names
     code = "from privaudit import plugins, attacks; plugins.load_plugins(); print(attacks.ATTACKS)"
-    attacks = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    attacks = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | env
+    )
     assert "'guess'" in attacks.stdout, attacks.stderr
     # the same defenses again by path: one line naming the installed copy and the fix
-    proc = cli_process("--plugin", str(DEFENSE), "targets", python=python)
+    proc = cli_process("--plugin", str(DEFENSE), "targets", env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "taken by plugin cta-dpsgd (entry point 'privaudit_example.defense'" in proc.stderr
-    # the system's interpreter does not see the venv's package
+    # a process without the folder on its path does not see the package
     assert "cta-dpsgd-model" not in cli_process("targets").stdout
 
 

@@ -174,6 +174,7 @@ def test_unsupported_model_falls_back_to_ig_and_says_why():
     obs = observe(build_model("cnn", (3, 8, 8), 10, 0), x, torch.tensor([1]))
     rec = run_attack("rgap", [obs], iterations=3)[0]
     assert "MaxPool2d" in rec.meta["fallback"] and rec.meta["start"] == "noise"
+    assert rec.meta["attack"] == "ig"  # what ran is what is reported
     assert not rec.meta["exact"] and rec.meta["exact_layers"] == []
     assert rec.meta["ig"]["iterations"] == 3 and rec.images.shape == x.shape
     with pytest.raises(PrivauditError, match="MaxPool2d"):
@@ -198,6 +199,7 @@ def test_rank_deficient_layer_falls_back_from_rgaps_start():
     assert layer["rank"] < layer["unknowns"] == 192 and not layer["exact"]
     assert rec.meta["exact_layers"] == ["3"]
     assert "rank condition fails at 0" in rec.meta["fallback"] and rec.meta["start"] == "rgap"
+    assert rec.meta["attack"] == "rgap+ig"
 
 
 def test_ig_starts_where_it_is_told():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from privaudit.attacks import DEFAULT_ATTACK, run_attack
-from privaudit.core.errors import PrivauditError
+from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.files import to_jsonable, write_json
 from privaudit.core.messages import CaptureSpec
 from privaudit.core.observation import Observation, Reconstruction
@@ -75,9 +75,9 @@ def observe(
                 return observe(
                     run, target, round, links, name, progress, attackers=None, victims=victims
                 )
-            except PrivauditError as e:
+            except Unobservable as e:  # never an interrupt or a broken run: those end it
                 errors.append(f"{name}: {e}")
-        raise PrivauditError(f"no adversary observes {target} at round {round} ({errors[-1]})")
+        raise Unobservable(f"no adversary observes {target} at round {round} ({errors[-1]})")
     plan = _plan(run, defense, kind, round, links, threat, attackers or [], victims)
     rounds = [t for t in rounds if t >= 1]
     edges = run.edges()
@@ -200,6 +200,8 @@ def reconstruct(
         "attack": attack,
         # per observation, the attack whose answer it is ("auto" picks one; None: empty batch)
         "attack_used": [r.meta.get("attack") for r in recons],
+        # per observation, why the attack handed over to another (R-GAP → IG), or None
+        "fallback": [r.meta.get("fallback") for r in recons],
         "attack_options": {**kw, "seed": seed},
         "threat": obs[0].meta["threat"].split()[0],
         "adversaries": [o.meta["threat"] for o in obs],

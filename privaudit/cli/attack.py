@@ -9,11 +9,16 @@ from typing import Any
 
 from privaudit.cli.options import (
     add_attack_option,
+    add_overwrite,
     attack_options,
+    check_no_run_flags,
     check_out,
     check_threat,
     checked_params,
     config_from_args,
+    mark_out,
+    open_run,
+    setting,
     training_options,
 )
 from privaudit.core import limits
@@ -56,6 +61,7 @@ def add_parser(sub: Any) -> None:
     )
     at.add_argument("--run", default=None, help="an existing run directory (else one is trained)")
     at.add_argument("--out", default=None, help="output folder (default privaudit-out/T-rR)")
+    add_overwrite(at)
     at.add_argument("--iterations", type=int, default=None)
     at.add_argument("--restarts", type=int, default=None)
     at.add_argument("--attack-seed", type=int, default=0)
@@ -68,26 +74,30 @@ def add_parser(sub: Any) -> None:
 
 def cmd_attack(a: argparse.Namespace) -> int:
     from privaudit.api.pipeline import attack
-    from privaudit.core.threat import parse_agents, parse_link
+    from privaudit.core.threat import parse_agents, parse_links
     from privaudit.sim.run import Run
     from privaudit.sim.targets import parse_target
 
-    check_threat(a.threat)  # before any training
+    check_threat(a.threat, a.attacker)  # before any training
+    if a.run:
+        check_no_run_flags(a, a.run)
     defense, kind = parse_target(a.target)
     # unknown attacks and bad options fail before any training
     options = attack_options(a, a.attack)
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
-    out = check_out(a.out or f"privaudit-out/{a.target}-r{a.round}")
+    out = check_out(a.out or f"privaudit-out/{a.target}-r{a.round}", "attack", a.overwrite)
     if a.run:
-        run = Run.open(a.run, device=a.device)
+        run = open_run(a)
     else:
-        need = max(defense.rounds_needed(kind, a.round, a.agents))  # *-model: R+1
+        mark_out(out, "attack")
+        need = max(defense.rounds_needed(kind, a.round, setting(a, "agents")))  # *-model: R+1
         rounds = need if a.rounds is None else a.rounds
         run = Run.create(checked_params(config_from_args(a, defense.name, rounds)), out / "run")
-    links = [parse_link(s, run.edges()) for s in a.link] if a.link else None
+    links = parse_links(a.link, run.edges()) if a.link else None
     n = run.cfg.agents
     attackers = parse_agents(a.attacker, n) if a.attacker else None
     victims = parse_agents(a.victim, n) if a.victim else None
+    mark_out(out, "attack")
     result = attack(
         run,
         a.target,
@@ -136,6 +146,8 @@ def cmd_attack(a: argparse.Namespace) -> int:
         f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
         f"label acc {m['label_acc']:.2f}, {result['wall_s']:.1f} s"
     )
+    for why in sorted({w for w in result["fallback"] if w}):
+        print(f"{a.attack}: {why}; Inverting Gradients produced the reconstruction")
     if result["lpips_note"]:
         print(result["lpips_note"])
     print(f"wrote {out / 'result.json'} and {result['figure']}")

@@ -9,10 +9,15 @@ from typing import Any
 
 from privaudit.cli.options import (
     DEFAULTS,
+    add_overwrite,
+    check_no_run_flags,
     check_out,
     check_threat,
     checked_params,
     config_from_args,
+    mark_out,
+    open_run,
+    setting,
     training_options,
 )
 from privaudit.core import limits
@@ -53,6 +58,7 @@ def add_parser(sub: Any) -> None:
     au.add_argument("--audit-seed", type=int, default=0)
     au.add_argument("--run", default=None, help="an existing run directory (else one is made)")
     au.add_argument("--out", default=None, help="output folder (default privaudit-out/audit-T)")
+    add_overwrite(au)
     au.add_argument("--json", action="store_true", help="print audit.json on stdout")
     training_options(au, None)  # --rounds default: the default run length (σ from ε over it)
     au.set_defaults(func=cmd_audit)
@@ -74,7 +80,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     if a.mode not in ("white-box", "one-run"):
         raise PrivauditError(f"--mode must be white-box or one-run, got {a.mode!r}")
-    check_threat(a.threat)
+    check_threat(a.threat, a.attacker)
     defense, kind = parse_target(a.target)
     trials = (4000 if a.mode == "white-box" else 1000) if a.trials is None else a.trials
     limits.check_int("--trials", trials, 1, limits.MAX_TRIALS)
@@ -82,18 +88,21 @@ def cmd_audit(a: argparse.Namespace) -> int:
     if a.canary_norm is not None:
         limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
     limits.check_seed("--audit-seed", a.audit_seed)
-    out = check_out(a.out or f"privaudit-out/audit-{a.target}")
+    out = check_out(a.out or f"privaudit-out/audit-{a.target}", "audit", a.overwrite)
     if a.run:
-        run = Run.open(a.run, device=a.device)
+        check_no_run_flags(a, a.run)
+        run = open_run(a)
         _check_victim(a.victim, run.cfg.agents, f"the run in {a.run}")
         check_trials(trials, run.cfg.delta, a.confidence, a.mode)
     else:
-        _check_victim(a.victim, a.agents, "--agents")
-        need = max(defense.rounds_needed(kind, a.round, a.agents))
+        agents = setting(a, "agents")
+        _check_victim(a.victim, agents, "--agents")
+        need = max(defense.rounds_needed(kind, a.round, agents))
         # σ is resolved over the whole run
         rounds = max(need, DEFAULTS.rounds) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, defense.name, rounds))  # checks --delta
         check_trials(trials, cfg.delta, a.confidence, a.mode)
+        mark_out(out, "audit")
         run = Run.create(cfg, out / "run")
     n = run.cfg.agents
     link = parse_link(a.link, run.edges()) if a.link else None
@@ -113,6 +122,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
         progress=not a.no_progress,
     )
     doc = to_jsonable(result)
+    mark_out(out, "audit")
     write_json(out / "audit.json", doc)
     if a.json:
         print(json.dumps(doc, indent=2))

@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from privaudit.cli.options import DEFAULTS, check_out, config_from_args, training_options
+from privaudit.cli.options import (
+    DEFAULTS,
+    add_overwrite,
+    check_out,
+    config_from_args,
+    mark_out,
+    training_options,
+)
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
@@ -74,6 +81,7 @@ def _arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--out", default=OUT, help=f"folder for runs, cached rows and the ledger (default {OUT})"
     )
+    add_overwrite(c)
     c.add_argument(
         "--markdown",
         default=None,
@@ -93,12 +101,13 @@ def cmd_claims(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_float("--row-seconds", a.row_seconds, 0.0, limits.MAX_SECONDS, hint="0: no limit")
     limits.check_seed("--audit-seed", a.audit_seed)
-    check_out(a.out)
+    check_out(a.out, "claims", a.overwrite)
     targets = claims.select(a.defense, a.target)
     if a.markdown is not None and Path(a.markdown).is_dir():
         raise PrivauditError(f"--markdown takes a file path, got the folder {a.markdown}")
     # the shared configuration; each defense (and its own topology) is set per run
     base = config_from_args(a, DEFAULTS.defense, a.rounds)
+    mark_out(Path(a.out), "claims")
     try:
         doc = claims.ledger(
             base,

@@ -11,11 +11,13 @@ from typing import Any
 
 from privaudit.cli.options import (
     add_attack_option,
+    add_overwrite,
     attack_options,
     check_out,
     check_threat,
     config_from_args,
     explicit_settings,
+    mark_out,
     training_options,
 )
 from privaudit.core import limits
@@ -70,6 +72,7 @@ def add_parser(sub: Any) -> None:
         f"{FRONTIER_TARGETS})",
     )
     c.add_argument("--out", required=True, help="output folder (runs, results, figures)")
+    add_overwrite(c)
     c.add_argument(
         "--figures",
         default=None,
@@ -155,6 +158,7 @@ def add_parser(sub: Any) -> None:
     )
     r.add_argument("experiment", help="dpdl-table3")
     r.add_argument("--out", default=None, help="output folder (default privaudit-out/EXP)")
+    add_overwrite(r)
     r.add_argument(
         "--scenarios",
         type=_list(str, "--scenarios"),
@@ -214,8 +218,7 @@ def _namespace(a: argparse.Namespace, agents: int | None = None) -> argparse.Nam
 
 def _check_attack(a: argparse.Namespace) -> None:
     """The attack, its flags and its ``-a`` options, before any training."""
-    if a.out is not None:
-        check_out(a.out)
+    check_out(a.out, a.command, a.overwrite)
     attack_options(a, getattr(a, "attack", None))
     limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)
 
@@ -268,6 +271,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
                 )
     t0 = time.perf_counter()
     out = Path(a.out)
+    mark_out(out, "compare")
     rows = execute(sweep, out, progress=not a.no_progress)
     written = write_report(rows, out, load_tensors, last_round=frontier)
     print(markdown(summarize(rows)))
@@ -296,7 +300,7 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
     from privaudit.api.reproduce import dpdl_table3, format_table3, markdown_table3, table3_rows
     from privaudit.core.files import to_jsonable, write_json
 
-    out = Path(a.out or "privaudit-out/dpdl-table3")
+    out = Path(a.out)
     if not a.agents:
         raise PrivauditError("--agents is empty; give at least one N, e.g. 10,20,30")
     for n in a.agents:
@@ -307,9 +311,11 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
     for seed in a.seeds:
         limits.check_seed("--seeds", seed)
     t0 = time.perf_counter()
+    base = _base(a, agents=max(a.agents))
+    mark_out(out, "reproduce")
     rows = dpdl_table3(
         out,
-        _base(a, agents=max(a.agents)),
+        base,
         a.topologies,
         a.agents,
         a.rounds,
@@ -325,7 +331,7 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
     setting = (
         f"ours: Poisson batches of {first['batch_size']} image(s) per victim on average, "
         f"{a.victims} victims, round "
-        f"{a.rounds}, ε = {a.epsilon:g} (σ = {first['sigma']:.3g} in the first DPDL run), "
+        f"{a.rounds}, ε = {base.epsilon:g} (σ = {first['sigma']:.3g} in the first DPDL run), "
         f"{first['attack']} "
         f"{a.iterations} iterations, dataset {a.dataset}, seeds {','.join(map(str, a.seeds))}"
     )
@@ -344,5 +350,6 @@ EXPERIMENTS = {"dpdl-table3": _dpdl_table3}
 def cmd_reproduce(a: argparse.Namespace) -> int:
     if a.experiment not in EXPERIMENTS:
         raise unknown("experiment", a.experiment, EXPERIMENTS)
+    a.out = a.out or f"privaudit-out/{a.experiment}"
     _check_attack(a)
     return EXPERIMENTS[a.experiment](a)

@@ -101,7 +101,9 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
         default=rounds_default,
         help=f"rounds T (default: {rounds_default or 'the preset, or the attacked round'})",
     )
-    g.add_argument("--agents", type=int, default=DEFAULTS.agents, help="number of agents N")
+    g.add_argument(
+        "--agents", type=int, default=None, help=f"number of agents N (default {DEFAULTS.agents})"
+    )
     g.add_argument(
         "--topology",
         default=None,
@@ -110,8 +112,8 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     )
     g.add_argument(
         "--dataset",
-        default=DEFAULTS.dataset,
-        help="photos (embedded) | mnist | fashion-mnist | cifar10",
+        default=None,
+        help="photos (embedded; the default) | mnist | fashion-mnist | cifar10",
     )
     g.add_argument("--data-root", default=None, help="folder holding the torchvision dataset")
     g.add_argument("--download", action="store_true", help="let torchvision download it")
@@ -130,12 +132,15 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     g.add_argument(
         "--epsilon",
         type=float,
-        default=DEFAULTS.epsilon,
-        help="ε per agent over the run, turned into σ by the accountant",
+        default=None,
+        help=f"ε per agent over the run, turned into σ by the accountant (default "
+        f"{DEFAULTS.epsilon:g} unless --sigma)",
     )
-    g.add_argument("--delta", type=float, default=DEFAULTS.delta)
-    g.add_argument("--sigma", type=float, default=None, help="noise multiplier (overrides ε)")
-    g.add_argument("--accountant", default=DEFAULTS.accountant, help="rdp | prv")
+    g.add_argument("--delta", type=float, default=None, help=f"δ (default {DEFAULTS.delta:g})")
+    g.add_argument(
+        "--sigma", type=float, default=None, help="noise multiplier (instead of --epsilon)"
+    )
+    g.add_argument("--accountant", default=None, help="rdp (default) | prv")
     g.add_argument(
         "--param",
         "-p",
@@ -145,7 +150,7 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
         metavar="NAME=VALUE",
         help="a defense parameter, e.g. -p momentum=0.9",
     )
-    g.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    g.add_argument("--seed", type=int, default=None, help=f"run seed (default {DEFAULTS.seed})")
     g.add_argument("--device", default=DEFAULTS.device, help="cpu | cuda")
     g.add_argument(
         "--threads",
@@ -154,7 +159,12 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
         help="CPU threads for torch (default 1: the default models' small kernels gain "
         "little from more, and OpenMP threads stall badly when cores are shared)",
     )
-    g.add_argument("--checkpoint-every", type=int, default=DEFAULTS.checkpoint_every)
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help=f"rounds between checkpoints (default {DEFAULTS.checkpoint_every})",
+    )
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -166,18 +176,75 @@ PRESET_FLAGS = {
     "dirichlet_alpha": "dirichlet_alpha",
 }
 
+# the training flags that define a run's messages (attribute -> flag): an existing --run
+# has its own, so giving one beside --run is refused rather than ignored
+RUN_FLAGS = {
+    "preset": "--preset",
+    "rounds": "--rounds",
+    "agents": "--agents",
+    "topology": "--topology",
+    "dataset": "--dataset",
+    "model": "--model",
+    "batch_size": "--batch-size",
+    "dirichlet_alpha": "--dirichlet-alpha",
+    "lr": "--lr",
+    "clip": "--clip",
+    "epsilon": "--epsilon",
+    "delta": "--delta",
+    "sigma": "--sigma",
+    "accountant": "--accountant",
+    "param": "-p",
+    "seed": "--seed",
+}
+
+
+def setting(a: argparse.Namespace, name: str) -> Any:
+    """Training flag ``name`` as given, else the run default (:class:`RunConfig`)."""
+    value = getattr(a, name, None)
+    return getattr(DEFAULTS, name) if value is None else value
+
+
+def check_no_run_flags(a: argparse.Namespace, run: str) -> None:
+    """With ``--run``, the run's settings are the run's own: one error naming every training
+    flag that was given too (it would otherwise be silently ignored)."""
+    given = [flag for k, flag in RUN_FLAGS.items() if getattr(a, k, None) not in (None, [])]
+    if given:
+        raise PrivauditError(
+            f"{', '.join(given)} would be ignored: --run {run} trains with its own settings "
+            "(its config.json); drop them, or leave out --run to train a new run with them"
+        )
+
 
 def explicit_settings(a: argparse.Namespace, rounds: int | None) -> dict[str, Any]:
     """The preset-governed settings the user gave (flags not None, ``-p``/``--lr``/
-    ``--clip`` as ``params``); ``rounds`` is the command's own choice when not None."""
+    ``--clip`` as ``params``); ``rounds`` is the command's own choice when not None. A
+    parameter given both as ``-p`` and by its own flag is an error, not a silent choice."""
     given = {f: getattr(a, k, None) for k, f in PRESET_FLAGS.items()}
     given["rounds"] = rounds
     params = dict(a.param)
-    if a.lr is not None:
-        params["lr"] = a.lr
-    if a.clip is not None:
-        params["clip"] = a.clip
+    for name in ("lr", "clip"):
+        value = getattr(a, name, None)
+        if value is None:
+            continue
+        if name in params and params[name] != value:
+            raise PrivauditError(
+                f"-p {name}={params[name]} and --{name} {value} both set {name}; give one"
+            )
+        params[name] = value
     return {**{k: v for k, v in given.items() if v is not None}, "params": params}
+
+
+def noise_setting(a: argparse.Namespace) -> tuple[float | None, float | None]:
+    """(ε, σ) as asked: ``--sigma`` or ``--epsilon`` (default ε without either), never both
+    — σ would silently win and the run's ε differ from the one recorded."""
+    if a.epsilon is not None and a.sigma is not None:
+        raise PrivauditError(
+            f"--epsilon {a.epsilon:g} and --sigma {a.sigma:g} both set the noise; give one "
+            "(--epsilon: σ is calibrated to it; --sigma: ε is what σ gives)"
+        )
+    if a.sigma is not None:
+        return None, a.sigma
+    return setting(a, "epsilon"), None
 
 
 def configured(
@@ -191,22 +258,34 @@ def configured(
     from privaudit.defenses import get_defense
     from privaudit.scenario import presets
 
+    epsilon, sigma = noise_setting(a)
     base = RunConfig(
         defense=defense,
-        agents=a.agents,
+        agents=setting(a, "agents"),
         topology=get_defense(defense).topology_for(a.topology),
-        dataset=a.dataset,
+        dataset=setting(a, "dataset"),
         data_root=a.data_root,
         download=a.download,
-        epsilon=a.epsilon,
-        delta=a.delta,
-        sigma=a.sigma,
-        accountant=a.accountant,
-        seed=a.seed,
+        epsilon=epsilon,
+        delta=setting(a, "delta"),
+        sigma=sigma,
+        accountant=setting(a, "accountant"),
+        seed=setting(a, "seed"),
         device=a.device,
-        checkpoint_every=a.checkpoint_every,
+        checkpoint_every=setting(a, "checkpoint_every"),
     )
     return presets.apply(base, a.preset or preset, explicit_settings(a, rounds))
+
+
+def open_run(a: argparse.Namespace) -> Any:
+    """The run of ``--run``, with the flags that do not change its messages applied
+    (``--device``, and ``--data-root``/``--download`` where its dataset is found)."""
+    from privaudit.sim.run import Run
+
+    override = {"device": a.device}
+    if a.data_root is not None:
+        override.update(data_root=a.data_root, download=a.download)
+    return Run.open(a.run, **override)
 
 
 def config_from_args(a: argparse.Namespace, defense: str, rounds: int | None) -> RunConfig:
@@ -227,14 +306,21 @@ def checked_params(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def check_threat(name: str | None) -> None:
-    """``--threat`` names one of the threat models (None: the command chooses), checked
-    before any training."""
+def check_threat(name: str | None, attackers: str | None = None) -> None:
+    """``--threat`` names one of the threat models (None: the command chooses), and
+    ``--attacker`` is given only to a threat that has attackers; checked before any
+    training."""
     from privaudit.core.threat import ORDER
 
     if name is not None and name not in ORDER:
         raise PrivauditError(
             f"unknown threat model {name!r}: --threat must be one of {', '.join(ORDER)}"
+        )
+    if attackers is not None and name in ("link", "global"):
+        sees = "every link" if name == "global" else "one link (--link SRC,DST)"
+        raise PrivauditError(
+            f"--attacker {attackers} would be ignored: the {name} adversary sees {sees}, not "
+            "an agent's links; drop --attacker, or use --threat neighbor|coalition"
         )
 
 
@@ -247,12 +333,61 @@ ATTACK_FLAGS = {
 }
 
 
-def check_out(out: str | Path) -> Path:
-    """``--out`` as a path that can become a folder: refused at once when it is a file."""
+# the file that marks a folder as a command's own output (JSON: {"command": NAME})
+OUT_MARKER = ".privaudit-out"
+
+
+def add_overwrite(p: argparse.ArgumentParser) -> None:
+    """``--overwrite``: the way past :func:`check_out`'s refusal."""
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an --out folder that holds files privaudit did not write there "
+        "(files of the same names are replaced)",
+    )
+
+
+def check_out(out: str | Path, command: str, overwrite: bool = False) -> Path:
+    """``--out`` as a folder ``command`` may write into, checked before anything runs: a new
+    or empty folder, or one this command made before (its :data:`OUT_MARKER`: rerunning
+    resumes or refreshes its own output). A file, a folder of someone else's files, or
+    another command's output is refused — never overwritten — unless ``overwrite``."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PrivauditError(f"--out {out} is a file, not a folder; choose another --out")
+    if overwrite or not out.is_dir():
+        return out
+    marker = out / OUT_MARKER
+    if marker.is_file():
+        try:
+            owner = json.loads(marker.read_text()).get("command")
+        except (OSError, ValueError, AttributeError):
+            owner = None
+        if owner == command:
+            return out
+        made = f"privaudit {owner}" if isinstance(owner, str) else "an unknown program"
+        raise PrivauditError(
+            f"--out {out} holds the output of {made}, not of privaudit {command}; choose "
+            "another --out (or pass --overwrite to write into it anyway)"
+        )
+    files = sorted(p.name for p in out.iterdir())
+    if files:
+        shown = ", ".join(files[:4]) + (", …" if len(files) > 4 else "")
+        raise PrivauditError(
+            f"--out {out} already holds files privaudit did not write ({shown}); choose a new "
+            "or empty --out (or pass --overwrite to replace files of the same names)"
+        )
     return out
+
+
+def mark_out(out: Path, command: str) -> None:
+    """Create ``out`` and mark it as ``command``'s output (:func:`check_out` passed): call
+    it just before the command's first write into it."""
+    from privaudit.core.files import write_json
+
+    marker = out / OUT_MARKER
+    if not marker.is_file():
+        write_json(marker, {"command": command})
 
 
 def attack_options(a: argparse.Namespace, name: str | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from privaudit.cli.options import checked_params, configured, training_options
@@ -75,7 +76,9 @@ def _capture(text: str | None, rounds: int) -> Any:
 def cmd_train(a: argparse.Namespace) -> int:
     from privaudit.defenses import get_defense
     from privaudit.sim.run import Run
+    from privaudit.sim.runlock import check_free
 
+    check_free(Path(a.out))  # a second writer is turned away before any data is loaded
     get_defense(a.defense)
     cfg, origin = configured(a, a.defense, a.rounds, preset="utility")
     cfg = checked_params(cfg)

@@ -9,6 +9,12 @@ class Interrupted(PrivauditError):
     """A stop request (Ctrl-C, SIGTERM) ended a run at a round boundary; it can resume."""
 
 
+class Unobservable(PrivauditError):
+    """An adversary cannot see the message asked for (not on its links, not sent that
+    round). The one error a search over threat models may pass over: anything else — an
+    interrupt, a corrupt or locked run — ends the search."""
+
+
 class NameTaken(PrivauditError):
     """A registry (of defenses or of attacks) already holds ``name``: registering it again
     would silently replace what is there (:mod:`privaudit.plugins` names the owner)."""

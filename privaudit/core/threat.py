@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from privaudit.core.errors import PrivauditError, unknown
+from privaudit.core.errors import PrivauditError, Unobservable, unknown
 
 Key = tuple[int, int, int, str]
 ORDER = ("link", "neighbor", "coalition", "global")
@@ -45,7 +45,7 @@ class View:
     def get(self, t: int, src: int, dst: int, kind: str) -> Tensor:
         key = (t, src, dst, kind)
         if key not in self.messages:
-            raise PrivauditError(
+            raise Unobservable(
                 f"the {self.threat} adversary does not see the {kind!r} message {src}->{dst} "
                 f"of round {t}; an adversary that does: --threat neighbor --attacker {dst}, "
                 "or --threat global"
@@ -93,12 +93,12 @@ class Threat:
         (global) the victim's first receiver. ``receivers``: who gets ``what`` from the
         victim; ``what`` names it in errors."""
         if victim in self.agents:
-            raise PrivauditError(
+            raise Unobservable(
                 f"agent {victim} is one of the attackers; choose a --victim outside "
                 f"{sorted(self.agents)}"
             )
         if not receivers:
-            raise PrivauditError(f"agent {victim} sends no {what}; pick another round or victim")
+            raise Unobservable(f"agent {victim} sends no {what}; pick another round or victim")
         if self.name == "global":
             return receivers[0]
         pool = [b for b in receivers if self.sees(victim, b)]
@@ -108,7 +108,7 @@ class Threat:
                 if self.link
                 else f"agent(s) {sorted(self.agents)}"
             )
-            raise PrivauditError(
+            raise Unobservable(
                 f"{who} receive no {what} from agent {victim}; it goes to "
                 f"{', '.join(map(str, receivers))}: e.g. --threat neighbor --attacker "
                 f"{receivers[0]}, or --threat global"
@@ -147,6 +147,17 @@ def parse_link(text: str, edges: list[tuple[int, int]]) -> tuple[int, int]:
         near = ", ".join(f"{s},{d}" for s, d in edges[:6])
         raise PrivauditError(f"{src},{dst} is not a link of the topology; links are e.g. {near}")
     return src, dst
+
+
+def parse_links(texts: Iterable[str], edges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Every ``--link`` as a directed edge (:func:`parse_link`); a link named twice is an
+    error (it would be attacked and counted twice)."""
+    links = [parse_link(text, edges) for text in texts]
+    twice = sorted({link for link in links if links.count(link) > 1})
+    if twice:
+        names = " ".join(f"--link {s},{d}" for s, d in twice)
+        raise PrivauditError(f"{names} is given more than once; name each link once")
+    return links
 
 
 def build_threat(

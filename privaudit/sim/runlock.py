@@ -64,6 +64,33 @@ def unwritable(folder: Path, exc: OSError) -> PrivauditError:
     )
 
 
+def busy(folder: Path) -> PrivauditError:
+    """The error for a run directory whose writer lock another process holds."""
+    return PrivauditError(
+        f"{folder} is being written by another privaudit process "
+        f"({holder(folder) or 'PID unknown'}); wait for it to finish, or choose another --out"
+    )
+
+
+def check_free(folder: Path) -> None:
+    """Refuse at once (:func:`busy`) when another process holds ``folder``'s writer lock: a
+    probe a command makes before it loads data, so a second writer is turned away in
+    milliseconds. Taking the lock (:func:`writer`) still decides."""
+    if _key(folder) in _writers:
+        return
+    try:
+        fd = _open(folder / WRITER, create=False)
+    except OSError:
+        return  # no lock file (a new run) or unreadable: writer() will say
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+            raise busy(folder) from None
+    finally:
+        os.close(fd)
+
+
 def holder(folder: Path) -> str:
     """Who holds ``folder``'s writer lock, as its holder wrote it ("" if unknown)."""
     try:
@@ -92,11 +119,7 @@ def writer(folder: Path) -> Iterator[None]:
         os.close(fd)
         if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
             raise unwritable(folder, e) from None
-        raise PrivauditError(
-            f"{folder} is being written by another privaudit process "
-            f"({holder(folder) or 'PID unknown'}); wait for it to finish, or choose another "
-            "--out"
-        ) from None
+        raise busy(folder) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"PID {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
     _writers[key] = [fd, 1]
