@@ -26,7 +26,7 @@ import torch
 from privaudit.core import schema
 from privaudit.core.errors import NameTaken, PrivauditError, unknown
 from privaudit.core.limits import SEED_END
-from privaudit.core.observation import Observation, Reconstruction
+from privaudit.core.observation import Observation, Reconstruction, check_finite
 
 from .analytic import analytic
 from .auto import auto
@@ -153,11 +153,13 @@ def run_attack(
     """Run the attack ``name`` (a key of :data:`ATTACKS`) on ``observations``: consecutive
     observations of one batch size as one batched problem (observation i keeps seed
     ``seed + i``); one with ``batch_size`` 0 (an empty Poisson batch) gets an empty
-    Reconstruction (``meta["empty"]``), as there is nothing to reconstruct."""
+    Reconstruction (``meta["empty"]``), as there is nothing to reconstruct. A non-finite
+    observation is refused first (:func:`~privaudit.core.observation.check_finite`)."""
     if name not in ATTACKS:
         raise unknown("attack", name, ATTACKS)
     kw = check_options(name, kw)
     obs = [observations] if isinstance(observations, Observation) else list(observations)
+    check_finite(obs)
     sizes = [int(o.batch_size) for o in obs]
     if not obs or (min(sizes) > 0 and len(set(sizes)) == 1):
         return ATTACKS[name](obs, **kw)

@@ -162,10 +162,10 @@ class Params:
     and the ``check_*`` helpers above, so each check and its message are written once. A
     plain dataclass with its own ``validate`` (or none) serves as well (a plugin's)."""
 
-    lr: float = 0.05  # the step size: η, γ or λ in the papers
+    lr: float = 0.05  # the step size: η, γ or λ in the papers, in (0, limits.LR_MAX]
 
     def validate(self) -> None:
-        check_positive("lr", self.lr)
+        limits.check_step_size("lr", self.lr)
 
 
 # -- the registry -------------------------------------------------------------------------

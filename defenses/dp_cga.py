@@ -247,6 +247,7 @@ class DPCGA(CrossGradientDefense):
             paper="CGA has no DP analysis; the DPDL and PDSL papers' DP-CGA baseline counts one "
             "Gaussian release of sensitivity C per neighbour (neither paper states a σ(ε) rule "
             "for it)",
+            paper_claims=False,  # the count is our reading of the baseline, not a claim
             caveats=(
                 "flat batch clipping has add/remove sensitivity 2C; the paper's count assumes C",
                 "the noised self-gradient (through x̃) is a release the paper's count leaves out",

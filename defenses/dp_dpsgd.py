@@ -84,6 +84,7 @@ class DPDPSGD(Defense):
             p.sigma,
             paper="the DPDL and PDSL papers describe this A(DP)²SGD baseline in one sentence "
             "and state no σ(ε) rule for it; A(DP)²SGD's own analysis is not applied here",
+            paper_claims=False,  # one release per round at σ: our reading, not a claim
             reason="per-example clip C + N(0, σ²C²) on the sum, one broadcast release per round",
             clip=(p.clip, "example"),
         )

@@ -134,8 +134,14 @@ class DPDL(CrossGradientDefense):
 
     def privacy(self, p: DPDLParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """``cg``: a Gaussian mechanism per neighbour and round (per-example clip C, std σC
-        on the clipped sum, add/remove sensitivity C: multiplier σ). Every other kind
-        carries the un-noised ĝ^{ii}: no finite ε."""
+        on the clipped sum, add/remove sensitivity C: multiplier σ) *given its evaluation
+        point*, the receiver's model x_j — which from round 2 on has mixed in agent i's
+        model and momentum, and through them i's clipped but un-noised ĝ^{ii}: one changed
+        example moves x_j and with it every later cross-gradient, so the releases do not
+        compose into a run guarantee (:attr:`Privacy.per_release`; ε = ∞ over the run, the
+        one-release ε where x_j is fixed). Every other kind carries the un-noised ĝ^{ii}
+        itself: no finite ε. σ is calibrated by the paper's count (one release per
+        neighbour and round)."""
         if p.sigma <= 0 or p.clip is None:
             return no_noise(self.name, "σ = 0 or no clip")
         common: dict[str, Any] = dict(
@@ -152,8 +158,13 @@ class DPDL(CrossGradientDefense):
         if kind == "cg":
             return Privacy(
                 **common,
-                formal=True,
-                reason="per-example clip C + N(0, σ²C²) on the sum, one release per neighbour",
+                formal=False,
+                per_release=True,
+                reason="each cross-gradient (per-example clip C + N(0, σ²C²) on the sum) is "
+                "evaluated at the receiver's model x_j, which from round 2 on carries agent i's "
+                "un-noised self-gradient ĝ^{ii} (through its model and momentum, eqs. 17–21): "
+                "one example moves every later release's evaluation point, so the releases do "
+                "not compose (one release at a fixed x_j is a Gaussian mechanism)",
                 caveats=(
                     "mm, half-model and model carry the un-noised self-gradient ĝ^{ii}: the "
                     "run as a whole has no finite ε",

@@ -425,7 +425,8 @@ class PDSL(CrossGradientDefense):
         else:
             caveats.append(
                 "private validation set: mm, half-model and model are un-noised functions of "
-                "each agent's validation images; only cg has a finite ε"
+                "each agent's validation images, and cg is evaluated at models that carry "
+                "them: only one cg release at a fixed model has a finite ε"
             )
         common: dict[str, Any] = dict(
             mechanism="gaussian",
@@ -442,11 +443,21 @@ class PDSL(CrossGradientDefense):
             paper_epsilon=lambda delta, impact: theorem1_epsilon(p.sigma, W, delta),
             caveats=tuple(caveats),
         )
-        if kind == "cg":
+        if kind == "cg" and public:
             return Privacy(
                 **common,
                 formal=True,
                 reason="batch-mean clip C + N(0, σ²C²), one cross-gradient per neighbour",
+            )
+        if kind == "cg":
+            return Privacy(
+                **common,
+                formal=False,
+                per_release=True,
+                reason="each cross-gradient (batch-mean clip C + N(0, σ²C²)) is evaluated at "
+                "the receiver's model, which mixes π-weighted updates whose π is an un-noised "
+                "function of agent i's private validation split (eqs. 16–20): the releases do "
+                "not compose (one release at a fixed model is a Gaussian mechanism)",
             )
         if public:
             return Privacy(

@@ -195,6 +195,8 @@ def row(
         "message": defense.kinds[kind],
         "paper": privacy.paper,
         "paper_short": short_claim(privacy.paper),
+        # False: no claim in the paper; the count is this tool's reading of it
+        "paper_claims": privacy.paper_claims,
         "mechanism": privacy.mechanism,
         "formal": rep["formal"],
         "reason": rep["reason"],
@@ -335,6 +337,7 @@ def setting(
         "sampling": SAMPLING,
         "audit": {
             "mode": "white-box",
+            "canary": "search",  # the audit's default (eval/audit.py: candidates): in the key
             "round": ROUND,
             "threat": THREAT,
             "victim": 0,
@@ -506,6 +509,8 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
     verdict = _verdict(c["verdict"])
     if c["refuted_by"] and len([k for k in ("count", "rule") if c[k]["verdict"]]) > 1:
         verdict += f" ({' + '.join(c['refuted_by'])})"
+    if not r.get("paper_claims", True):
+        verdict = f"no claim in the paper; our reading of its count: {verdict}"
     return [
         *first,
         fmt(c["count"]["epsilon"]),
@@ -527,6 +532,11 @@ def headline(doc: dict[str, Any]) -> list[str]:
     rows = doc["rows"]
     audited = [r for r in rows if r["error"] is None]
     refuted = [r["target"] for r in audited if r["claim"]["verdict"] == "violated"]
+    readings = [r["target"] for r in rows if not r.get("paper_claims", True)]
+    refuted, misread = (
+        [t for t in refuted if t not in readings],
+        [t for t in refuted if t in readings],
+    )
     broken = [r["target"] for r in audited if r["accounting"]["verdict"] == "violated"]
     informal = [r["target"] for r in rows if not r["formal"]]
     claimed_inf = [r for r in rows if not r["formal"] and math.isfinite(r["epsilon_claimed"])]
@@ -540,6 +550,8 @@ def headline(doc: dict[str, Any]) -> list[str]:
         f"{len(rows) - len(informal)} have a formal guarantee, {len(informal)} have none (∞).",
         "- Claims the evidence refutes (audit lower bound > the claim's ε for one release): "
         f"{_names(refuted, 'none at this setting')}.",
+        "- No claim in the paper, but the evidence refutes our reading of how its users "
+        f"count its releases: {_names(misread, 'none at this setting')}.",
         f"- Kinds with no formal guarantee whose paper still claims a finite ε over the run: "
         f"{_names([r['target'] for r in claimed_inf])}.",
         f"- Formal kinds whose paper's accounting claims less ε than a correct one: "
@@ -575,6 +587,7 @@ def describe(doc: dict[str, Any]) -> str:
         if m > 1
         else ""
     )
+    searched = " (canary searched: eval/audit.py)" if a.get("canary") == "search" else ""
     budget = (
         f" (fewer where they would take over {a['row_seconds']:g} s: shown in the row)"
         if a.get("row_seconds")
@@ -585,9 +598,9 @@ def describe(doc: dict[str, Any]) -> str:
         f"{s['rounds']} rounds, δ = {s['delta']:g}, {s['accountant']} accountant; {noise}"
         f"{f' (σ: {sig})' if sig else ''}. Adjacency: {s['adjacency']}; sampling: "
         f"{s['sampling']}; the run's ε is the worst agent's. Evidence: {a['mode']} canary "
-        f"audit of round {a['round']}, {a['threat']} threat (victim {a['victim']} → its first "
-        f"receiver), {a['trials']} trials per row{budget}, confidence {a['confidence']:g} per "
-        f"row{recheck}; per-release bounds at sample rate 1 (PRV)."
+        f"audit{searched} of round {a['round']}, {a['threat']} threat (victim {a['victim']} "
+        f"→ its first receiver), {a['trials']} trials per row{budget}, confidence "
+        f"{a['confidence']:g} per row{recheck}; per-release bounds at sample rate 1 (PRV)."
     )
 
 

@@ -316,12 +316,21 @@ def _check_defense(
 
 
 # -- one line per failure ---------------------------------------------------------------------
+def origin(what: str, name: str) -> str:
+    """Where the registered ``what`` ("defense" or "attack") ``name`` came from, in words for
+    an error line: ``plugin LABEL`` (its file or entry point), ``the built-in defense`` /
+    ``the built-in attack``, or ``module M`` (registered by importing M)."""
+    return _owner(what, name)
+
+
 def _owner(what: str, name: str, registries: dict[str, dict[str, Any]] | None = None) -> str:
-    """Who registered ``name``: a plugin (by label), privaudit itself, or a module."""
-    for plugin in _loaded.values():
-        if any(w == what and n == name for w, n, _ in plugin.registered):
-            return f"plugin {plugin.label}"
+    """Who registered ``name``: a plugin (by label), privaudit itself, or a module. A plugin
+    is named only while what it registered is what ``name`` holds (after a registry reset,
+    another file may register the same name)."""
     obj = (registries or _registries())[what].get(name)
+    for plugin in _loaded.values():
+        if any(w == what and n == name and o is obj for w, n, o in plugin.registered):
+            return f"plugin {plugin.label}"
     module = getattr(obj if what == "attack" else type(obj), "__module__", "") or ""
     return f"the built-in {what}" if module.startswith("privaudit.") else f"module {module}"
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-from privaudit.core.accounting import ADJACENCY, SAMPLING, sigma_for_epsilon
+from privaudit.core.accounting import ADJACENCY, SAMPLING, release_epsilon, sigma_for_epsilon
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.defenses.base import neighbours
@@ -69,9 +69,6 @@ def test_the_independent_rdp_matches_known_values() -> None:
 # defense → (its message kinds that are formal, the true multiplier per unit σ, the releases
 # per round of agent i's batch, from the mechanism's definition, for a node of degree d)
 MECHANISMS = {
-    # per-example clip C, std σC on the clipped sum: sensitivity C; one cross-gradient per
-    # neighbour (mm, half-model, model carry the un-noised self-gradient: no finite ε)
-    "dpdl": ({"cg"}, 1.0, lambda d: d),
     # flat clip of the batch mean to C: adding/removing one example moves it by up to 2C;
     # the half-step model adds the noised self-gradient: d + 1 releases
     "dp-cga": ({"cg", "half-model", "model"}, 0.5, lambda d: d + 1),
@@ -112,6 +109,55 @@ def test_calibrated_sigma_gives_the_target_epsilon(tmp_path, defense: str) -> No
         if k not in formal:
             assert v["reason"]
     assert res["adjacency"] == ADJACENCY and res["sampling"] == SAMPLING
+
+
+def test_the_runs_epsilon_is_infinite_when_any_kind_on_the_wire_has_no_guarantee(tmp_path):
+    """DPDL at σ = 1: model, half-model and mm carry the un-noised self-gradient, and each cg
+    is evaluated at the receiver's model, which carries it from round 2 on — so the run's ε
+    (everything on the wire) is ∞ with the reason, every agent's too; σ was what was asked;
+    the paper's count (multiplier σ, one release per neighbour) is recomputed here."""
+    run = _run(tmp_path, "dpdl", epsilon=None, sigma=1.0)
+    res, W, T = run.resolved, run.ctx.W.cpu(), run.cfg.rounds
+    assert res["epsilon"] == math.inf and res["formal_kinds"] == []
+    assert "no formal guarantee" in res["epsilon_reason"]
+    assert all(a["epsilon"] == math.inf for a in res["agents"])
+    assert not any(v["formal"] for v in res["kinds"].values())
+    cg = res["kinds"]["cg"]
+    assert cg["per_release"] and "evaluated at the receiver's model" in cg["reason"]
+    # one message at a fixed evaluation point: the Gaussian mechanism at multiplier σ
+    assert cg["epsilon_one_release"] == pytest.approx(release_epsilon(1.0, run.cfg.delta))
+    claims = [
+        epsilon(run.cfg.batch_size / len(part), 1.0, len(neighbours(W, i)), T, run.cfg.delta)
+        for i, part in enumerate(run.ctx.parts)
+    ]
+    assert cg["epsilon_claimed"] == pytest.approx(max(claims), rel=0.01)
+    assert res["calibrated"] is None and run.cfg.epsilon is None  # what was asked: σ
+
+
+def test_dpdl_epsilon_calibrates_sigma_by_the_papers_count_and_says_so(tmp_path, capsys):
+    """--epsilon 1 on DPDL: no kind composes into a guarantee, so σ is set by the paper's
+    count (the cg releases' claimed ε is 1), and the command's line says which kinds it
+    calibrated and that every kind stays ∞."""
+    from conftest import run_cli
+
+    out = tmp_path / "run"
+    argv = ["train", "--defense", "dpdl", "--rounds", "5", "--agents", "4", "--out", str(out)]
+    code, stdout, err = run_cli(capsys, *argv, "--epsilon", "1", "--no-progress")
+    assert code == 0, err
+    line = stdout.splitlines()[1]
+    assert line.startswith("--epsilon 1 calibrated σ = ") and "(the paper's count)" in line
+    assert "model, cg, mm, half-model stay ε = ∞ over the run" in line
+    assert "ε over the run (every message on the wire) = ∞" in stdout
+    run = Run.open(out)
+    assert run.resolved["kinds"]["cg"]["epsilon_claimed"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_run_whose_every_kind_is_formal_reports_its_worst_kind(tmp_path):
+    """DP-CGA (every message a function of noised releases): the run's ε is finite, the
+    largest over its kinds, with no reason."""
+    res = _run(tmp_path, "dp-cga").resolved
+    assert res["epsilon_reason"] is None and set(res["formal_kinds"]) == set(res["kinds"])
+    assert res["epsilon"] == pytest.approx(max(v["epsilon"] for v in res["kinds"].values()))
 
 
 def test_per_agent_epsilon_follows_each_agents_own_rate(tmp_path) -> None:

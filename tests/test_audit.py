@@ -37,7 +37,10 @@ def _privacy(name: str, kind: str, **params):
 
 def test_gaussian_channels_count_every_release() -> None:
     cg = _privacy("dpdl", "cg", sigma=1.5)
-    assert cg.formal and cg.noise_multiplier == 1.5 and cg.releases == 2  # ring: 2 neighbours
+    assert cg.noise_multiplier == 1.5 and cg.releases == 2  # ring: 2 neighbours
+    # a Gaussian per release at a fixed evaluation point, which carries un-noised state
+    assert cg.per_release and not cg.formal
+    assert account(cg, 1e-5, 0.1, 10)["release"] < math.inf == account(cg, 1e-5, 0.1, 10)["run"]
     assert not _privacy("dpdl", "mm", sigma=1.5).formal  # un-noised self-gradient
     pdsl = _privacy("pdsl", "cg", sigma=1.5)
     assert pdsl.noise_multiplier == 0.75 and pdsl.claimed_multiplier == 1.5  # flat clip: 2C
@@ -129,7 +132,11 @@ def test_halved_noise_is_reported_violated(tmp_path, broken) -> None:
 
 
 def test_correct_mechanism_is_tight_and_not_violated(tmp_path) -> None:
-    res = audit(_run(tmp_path, "dp-dpsgd"), "dp-dpsgd-half-model", trials=1500, progress=False)
+    """One fixed canary (no search: every trial on it at 1 − α) is tight."""
+    run = _run(tmp_path, "dp-dpsgd")
+    fixed = dict(canary_norm=1.0, canary_shape="dirac")
+    res = audit(run, "dp-dpsgd-half-model", trials=1500, progress=False, **fixed)
+    assert len(res["search"]["candidates"]) == 1 and res["search"]["pilot_trials"] == 0
     up = res["upper"]["accountant"]
     assert res["verdict"] != "violated"
     assert 0.6 * up < res["epsilon_lo"] <= up

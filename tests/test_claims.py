@@ -125,6 +125,11 @@ def test_markdown_has_the_header_and_a_row_per_kind(ledger) -> None:
     assert "**violated**" in pdsl
     mm = next(line for line in rows if "`dpdl-mm`" in line)
     assert "∞ (R" in mm and "no guarantee" in mm
+    # A(DP)²SGD as a baseline: the papers state no claim; its count is our reading
+    dpsgd = next(line for line in rows if "`dp-dpsgd-half-model`" in line)
+    assert "no claim in the paper; our reading of its count: " in dpsgd
+    assert "No claim in the paper, but the evidence refutes our reading" in text
+    assert "our reading" not in pdsl  # PDSL's Theorem 1 is the paper's own claim
     assert "Why ∞" in text and "Poisson" in text and "add/remove one example" in text
     json.loads((out / "ledger.json").read_text())  # valid JSON on disk too
 

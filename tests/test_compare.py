@@ -64,7 +64,9 @@ def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
     ]
     assert {c["epsilon_requested"] for c in cells} == {"inf", "1"}
     dp = [c for c in cells if c["target"] == "dpdl-cg"]
-    assert all(abs(float(c["epsilon"]) - 1) < 0.05 and float(c["sigma"]) > 0 for c in dp)
+    # σ calibrated to ε = 1 by the paper's count; dpdl's cg (and the run) have no formal
+    # guarantee over the run: ∞ beside the ε asked
+    assert all(c["epsilon"] == c["run_epsilon"] == "inf" and float(c["sigma"]) > 0 for c in dp)
     assert all(c["victims"] == "2" and float(c["psnr"]) > 0 for c in cells)
     assert (out / "summary.md").read_text().count("| `dpdl-cg` |") == 2
     images = list(csv.DictReader((out / "images.csv").open()))

@@ -153,6 +153,11 @@ BAD = {
         "--agents, --dataset, --epsilon would be ignored: --run",
     ),
     "audit --run with a seed": ([*AUDIT, "--seed", "3"], "--seed would be ignored: --run"),
+    "sigma for a defense whose noise is a paper constant": (
+        ["train", "--defense", "adad2p", "--sigma", "1", "--out", "{tmp}/x"],
+        "--sigma 1 would be ignored: adad2p's noise",
+    ),
+    "sigma for a defense without noise": ([*ND, "--sigma", "1"], "--sigma 1 would be ignored"),
     "epsilon and sigma": ([*TRAIN, "--epsilon", "2", "--sigma", "1"], "both set the noise"),
     "-p lr and --lr": ([*ND, "-p", "lr=0.5", "--lr", "0.01"], "-p lr=0.5 and --lr 0.01"),
     "global threat with an attacker": (
@@ -532,3 +537,50 @@ def test_an_attack_that_hands_over_says_what_ran(tmp_path, small_run, capsys):
     assert result["batch_sizes"][0] > 1, "the test needs a batch of several examples"
     assert result["attack_used"] == ["ig"] and "one example" in result["fallback"][0]
     assert "rgap (ig)" in stdout and "Inverting Gradients produced the reconstruction" in stdout
+
+
+def test_a_sigma_run_records_what_was_asked(tmp_path, capsys):
+    """--sigma: config.json records σ and no ε (nothing was asked of ε); --epsilon: the ε."""
+    for flag, value in (("--sigma", "1.5"), ("--epsilon", "3")):
+        out = tmp_path / flag.strip("-")
+        argv = [*(a.format(tmp=tmp_path) for a in TRAIN[:-1]), str(out), flag, value]
+        code, _, err, _ = run_cli(capsys, *argv, "--no-progress")
+        assert code == 0, err
+        cfg = json.loads((out / "config.json").read_text())
+        want = (1.5, None) if flag == "--sigma" else (None, 3.0)
+        assert (cfg["sigma"], cfg["epsilon"]) == want
+
+
+def test_a_broken_run_is_named_as_such_not_as_an_unobservable_target(tmp_path, small_run, capsys):
+    """A corrupt checkpoint met while the threat search re-simulates is the file's own error,
+    not "no adversary observes …"; a --run that is a file, a folder with someone's own
+    config.json, and a run folder that cannot be written each say what they are."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    ckpt = next((run / "checkpoints").iterdir())
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    argv = ["attack", "--target", "nd-cg", "--round", "2", "--run", str(run), "--no-progress"]
+    code, _, err, _ = run_cli(capsys, *argv, "--out", str(tmp_path / "x"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "no adversary" not in err and ckpt.name in err, err
+
+    (tmp_path / "a-file").write_text("")
+    argv[argv.index(str(run))] = str(tmp_path / "a-file")
+    code, _, err, _ = run_cli(capsys, *argv, "--out", str(tmp_path / "y"))
+    assert code == 2 and "is a file, not a run directory" in err, err
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "settings"}')
+    code, _, err, _ = run_cli(capsys, *(a.format(tmp=tmp_path) for a in ND[:-1]), str(mine))
+    assert code == 2 and "privaudit did not write it as a run" in err, err
+    assert "older privaudit" not in err
+    assert (mine / "config.json").read_text() == '{"my": "settings"}'
+
+    from privaudit.sim import runlock
+
+    with pytest.raises(PrivauditError, match="copy the run somewhere writable"):
+        with runlock.writer(tmp_path / "a-file" / "run"):
+            pass

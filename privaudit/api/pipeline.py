@@ -23,6 +23,7 @@ from privaudit.core.observation import Observation, Reconstruction
 from privaudit.core.threat import Threat, build_threat, victim_threat
 from privaudit.eval.figures import reconstruction_grid
 from privaudit.eval.metrics import aggregate, score
+from privaudit.sim.loop import calling
 from privaudit.sim.run import Run
 from privaudit.sim.targets import parse_target
 
@@ -88,7 +89,8 @@ def observe(
     public = run.public()
     out = []
     for th, src, dst in plan:
-        obs = defense.observe(th.view(messages, public), kind, round, src, dst)
+        with calling(defense, "observe", round):  # a plugin's bug: one line naming it
+            obs = defense.observe(th.view(messages, public), kind, round, src, dst)
         obs.meta.update(target=target, round=round, src=src, dst=dst, threat=th.describe())
         out.append(given_batch_size(run, obs, round))
     return out
@@ -112,6 +114,24 @@ def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
             coef = coef * size[r] / b
         terms.append((params, coef, same))
     return dataclasses.replace(obs, batch_size=b, scale=obs.scale * b / B, terms=terms)
+
+
+def nonempty_rounds(run: Run, t: int, victims: list[int], within: int = 20) -> list[int]:
+    """Up to two rounds nearest ``t`` (within ``within``) whose recorded secrets give one of
+    ``victims`` a non-empty Poisson batch: where an attack has something to reconstruct."""
+    near = sorted(
+        range(max(1, t - within), min(run.cfg.rounds, t + within) + 1),
+        key=lambda r: (abs(r - t), r),
+    )
+    found = []
+    for r in near:
+        if r != t and run.dir.has_secrets(r):
+            sizes = run.batch_sizes(r)
+            if any(sizes[v] for v in victims):
+                found.append(r)
+                if len(found) == 2:
+                    break
+    return sorted(found)
 
 
 def _plan(
@@ -192,7 +212,7 @@ def reconstruct(
     summary = aggregate(scores)
     _, kind = parse_target(target)
     privacy = run.resolved["kinds"][kind]  # the attacked message kind's ε (worst agent)
-    eps = privacy["epsilon"]
+    eps, run_eps = privacy["epsilon"], run.resolved["epsilon"]
     metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
     result = {
         "target": target,
@@ -207,9 +227,13 @@ def reconstruct(
         "adversaries": [o.meta["threat"] for o in obs],
         "threat_chosen": threat is None and not attackers,
         "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
+        # the attacked kind's ε over the run (None: ∞, with the reason) and the paper's count
         "epsilon": eps if math.isfinite(eps) else None,
         "epsilon_reason": None if math.isfinite(eps) else privacy["reason"],
         "epsilon_claimed": privacy["epsilon_claimed"],
+        # the run's ε: everything it puts on the wire (privaudit.core.accounting.run_privacy)
+        "run_epsilon": run_eps if math.isfinite(run_eps) else None,
+        "run_epsilon_reason": run.resolved["epsilon_reason"],
         "delta": run.cfg.delta,
         "sigma": run.resolved["sigma"],
         "batch_size": run.cfg.batch_size,  # expected (Poisson); realised: batch_sizes
@@ -220,6 +244,10 @@ def reconstruct(
         "per_observation": [{k: s[k] for k in metrics} for s in scores],
         "exact_observation": all(o.meta.get("exact", False) for o in obs),
         "noise_std": [o.noise_std for o in obs],
+        # where every victim's batch is empty: the nearest recorded rounds where it is not
+        "rounds_with_a_batch": []
+        if any(o.batch_size for o in obs)
+        else nonempty_rounds(run, round, [o.meta["src"] for o in obs]),
         "wall_s": float(f"{wall:.3f}"),
         "run": str(run.dir.path),
     }

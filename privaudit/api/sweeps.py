@@ -54,7 +54,7 @@ __all__ = [
     "result_dir",
 ]
 
-RESULT_VERSION = 2  # bump when the content of a cached result changes
+RESULT_VERSION = 3  # bump when the content of a cached result changes
 
 
 @dataclass(frozen=True)
@@ -382,7 +382,7 @@ def _audit(
     run and target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
     for target in sorted({r["target"] for r in rows}):
         r = max(row["round"] for row in rows if row["target"] == target)
-        key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 2}
+        key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 3}  # 3: search
         path = rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")
         if not path.exists():
             kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}

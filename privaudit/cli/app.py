@@ -1,25 +1,42 @@
 """``privaudit``: list targets, train a defense, attack a target's messages.
 
-Every user error ends in one line ``privaudit: error: …`` naming the fix, and exit code 2.
+Every user error ends in one line ``privaudit: error: …`` naming the fix, and exit code 2;
+so does an interrupt (Ctrl-C, SIGTERM). A bug ends in one ``internal error`` line and exit
+code 1. ``--debug`` (or ``PRIVAUDIT_DEBUG=1``) adds the traceback after the line.
+
+Importing this module loads no command: :func:`main` sets up the process
+(:mod:`.console`: signals, streams, matplotlib) before the commands and their engine load.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
+import traceback
 import warnings
+from types import ModuleType
 
-from privaudit.cli import attack, audit, claims, compare, targets, train
-from privaudit.cli.options import Parser
-from privaudit.core import limits
+from privaudit.cli import console
 from privaudit.core.errors import PrivauditError
 
-# the commands, in the order --help lists them; each registers itself with add_parser
-COMMANDS = (targets, train, attack, audit, compare, claims)
+DEBUG_ENV = "PRIVAUDIT_DEBUG"
+INTERNAL = f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback and report it"
+
+
+def commands() -> tuple[ModuleType, ...]:
+    """The command modules, in the order --help lists them; each registers itself with
+    ``add_parser``. Imported here, not at the top: they load numpy."""
+    from privaudit.cli import attack, audit, claims, compare, targets, train
+
+    return (targets, train, attack, audit, compare, claims)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: the top-level flags, then each command's subparser."""
+    from privaudit.cli.options import Parser
+
     p = Parser(prog="privaudit", description=__doc__.splitlines()[0])
     p.add_argument(
         "--plugin",
@@ -29,37 +46,86 @@ def build_parser() -> argparse.ArgumentParser:
         help="load your own defense or attack from this file, before the command (repeatable; "
         "PRIVAUDIT_PLUGINS and installed packages' entry points load too; docs/extending.md)",
     )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"after an error's one line, print its traceback too (or set {DEBUG_ENV}=1)",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
+    for command in commands():
         command.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``privaudit`` command; its exit code: 0 done, 2 a user error or an interrupt,
+    1 a bug. ``argv`` None is the program itself (``sys.argv``): signals stay ignored after
+    it returns, while the process exits."""
+    program = argv is None
+    with console.interrupts_handled(program) as interrupts, console.encodable_streams():
+        try:
+            try:
+                return run(argv, interrupts)
+            finally:
+                interrupts.settle()  # a signal from here on is ignored: the exit code stands
+        except KeyboardInterrupt as e:  # before a round loop, which says itself how to resume
+            interrupts.settle()
+            return report("interrupted", e, debugging(argv), 2)
+
+
+def run(argv: list[str] | None, interrupts: console.Interrupts) -> int:
+    """Parse ``argv`` and run its command; an error becomes its one line (and, debugging,
+    its traceback) and the exit code. An interrupt propagates (a KeyboardInterrupt)."""
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    console.writable_matplotlib_dir()
+    debug = debugging(argv)
     try:
         args = build_parser().parse_args(argv)
+        debug = debug or args.debug
+        with interrupts.held():  # every command needs torch; a Ctrl-C must not reach its C++
+            import torch
         from privaudit.plugins import load_plugins
 
         load_plugins(args.plugin)  # entry points, PRIVAUDIT_PLUGINS, then --plugin files
         if getattr(args, "threads", None) is not None:
-            limits.check_threads("--threads", args.threads)
-            import torch
+            from privaudit.core import limits
 
+            limits.check_threads("--threads", args.threads)
             torch.set_num_threads(args.threads)
         return args.func(args)
     except PrivauditError as e:
-        print(f"privaudit: error: {e}", file=sys.stderr)
-        return 2
+        interrupts.settle()
+        return report(str(e), e, debug, 2)
     except BrokenPipeError:  # e.g. `privaudit targets | head`
+        interrupts.settle()
         sys.stderr.close()
         return 0
     except OSError as e:  # a path that cannot be read or written
-        print(f"privaudit: error: {os_error(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a round loop says itself how to resume (a PrivauditError)
-        print("privaudit: error: interrupted", file=sys.stderr)
-        return 2
+        interrupts.settle()
+        return report(os_error(e), e, debug, 2)
+    except Exception as e:  # a bug: one line, and the traceback on request
+        interrupts.settle()
+        if interrupts.received:  # the interrupt, turned into another error where it landed
+            return report("interrupted", e, debug, 2)
+        what = " ".join(f"{type(e).__name__}: {e}".split())
+        return report(f"internal error: {what}; {INTERNAL}", e, debug, 1)
+
+
+def debugging(argv: list[str] | None) -> bool:
+    """Whether tracebacks were asked for: ``PRIVAUDIT_DEBUG`` set (not empty, 0, false or
+    no), or ``--debug`` among the arguments (seen here too when they fail to parse)."""
+    env = os.environ.get(DEBUG_ENV, "").strip().lower()
+    given = sys.argv[1:] if argv is None else argv
+    return env not in ("", "0", "false", "no") or "--debug" in given
+
+
+def report(line: str, error: BaseException, debug: bool, code: int) -> int:
+    """Print ``privaudit: error: <line>`` and, when debugging, ``error``'s traceback with
+    the exceptions it was raised from; return ``code``."""
+    print(f"privaudit: error: {line}", file=sys.stderr)
+    if debug:
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    return code
 
 
 def os_error(e: OSError) -> str:

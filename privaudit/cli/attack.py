@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 from privaudit.cli.options import (
@@ -21,6 +22,7 @@ from privaudit.cli.options import (
     setting,
     training_options,
 )
+from privaudit.cli.train import run_epsilon_line
 from privaudit.core import limits
 
 
@@ -115,24 +117,38 @@ def cmd_attack(a: argparse.Namespace) -> int:
         lpips=not a.no_lpips,
         progress=not a.no_progress,
     )
+    m = result["metrics"]
+    empty = None
+    if m["mse"] is None:
+        near = result["rounds_with_a_batch"]
+        hint = (
+            f"the nearest recorded rounds where it is not: {', '.join(map(str, near))}"
+            if near
+            else "try a neighbouring --round"
+        )
+        empty = (
+            f"{a.target} round {a.round}: every victim's batch is empty (Poisson sampling, "
+            f"realised sizes {result['batch_sizes']}): nothing to reconstruct; {hint}"
+        )
     if a.json:
         from privaudit.core.files import to_jsonable
 
+        if empty:
+            print(empty, file=sys.stderr)
         print(json.dumps(to_jsonable(result), indent=2))
         return 0
+    print(run_epsilon_line(run.resolved))
     if result["threat_chosen"]:
         print(
             f"threat: {result['adversaries'][0]} — the weakest adversary that observes "
             f"{a.target} (choose one with --threat link|neighbor|coalition|global)"
         )
-    m = result["metrics"]
-    eps = result["epsilon"]
-    if m["mse"] is None:
-        print(
-            f"{a.target} round {a.round}: every victim's batch is empty (Poisson sampling, "
-            f"realised sizes {result['batch_sizes']}): nothing to reconstruct; "
-            f"wrote {out / 'result.json'}"
-        )
+    eps = "∞" if result["epsilon"] is None else f"{result['epsilon']:.3g}"
+    claim = result["epsilon_claimed"]
+    if result["epsilon"] is None and math.isfinite(claim):
+        eps += f" (the paper's count: {claim:.3g})"
+    if empty:
+        print(f"{empty}; wrote {out / 'result.json'}")
         return 0
     lp = f"{m['lpips']:.3f}" if m["lpips"] is not None else "n/a"
     used = sorted({u for u in result["attack_used"] if u})
@@ -142,7 +158,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     print(
         f"{a.target} round {a.round}, {name} under "
         f"{'; '.join(sorted(set(result['adversaries'])))} (links {result['links']}), "
-        f"ε = {eps if eps is not None else math.inf:.3g}: "
+        f"ε = {eps}: "
         f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
         f"label acc {m['label_acc']:.2f}, {result['wall_s']:.1f} s"
     )

@@ -53,7 +53,23 @@ def add_parser(sub: Any) -> None:
         "--canary-norm",
         type=float,
         default=None,
-        help="canary gradient norm (default: C, a dominating norm for a flat clip, else 1)",
+        help="white-box: fix the canary's norm; default: search norms C, 100C, 10C and shapes "
+        "(a pilot quarter of the trials, each bound at 1 − α/(2K); the best candidate on the "
+        "rest at 1 − α/2: the largest bound holds at 1 − α)",
+    )
+    au.add_argument(
+        "--canary-shape",
+        default=None,
+        metavar="SHAPE",
+        help="white-box: fix the canary's shape, dirac | opposite | example (no shape search)",
+    )
+    au.add_argument(
+        "--span",
+        type=int,
+        default=0,
+        metavar="K",
+        help="white-box: the canary joins round t = --round only; score the target of rounds "
+        "t..t+K, against the K+1 releases composed (default 0)",
     )
     au.add_argument("--audit-seed", type=int, default=0)
     au.add_argument("--run", default=None, help="an existing run directory (else one is made)")
@@ -73,7 +89,7 @@ def _fmt(x: float | None) -> str:
 def cmd_audit(a: argparse.Namespace) -> int:
     from privaudit.core.files import to_jsonable, write_json
     from privaudit.core.threat import parse_agents, parse_link
-    from privaudit.eval.audit import audit, check_trials
+    from privaudit.eval.audit import audit, check_canary, check_trials
     from privaudit.sim.run import Run
     from privaudit.sim.targets import parse_target
 
@@ -87,6 +103,10 @@ def cmd_audit(a: argparse.Namespace) -> int:
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
     if a.canary_norm is not None:
         limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
+    check_canary(a.canary_norm, a.canary_shape)
+    limits.check_int("--span", a.span, 0, limits.MAX_ROUNDS)
+    if a.mode == "one-run" and (a.span or a.canary_shape):
+        raise PrivauditError("--span and --canary-shape are for the white-box audit; drop them")
     limits.check_seed("--audit-seed", a.audit_seed)
     out = check_out(a.out or f"privaudit-out/audit-{a.target}", "audit", a.overwrite)
     if a.run:
@@ -97,7 +117,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
     else:
         agents = setting(a, "agents")
         _check_victim(a.victim, agents, "--agents")
-        need = max(defense.rounds_needed(kind, a.round, agents))
+        observed = range(a.round, a.round + a.span + 1)
+        need = max(r for o in observed for r in defense.rounds_needed(kind, o, agents))
         # σ is resolved over the whole run
         rounds = max(need, DEFAULTS.rounds) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, defense.name, rounds))  # checks --delta
@@ -118,6 +139,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
         attackers=parse_agents(a.attacker, n) if a.attacker else None,
         victim=a.victim,
         canary_norm=a.canary_norm,
+        **({"canary_shape": a.canary_shape, "span": a.span} if a.mode == "white-box" else {}),
         seed=a.audit_seed,
         progress=not a.no_progress,
     )
@@ -146,13 +168,17 @@ def _report(r: dict[str, Any]) -> str:
     acc = r["accounting"]
     lo = r["epsilon_lo"]
     k = acc["copies"]
-    unit = (
-        f"{'one release' if k == 1 else f'the {k} releases the observation combines'} "
-        "(sample rate 1)"
-        if r["mode"] == "white-box"
-        else "the whole run"
-    )
+    span = r.get("span", 0)
+    if r["mode"] != "white-box":
+        unit = "the whole run"
+    elif span:
+        unit = f"the {k} releases of rounds {r['round']}..{r['round'] + span} composed"
+    else:
+        unit = "one release" if k == 1 else f"the {k} releases the observation combines"
+    unit += " (sample rate 1)" if r["mode"] == "white-box" else ""
     where = f"round {r['round']}" if r["mode"] == "white-box" else f"{r['rounds']} rounds"
+    if span:
+        where += f" + {span} (span)"
     lines = [
         f"{r['target']} · {r['mode']} audit · {where} · {r['threat']} · victim {r['victim']} · "
         f"{r['trials']} {'trials' if r['mode'] == 'white-box' else 'canaries'} · "
@@ -178,6 +204,8 @@ def _report(r: dict[str, Any]) -> str:
             f"  one run: {int(o['correct'])} of {int(o['guesses'])} guesses correct "
             f"({int(o['canaries'])} canaries)"
         )
+    if "search" in r:
+        lines += _search_lines(r)
     lines.append(f"ε upper, {unit}:")
     for name, up in r["upper"].items():
         lines.append(f"  {name:<18} {_fmt(up):>8}   → {r['verdicts'][name]}")
@@ -192,3 +220,30 @@ def _report(r: dict[str, Any]) -> str:
         lines.append(f"caveat: {c}")
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)
+
+
+def _search_lines(r: dict[str, Any]) -> list[str]:
+    """The canary that gave the bound, then every candidate's bounds (pilot, final)."""
+    s, c = r["search"], r["canary"]
+    found = s["candidates"]
+    how = (
+        f"search over {len(found)}: pilot of {s['pilot_trials']} trials, each bound at "
+        f"{s['levels']['pilot']:.4g}; final on candidate {s['chosen'] + 1} at "
+        f"{s['levels']['final']:.4g}"
+        if len(found) > 1
+        else f"no search: every trial on it, at {s['levels']['final']:.4g}"
+    )
+    lines = [f"canary: {c['kind']}, norm {_fmt(c['norm'])}, impact {_fmt(c['impact'])} ({how})"]
+    for i, e in enumerate(found, 1):
+        phases = [
+            f"{name} ε ≥ {e[name]['epsilon_lo']:.3g} ({e[name]['trials']} trials)"
+            for name in ("pilot", "final")
+            if e[name] is not None
+        ]
+        shift = ", ".join(f"{x:.3g}" for x in e["shift"]) if "shift" in e else None
+        lines.append(
+            f"  {i}. {e['kind']:<8} norm {_fmt(e['norm']):>7}  impact {_fmt(e['impact']):>7}"
+            + (f"  shift per round [{shift}]" if shift else "")
+            + (f"  {'; '.join(phases)}" if phases else "  no trials")
+        )
+    return lines

@@ -97,9 +97,11 @@ def cmd_train(a: argparse.Namespace) -> int:
         else:
             distributed.launch(cfg, a.out, a.nproc, capture, a.dist_timeout, not a.no_progress)
         run = Run.open(a.out, device=cfg.device)
+        print(calibration_line(run.resolved), file=sys.stderr if a.json else sys.stdout)
         state = run.train(progress=False)  # the merged last checkpoint
     elif a.backend == "sim":
         run = Run.create(cfg, a.out)
+        print(calibration_line(run.resolved), file=sys.stderr if a.json else sys.stdout)
         state = run.train(capture=capture, progress=not a.no_progress)
     else:
         raise PrivauditError(f"--backend must be sim or torch.distributed, got {a.backend!r}")
@@ -125,16 +127,52 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def calibration_line(resolved: dict[str, Any]) -> str:
+    """Where the run's noise came from: which kinds ``--epsilon`` calibrated σ on (and by
+    what count) and which kinds stay ε = ∞ over the run; or the ``--sigma`` given."""
+    sigma = resolved["sigma"]
+    c = resolved.get("calibrated")
+    unbounded = [k for k, v in resolved["kinds"].items() if not math.isfinite(v["epsilon"])]
+    rest = f"; {', '.join(unbounded)} stay ε = ∞ over the run" if unbounded else ""
+    if c:
+        return (
+            f"--epsilon {c['epsilon']:g} calibrated σ = {sigma:.3g} on "
+            f"{', '.join(c['kinds'])} ({c['basis']}){rest}"
+        )
+    if sigma > 0:
+        return f"σ = {sigma:.3g} as given{rest}"
+    return f"no noise multiplier is set{rest}"
+
+
+def run_epsilon_line(resolved: dict[str, Any]) -> str:
+    """The run's ε: the guarantee of everything it puts on the wire (∞ with the reason when
+    any kind has none), beside what its formal kinds alone would have."""
+    eps = resolved["epsilon"]
+    if math.isfinite(eps):
+        return f"ε over the run (every message on the wire, worst agent) = {eps:.3g}"
+    line = f"ε over the run (every message on the wire) = ∞: {resolved['epsilon_reason']}"
+    formal = resolved.get("formal_kinds") or []
+    if formal and math.isfinite(resolved["epsilon_formal_kinds"]):
+        line += (
+            f"; the {', '.join(formal)} messages alone: ε = {resolved['epsilon_formal_kinds']:.3g}"
+        )
+    return line
+
+
 def privacy_lines(resolved: dict[str, Any]) -> str:
-    """The ε a run's messages have, kind by kind (worst agent), with the reason for each
-    ∞ and the paper's claim where it differs; adjacency and sampling stated."""
+    """The run's ε (:func:`run_epsilon_line`), then the ε its messages have kind by kind
+    (worst agent), with the reason for each ∞ and the paper's claim where it differs;
+    adjacency and sampling stated."""
     lines = [
-        f"privacy (δ = {resolved['delta']:g}, {resolved['adjacency']}, "
-        f"{resolved['sampling']}, worst agent):"
+        run_epsilon_line(resolved),
+        f"per message kind (δ = {resolved['delta']:g}, {resolved['adjacency']}, "
+        f"{resolved['sampling']}, worst agent):",
     ]
     for kind, k in resolved["kinds"].items():
         eps, claim = k["epsilon"], k["epsilon_claimed"]
         text = f"ε = {eps:.3g}" if math.isfinite(eps) else f"ε = ∞ ({k['reason']})"
+        if k.get("epsilon_one_release") is not None:
+            text += f"; one message at a fixed evaluation point: ε = {k['epsilon_one_release']:.3g}"
         if math.isfinite(claim) and not math.isclose(claim, eps, rel_tol=1e-3):
             text += f"; the paper's accounting claims ε = {claim:.3g}"
         lines.append(f"  {kind}: {text}")

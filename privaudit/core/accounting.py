@@ -293,6 +293,23 @@ def _has_sigma(params: Any) -> bool:
     )
 
 
+def calibration_basis(
+    defense: Defense, params: Any, W: Tensor, claimed: bool = False
+) -> tuple[list[str], str]:
+    """Which kinds :func:`calibrate` sets σ on, and by what count: the formal kinds with a
+    Gaussian multiplier ("formal accounting"), or — when no kind is formal, or ``claimed`` —
+    every kind the paper claims a multiplier for ("the paper's count"). Empty: σ is never
+    set from ε."""
+    if not _has_sigma(params):
+        return [], "none"
+    unit = _with_sigma(params, 1.0)
+    facts = {k: defense.privacy(unit, k, W) for k in defense.kinds}
+    formal = [k for k, pr in facts.items() if pr.formal and pr.noise_multiplier > 0]
+    if formal and not claimed:
+        return formal, "formal accounting"
+    return [k for k, pr in facts.items() if pr.claimed_multiplier > 0], "the paper's count"
+
+
 def calibrate(
     defense: Defense,
     params: Any,
@@ -304,26 +321,23 @@ def calibrate(
     accountant: str = "rdp",
     claimed: bool = False,
 ) -> float | None:
-    """The smallest ``params.sigma`` for which every agent's ε is at most ``epsilon``: over
-    the message kinds whose Privacy is formal (their largest ε), or, when none is, by the
-    paper's claimed accounting (the run then reports ε = ∞ beside the claim). The noise
-    multiplier is linear in σ, so σ = z / z(σ = 1) with z from opacus. None: this defense's
-    σ is never set from ε (no kind has a Gaussian multiplier, formal or claimed).
+    """The smallest ``params.sigma`` for which every agent's ε is at most ``epsilon`` on the
+    kinds of :func:`calibration_basis`: the formal kinds (their largest ε), or, when none is,
+    by the paper's claimed accounting (the run then reports ε = ∞ beside the claim). The
+    noise multiplier is linear in σ, so σ = z / z(σ = 1) with z from opacus. None: this
+    defense's σ is never set from ε (no kind has a Gaussian multiplier, formal or claimed).
     ``claimed``: the σ the paper's own count would choose (its claimed multiplier and
     releases for every kind), to train a paper's setting as the paper would."""
-    if not _has_sigma(params):
+    kinds, basis = calibration_basis(defense, params, W, claimed)
+    if not kinds:
         return None
     unit = _with_sigma(params, 1.0)
-    kinds = list(defense.kinds)
-    per_agent = [[defense.privacy(unit, k, W, a) for k in kinds] for a in range(len(rates))]
-    formal = not claimed and any(
-        pr.formal and pr.noise_multiplier > 0 for row in per_agent for pr in row
-    )
     sigma, cache = 0.0, {}
-    for q, row in zip(rates, per_agent, strict=True):
-        for pr in row:
-            if formal:
-                z1, r = (pr.noise_multiplier, pr.releases) if pr.formal else (0.0, 0)
+    for a, q in enumerate(rates):
+        for k in kinds:
+            pr = defense.privacy(unit, k, W, a)
+            if basis == "formal accounting":
+                z1, r = pr.noise_multiplier, pr.releases
             else:
                 z1, r = pr.claimed_multiplier, pr.claimed_releases
             if z1 <= 0 or r < 1:
@@ -344,11 +358,21 @@ def run_privacy(
     rounds: int,
     accountant: str = "rdp",
 ) -> dict[str, Any]:
-    """What a run reports: ε per message kind (worst agent), per agent (worst kind), the run's
-    ε (the worst agent's, over the formal kinds; ∞ when none is formal) and the paper's
-    claimed ε beside it, with the adjacency and the sampling stated."""
+    """What a run reports, with the adjacency and the sampling stated:
+
+    - ``kinds``: ε per message kind (worst agent; ∞ with the reason where the kind has no
+      formal guarantee) beside the paper's claimed ε;
+    - ``epsilon``: the guarantee of *everything the run puts on the wire* — the worst
+      agent's ε over every kind when every kind is formal, else ∞ with ``epsilon_reason``
+      naming the kinds without one (a number over the formal kinds alone would read as a
+      promise the run does not make); ``formal_kinds`` and ``epsilon_formal_kinds`` give
+      what the formal kinds alone would have, ``epsilon_claimed`` the paper's count;
+    - ``agents``: each agent's Poisson rate and ε in the same two readings."""
     kinds: dict[str, Any] = {}
-    agents = [{"agent": a, "sample_rate": q, "epsilon": 0.0} for a, q in enumerate(rates)]
+    agents = [
+        {"agent": a, "sample_rate": q, "epsilon": 0.0, "epsilon_formal_kinds": 0.0}
+        for a, q in enumerate(rates)
+    ]
     eps_cache: dict = {}
 
     def eps(pr: Privacy, q: float, claimed: bool) -> float:
@@ -365,7 +389,6 @@ def run_privacy(
             eps_cache[key] = kind_epsilon(pr, delta, q, rounds, accountant, claimed)
         return eps_cache[key]
 
-    formal_any = False
     for k in defense.kinds:
         worst, claim, first = 0.0, 0.0, None
         for a, q in enumerate(rates):
@@ -373,27 +396,42 @@ def run_privacy(
             first = first or pr
             e = eps(pr, q, False)
             worst, claim = max(worst, e), max(claim, eps(pr, q, True))
-            if pr.formal and math.isfinite(e):
-                agents[a]["epsilon"] = max(agents[a]["epsilon"], e)
-        formal_any |= first.formal
+            agents[a]["epsilon"] = max(agents[a]["epsilon"], e)
+            if pr.formal:
+                agents[a]["epsilon_formal_kinds"] = max(agents[a]["epsilon_formal_kinds"], e)
         kinds[k] = {
             "mechanism": first.mechanism,
             "epsilon": worst,
             "formal": first.formal,
+            "per_release": first.per_release,
+            # one message at a fixed evaluation point (sample rate 1), where only that holds
+            "epsilon_one_release": (
+                release_epsilon(first.noise_multiplier, delta) if first.per_release else None
+            ),
             "reason": first.reason,
             "noise_multiplier": first.noise_multiplier,
             "releases_per_round": first.releases,
             "epsilon_claimed": claim,
         }
-    if not formal_any:
+    formal = [k for k, v in kinds.items() if v["formal"]]
+    informal = [k for k, v in kinds.items() if not v["formal"]]
+    if not formal:
         for row in agents:
-            row["epsilon"] = math.inf
-    formal_eps = [v["epsilon"] for v in kinds.values() if v["formal"]]
+            row["epsilon_formal_kinds"] = math.inf
     claims = [v["epsilon_claimed"] for v in kinds.values()]
-    informal = [v["reason"] for v in kinds.values() if not v["formal"]]
+    reason = None
+    if informal:
+        names = ", ".join(informal)
+        verb = "crosses" if len(informal) == 1 else "cross"
+        reason = (
+            f"{names} {verb} the links with no formal guarantee "
+            f"({informal[0]}: {kinds[informal[0]]['reason']})"
+        )
     return {
-        "epsilon": max(formal_eps) if formal_eps else math.inf,
-        "epsilon_reason": None if formal_eps else (informal[0] if informal else None),
+        "epsilon": max(row["epsilon"] for row in agents) if agents else math.inf,
+        "epsilon_reason": reason,
+        "formal_kinds": formal,
+        "epsilon_formal_kinds": (max(kinds[k]["epsilon"] for k in formal) if formal else math.inf),
         "epsilon_claimed": max(claims) if claims else math.inf,
         "delta": delta,
         "adjacency": ADJACENCY,
@@ -422,7 +460,7 @@ def account(
     - ``paper``: the paper's own rule, filled in by the audit (it may need the canary's Δf).
     """
     k = max(copies, 1)
-    if privacy.formal:
+    if privacy.formal or privacy.per_release:  # one release at a fixed evaluation point
         correct = release_epsilon(privacy.noise_multiplier / math.sqrt(k), delta)
     else:
         correct = math.inf
@@ -430,6 +468,7 @@ def account(
     return {
         "mechanism": privacy.mechanism,
         "formal": privacy.formal,
+        "per_release": privacy.per_release,
         "reason": privacy.reason,
         "adjacency": ADJACENCY,
         "noise_multiplier": privacy.noise_multiplier,

@@ -14,6 +14,10 @@ meaningless:
   (:data:`PRV_MIN_DELTA`).
 - σ = 0 (no noise) or σ ∈ (0, 1e6]: 1e6 is opacus' own search ceiling (``MAX_SIGMA``); at
   σ = 1e300 its RDP formulas overflow, and at σ → 0 every ε is infinite.
+- a step size (``lr``: η, γ or λ) in (0, 1e4]: the gradients of the bundled models are
+  O(1), so a step beyond 1e4 only moves the weights to where the models overflow float32
+  within a few rounds (the round loop stops a run whose state becomes non-finite,
+  :mod:`privaudit.sim.loop`); at 1e300 the first step is already infinite.
 - rounds T ≤ 1e7; agents N ≤ 10,000: the simulator keeps dense N×N graph and mixing
   matrices (float64 W alone is 0.8 GB at N = 10,000) and loops over links.
 - seeds in [0, 2^63): torch generators take 64-bit seeds, numpy no negative ones.
@@ -34,6 +38,7 @@ EPSILON = (1e-3, 1e3)
 DELTA_MIN = 1e-30
 PRV_MIN_DELTA = 1e-12
 SIGMA_MAX = 1e6
+LR_MAX = 1e4
 MAX_ROUNDS = 10**7
 MAX_AGENTS = 10_000
 SEED_END = 2**63  # seeds lie in [0, SEED_END)
@@ -122,6 +127,11 @@ def check_seed(flag: str, value: Any) -> int:
 def check_sigma(flag: str, value: Any) -> float:
     """A noise multiplier: 0 (no noise) or a finite number in (0, :data:`SIGMA_MAX`]."""
     return check_float(flag, value, 0.0, SIGMA_MAX, hint="0: no noise")
+
+
+def check_step_size(flag: str, value: Any) -> float:
+    """A step size (a learning rate): a finite number in (0, :data:`LR_MAX`]."""
+    return check_float(flag, value, 0.0, LR_MAX, lo_open=True, hint="a larger step only diverges")
 
 
 def check_threads(flag: str, value: Any) -> int:

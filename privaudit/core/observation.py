@@ -8,11 +8,14 @@ images is the private data to recover.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from privaudit.core.errors import PrivauditError
 
 
 @dataclass
@@ -78,6 +81,28 @@ class Observation:
             std=self.std,
             meta=dict(self.meta),
             terms=[(move(p), c, same) for p, c, same in self.terms],
+        )
+
+
+def check_finite(observations: Iterable[Observation]) -> None:
+    """Refuse, with one line, an observation whose ``params``, ``target`` or ``terms`` hold
+    NaN or ±inf: a message of a diverged run (or an edited file). An attack would answer it
+    with noise, or fail deep in a solver (a singular least-squares system), never with a
+    reconstruction. One reduction per tensor."""
+    for i, o in enumerate(observations):
+        tensors = [*o.params.values(), *o.target.values()]
+        tensors += [v for p, _, _ in o.terms for v in p.values()]
+        if all(bool(torch.isfinite(v).all()) for v in tensors):
+            continue
+        m = o.meta
+        what = (
+            f"the {m['target']} message {m['src']}→{m['dst']} of round {m['round']}"
+            if {"target", "src", "dst", "round"} <= m.keys()
+            else f"observation {i}"
+        )
+        raise PrivauditError(
+            f"{what} is not finite (NaN or ±inf): the run's training diverged or its files "
+            "were edited; attack a run trained with a smaller step size (--lr or -p lr)"
         )
 
 

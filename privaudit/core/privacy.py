@@ -23,6 +23,21 @@ class Privacy:
     accounting assumes — the ledger's "promise"; ``paper_epsilon(delta, impact)`` is the
     paper's own ε for one release (or round) where it states a σ(ε) rule, ``impact`` the
     canary's L2 change of the released vector, for rules stated in Δf.
+
+    ``paper_claims`` False: the paper makes no DP claim for this algorithm; the claimed
+    multiplier and releases are this tool's reading of how the papers that use it as a
+    baseline count its releases — evidence against them refutes that reading, not a claim.
+
+    ``per_release`` (with ``formal`` False): each release is a Gaussian mechanism of
+    ``noise_multiplier`` *given the point it is evaluated at*, but that point is not a
+    function of formal releases and public data alone — it carries private state that
+    crossed the links un-noised (e.g. a neighbour's model that mixed in the agent's
+    un-noised self-gradient). Changing one example then moves the evaluation point of every
+    later release, so the releases do not compose into a run guarantee (ε = ∞ over the run,
+    ``reason`` says why); only a release whose evaluation point is public — or an audit that
+    fixes it (the white-box audit restores the state before the round) — has the
+    one-release ε. The rule: a release is accounted over the run only if its evaluation
+    point, mixing weights and noise scale are functions of formal releases and public data.
     """
 
     mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
@@ -31,10 +46,12 @@ class Privacy:
     clip: float | None = None
     clip_unit: str | None = None  # "example" (per-example clip), "batch" (flat), None
     formal: bool = False
+    per_release: bool = False
     reason: str = "no noise is added"
     claimed_multiplier: float = 0.0
     claimed_releases: int = 0
     paper: str = "no privacy claim"
+    paper_claims: bool = True
     paper_epsilon: Callable[[float, float], float] | None = None
     caveats: tuple[str, ...] = ()
 

@@ -61,6 +61,7 @@ from privaudit.core.interrupts import signals_deferred
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import Links, Network
 from privaudit.plugins import load_plugins, loaded_files
+from privaudit.sim.loop import NO_RESUME
 from privaudit.sim.run import Run
 from privaudit.sim.rundir import SHARDS, RunDir
 
@@ -467,6 +468,11 @@ def describe_failure(failures: dict[int, Any], rd: RunDir) -> str:
         how = f"exited with code {f.exitcode}"
     last = max(rd.checkpoint_rounds(), default=0)
     resume = f"round {last}" if last else "the start"
+    if f is not None and NO_RESUME in _message(f):  # a divergence: a rerun meets it again
+        return (
+            f"rank {culprit} (agent {culprit}) {how}; the other ranks were stopped. Train into "
+            f"a new --out, or delete {rd.path}"
+        )
     return (
         f"rank {culprit} (agent {culprit}) {how}; the other ranks were stopped. "
         f"Run the same command again to resume from {resume} (the last checkpoint)"

@@ -13,12 +13,19 @@ Every driver of a defense goes through :class:`RoundLoop` — the simulator
   what crosses the links; with ``stop_after`` it ends the round as soon as those messages
   have all crossed (an audit trial needs one message, not the rest of the round);
 - :meth:`RoundLoop.checkpoint` writes the state and the generators' states.
+
+A round either finishes with a finite state or raises :class:`RoundFailed`, one line: when
+the defense's own code raises (:func:`calling` names the defense, where it came from, the
+round and the exception, chained ``from`` it), or when a state tensor of the round (or of a
+restored checkpoint) holds NaN or ±inf — the settings diverge, so the run cannot continue
+with them (:data:`NO_RESUME`) and no accuracy of a non-finite model is ever reported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +36,63 @@ from privaudit.core.context import Context, State, agent_seed
 from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.defenses import Defense
+from privaudit.plugins import origin
 from privaudit.sim.rundir import RunDir
 
 Message = tuple[int, int, str]  # (src, dst, kind) of one round
 
+# what a failure says when rerunning the same settings meets it again (a divergence)
+NO_RESUME = "the run cannot continue with these settings"
+SHOWN = 10  # agents named in a line, at most
 
-class _RoundEnded(Exception):
+
+class RoundFailed(PrivauditError):
+    """A round could not finish: the defense raised, or the state became non-finite.
+    ``resumable``: whether the run's earlier checkpoints can still take it further (after
+    the defense is fixed); a divergence is not (:data:`NO_RESUME`)."""
+
+    def __init__(self, message: str, resumable: bool):
+        super().__init__(message)
+        self.resumable = resumable
+
+
+class _RoundEnded(BaseException):
     """Raised by the network hook once the watched messages have crossed; caught by
-    :meth:`RoundLoop.step` alone."""
+    :meth:`RoundLoop.step` alone (a BaseException, so that neither :func:`calling` nor a
+    defense's own ``except Exception`` takes it for a failure)."""
+
+
+@contextmanager
+def calling(defense: Defense, method: str, t: int) -> Iterator[None]:
+    """Run a call of ``defense``'s ``method`` ("init", "round", "observe") for round ``t``
+    (0: before round 1): an exception its code raises becomes one :class:`RoundFailed` line
+    naming the defense, where it came from (a plugin's file or entry point, or privaudit),
+    the round and the exception, raised ``from`` it (a debug mode prints its traceback).
+    A :class:`PrivauditError` (a clear error already) and what is no bug of the defense —
+    an interrupt, running out of memory — pass unchanged."""
+    try:
+        yield
+    except (PrivauditError, MemoryError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as e:
+        text = (str(e).strip().splitlines() or [""])[0][:200]
+        when = f"in round {t}" if t else "before round 1"
+        raise RoundFailed(
+            f"{_described(defense)} failed {when}: its {method}() raised {type(e).__name__}: "
+            f"{text}; {_who_fixes(defense)} (PRIVAUDIT_DEBUG=1 prints the traceback)",
+            resumable=True,
+        ) from e
+
+
+def _described(defense: Defense) -> str:
+    """The defense and where it came from, for an error line: ``defense 'x' (plugin F)``."""
+    return f"defense {defense.name!r} ({origin('defense', defense.name)})"
+
+
+def _who_fixes(defense: Defense) -> str:
+    """Who fixes a failure of ``defense``'s own code: its plugin's author, or privaudit's."""
+    plugin = origin("defense", defense.name).startswith("plugin")
+    return "fix the plugin" if plugin else "report it as a privaudit bug"
 
 
 @dataclass(frozen=True)
@@ -70,7 +126,8 @@ class RoundLoop:
         if t == 0:
             for a, g in zip(ctx.agents, ctx.generators, strict=True):
                 g.manual_seed(agent_seed(self.seed, a))
-            return self.defense.init(ctx, self.params)
+            with calling(self.defense, "init", 0):
+                return self.defense.init(ctx, self.params)
         blob = self.store.load_checkpoint(t)
         path = self.store.path / "checkpoints"
         for a, g in zip(ctx.agents, ctx.generators, strict=True):
@@ -82,11 +139,15 @@ class RoundLoop:
             g.set_state(blob[f"rng.{a}"])
         rows = torch.tensor(ctx.agents)
         whole = ctx.n_held == ctx.n
-        return {
+        state = {
             k.removeprefix("state."): (v if whole or v.dim() == 0 else v[rows]).to(ctx.device)
             for k, v in blob.items()
             if k.startswith("state.")
         }
+        self.check_finite(
+            state, f"the checkpoint of round {t} in {path} is of a diverged run or edited"
+        )
+        return state
 
     def rng_states(self) -> dict[str, Tensor]:
         """The held agents' generator states, keyed as a checkpoint stores them."""
@@ -116,18 +177,54 @@ class RoundLoop:
         messages). ``stop_after``: end the round once every one of these messages of round
         ``t`` is in the tap (``ended_early``; the state is then incomplete and not given)."""
         net.round = t
-        if not stop_after:
-            return Step(self.defense.round(self.ctx, self.params, state, net, batch), False)
-        needed = [(t, s, d, k) for s, d, k in stop_after]
+        needed = [(t, s, d, k) for s, d, k in stop_after or ()]
 
         def check() -> None:
             if all(key in net.tap.messages for key in needed):
                 raise _RoundEnded
 
-        net.after_send = check
+        net.after_send = check if needed else None
         try:
-            return Step(self.defense.round(self.ctx, self.params, state, net, batch), False)
+            with calling(self.defense, "round", t):
+                state = self.defense.round(self.ctx, self.params, state, net, batch)
         except _RoundEnded:
             return Step(None, True)
         finally:
             net.after_send = None
+        if not (isinstance(state, dict) and all(isinstance(v, Tensor) for v in state.values())):
+            raise RoundFailed(
+                f"{_described(self.defense)} failed in round {t}: its round() returned a "
+                f"{type(state).__name__}, not a dict of tensors (the next state); "
+                f"{_who_fixes(self.defense)}",
+                resumable=True,
+            )
+        lr = getattr(self.params, "lr", None)
+        at = f" at lr={lr:g}" if isinstance(lr, (int, float)) else ""
+        self.check_finite(state, f"round {t}: {self.defense.name} diverged{at}")
+        return Step(state, False)
+
+    def check_finite(self, state: State, what: str) -> None:
+        """Raise :class:`RoundFailed` unless every tensor of ``state`` (rows: the held agents)
+        is finite; the line starts with ``what`` ("round 3: nd diverged at lr=…"). One
+        reduction per tensor and one synchronisation in all: cheap beside a round."""
+        finite = [torch.isfinite(v).all() for v in state.values()]
+        if not finite or bool(torch.stack(finite).all()):
+            return
+        agents, rows, keys = self.ctx.agents, set(), []
+        for k, v in state.items():
+            bad = ~torch.isfinite(v)
+            if not bad.any():
+                continue
+            keys.append(k)
+            if v.dim() == 0:  # shared by every agent
+                rows |= set(range(len(agents)))
+            else:
+                rows |= set(bad.reshape(len(v), -1).any(1).nonzero().flatten().tolist())
+        named = [str(agents[r]) for r in sorted(rows)]
+        more = f", … ({len(named)} agents)" if len(named) > SHOWN else ""
+        raise RoundFailed(
+            f"{what}: the state of agent(s) "
+            f"{', '.join(named[:SHOWN])}{more} is not finite (NaN or ±inf in {', '.join(keys)}); "
+            f"{NO_RESUME}: choose a smaller step size (--lr or -p lr)",
+            resumable=False,
+        )

@@ -24,7 +24,13 @@ from torch import Tensor
 from torch.func import functional_call
 
 from privaudit.core import limits, sampling
-from privaudit.core.accounting import calibrate, noised, run_privacy, sample_rates
+from privaudit.core.accounting import (
+    calibrate,
+    calibration_basis,
+    noised,
+    run_privacy,
+    sample_rates,
+)
 from privaudit.core.config import RunConfig
 from privaudit.core.context import State, agent_seed, params_of
 from privaudit.core.errors import Interrupted, PrivauditError
@@ -44,8 +50,8 @@ from privaudit.scenario.data import (
 from privaudit.scenario.models import build_model, normalizes_inputs
 from privaudit.scenario.topology import build_topology, metropolis_hastings, validate_mixing
 from privaudit.sim.allocator import keep_freed_memory
-from privaudit.sim.loop import RoundLoop
-from privaudit.sim.rundir import Key, RunDir
+from privaudit.sim.loop import RoundFailed, RoundLoop
+from privaudit.sim.rundir import FOLDERS, Key, RunDir
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,7 +99,7 @@ def resolve_privacy(
     facts at that σ (:func:`privaudit.core.accounting.run_privacy`)."""
     W = W.cpu()
     rates = sample_rates(shard_sizes, cfg.batch_size)
-    p = base
+    p, calibrated = base, None
     if noised(defense, base, W):
         if cfg.sigma is not None:
             sigma = cfg.sigma
@@ -101,11 +107,17 @@ def resolve_privacy(
             sigma = calibrate(
                 defense, base, W, rates, cfg.epsilon, cfg.delta, cfg.rounds, cfg.accountant
             )
+            kinds, basis = calibration_basis(defense, base, W)
+            calibrated = {"epsilon": cfg.epsilon, "kinds": kinds, "basis": basis}
         else:
             raise PrivauditError(f"{defense.name} adds noise: pass --epsilon or --sigma")
         p = params_of(defense.Params, {**cfg.params, "sigma": sigma})
     report = run_privacy(defense, p, W, rates, cfg.delta, cfg.rounds, cfg.accountant)
-    report.update(sigma=float(getattr(p, "sigma", 0.0) or 0.0), sample_rate=max(rates))
+    report.update(
+        sigma=float(getattr(p, "sigma", 0.0) or 0.0),
+        sample_rate=max(rates),
+        calibrated=calibrated,  # which kinds --epsilon set σ on, and by what count
+    )
     return p, report
 
 
@@ -120,6 +132,10 @@ class Run:
     params: Any
     data: ImageData
     ctx: Context
+    # this process wrote the run's config (a new run), and created its folder too: what a
+    # failure before the first checkpoint removes again (:meth:`train`)
+    fresh: bool = False
+    made_folder: bool = False
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -219,11 +235,66 @@ class Run:
             agents=held,
         )
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
-        if not existing:
+        if existing:
+            run.check_files(numel)
+        else:
+            made = not rd.path.exists()
             with rd.writer():  # the check and the write as one: a racing writer is refused
                 if not cls._claim(rd, cfg):
                     rd.write_config(cfg, {**resolved, "params": dataclasses.asdict(p)})
+                    run.fresh, run.made_folder = True, made
         return run
+
+    def check_files(self, numel: int) -> None:
+        """Refuse a run whose config.json disagrees with its files (the folder was edited:
+        say ``agents`` changed and the manifest's hash made to match). Every checkpoint must
+        hold one row per agent of ``numel``-parameter models and each agent's generator state,
+        no file may be of a round past the last, captured messages must cross links of the
+        graph, and secrets must hold every agent's batch size. The manifest's tensor shapes
+        say it all: no file is read."""
+        cfg, rd = self.cfg, self.dir
+        for what in FOLDERS:
+            for t, shapes in sorted(rd.shapes(what).items()):
+                problem = (
+                    f"it holds {what} of round {t}"
+                    if t > cfg.rounds
+                    else self._disagreement(what, t, shapes, numel)
+                )
+                if problem:
+                    raise PrivauditError(
+                        f"{rd.path} does not agree with its config.json ({cfg.agents} agents on "
+                        f"{cfg.topology}, {cfg.rounds} rounds, {cfg.model}): {problem}; the run "
+                        "folder was edited: train again into a new --out"
+                    )
+
+    def _disagreement(
+        self, what: str, t: int, shapes: dict[str, list[int]], numel: int
+    ) -> str | None:
+        """What in round ``t``'s file under ``what`` (its tensors' ``shapes``) contradicts the
+        config, or None."""
+        n = self.cfg.agents
+        if what == "checkpoints":
+            rows = {k: v[0] for k, v in shapes.items() if k.startswith("state.") and v}
+            bad = sorted(k for k, r in rows.items() if r != n)
+            if bad:
+                return (
+                    f"checkpoint {t} holds {rows[bad[0]]} agents' {bad[0].removeprefix('state.')}"
+                )
+            if shapes.get("state.x", [n, numel])[1:] != [numel]:
+                got = shapes["state.x"][1:]
+                return f"checkpoint {t} holds models of {got} parameters, not {numel}"
+            if {k for k in shapes if k.startswith("rng.")} != {f"rng.{a}" for a in range(n)}:
+                return f"checkpoint {t} holds the generator states of other agents"
+        elif what == "messages":
+            adj = self.ctx.adj.cpu()
+            for key in shapes:
+                src, dst = (key.split("-", 2) + ["", ""])[:2]
+                link = (int(src), int(dst)) if src.isdigit() and dst.isdigit() else None
+                if link and not (max(link) < n and bool(adj[link])):
+                    return f"round {t}'s messages cross the link {src}→{dst}, not in the graph"
+        elif shapes.get("sizes", [n]) != [n]:
+            return f"the secrets of round {t} hold {shapes['sizes'][0]} agents' batch sizes"
+        return None
 
     # -- public facts an adversary knows ------------------------------------------------
     def public(self) -> dict[str, Any]:
@@ -257,13 +328,32 @@ class Run:
         if self.start_round(until, capture) == until:
             return self.restore(until)
         with self.dir.writer():  # one writer at a time; a second is refused with our PID
-            start = self.start_round(until, capture)  # as the lock found it
-            state = self.restore(start)
-            if start == until:
-                return state
-            tap = Tap(capture or CaptureSpec(rounds=frozenset()))
-            net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
-            return self.simulate(state, start, until, net, progress)
+            try:
+                start = self.start_round(until, capture)  # as the lock found it
+                state = self.restore(start)
+                if start == until:
+                    return state
+                tap = Tap(capture or CaptureSpec(rounds=frozenset()))
+                net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
+                return self.simulate(state, start, until, net, progress)
+            except RoundFailed as e:
+                raise RoundFailed(f"{e}{self.after_failure(e)}", e.resumable) from e.__cause__
+
+    def after_failure(self, e: RoundFailed) -> str:
+        """Settle the run directory after a round failed (call as its writer), and say what
+        is left in it: a new run with no checkpoint yet is removed again (its folder too if
+        this process made it and nothing else is in it); otherwise the checkpoints stay, for
+        a resume after the defense is fixed or — the settings diverge — for attacks on the
+        rounds before."""
+        path, kept = self.dir.path, self.dir.checkpoint_rounds()
+        if not kept and self.fresh:
+            self.dir.discard(remove_folder=self.made_folder)
+            gone = path if not path.exists() else f"what this command wrote to {path}"
+            return f"; no round was saved, so {gone} was removed"
+        if e.resumable:
+            last = f"round {max(kept)}" if kept else "the start"
+            return f"; then rerun the same command: it resumes {path} from {last}"
+        return f" and train into a new --out, or delete {path} (attacks on its earlier rounds work)"
 
     def check_until(self, until: int | None) -> int:
         until = self.cfg.rounds if until is None else until
@@ -309,6 +399,8 @@ class Run:
         loop, tap = self.loop, net.tap
         store = store or self.dir
         have = set(self.dir.checkpoint_rounds())
+        for t in sorted(c for c in have if start < c <= until):
+            self.dir.verify("checkpoints", t)  # kept, not rewritten: it must be what was written
         links = [e for e in (tap.spec.links or self.edges()) if net.tapped(e)]
         columns = (
             "[progress.description]{task.description}",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,11 @@ class RunDir:
     # -- config ---------------------------------------------------------------------------
     def read_config(self) -> tuple[RunConfig, dict[str, Any]]:
         """The stored config and the resolved privacy values; one clear error if broken."""
+        if self.path.exists() and not self.path.is_dir():
+            raise PrivauditError(
+                f"{self.path} is a file, not a run directory; pass the --out folder of "
+                "privaudit train"
+            )
         if not self.path.is_dir():
             raise PrivauditError(
                 f"run directory {self.path} does not exist; create it with privaudit train --out"
@@ -173,8 +178,10 @@ class RunDir:
             )
         if not self.manifest.exists():
             raise PrivauditError(
-                f"{self.path} has no {self.manifest.path.name}, so its files cannot be checked "
-                "(an older privaudit wrote it); delete it and train again"
+                f"{self.path} holds a config.json but no {self.manifest.path.name}: privaudit "
+                "did not write it as a run (or a version without manifests did), so nothing in "
+                "it can be checked; use a new or empty folder for train --out, or the --out "
+                "folder of privaudit train for --run"
             )
         self.check_links()
         data = self._get(CONFIG)
@@ -205,8 +212,24 @@ class RunDir:
 
     def rounds(self, what: str) -> list[int]:
         """Rounds with a file under ``what`` that privaudit wrote (in the manifest)."""
-        out = []
-        for rel in self.manifest.files():
+        return sorted(t for t, _ in self._recorded_rounds(what))
+
+    def shapes(self, what: str) -> dict[int, dict[str, list[int]]]:
+        """Per round with a file under ``what`` that privaudit wrote: each tensor's shape, as
+        the manifest recorded it (no file is read)."""
+        out = {}
+        for t, rec in self._recorded_rounds(what):
+            tensors = rec.get("tensors") if isinstance(rec, dict) else None
+            out[t] = {
+                k: v[1]
+                for k, v in (tensors if isinstance(tensors, dict) else {}).items()
+                if isinstance(v, list) and len(v) == 2 and isinstance(v[1], list)
+            }
+        return out
+
+    def _recorded_rounds(self, what: str) -> Iterator[tuple[int, Any]]:
+        """(round, manifest record) of each file under ``what`` in the manifest, and present."""
+        for rel, rec in self.manifest.files().items():
             folder, _, name = rel.partition("/")
             if folder != what or not name.startswith("round-"):
                 continue
@@ -215,8 +238,29 @@ class RunDir:
             except ValueError:
                 continue
             if (self.path / rel).exists():
-                out.append(t)
-        return sorted(out)
+                yield t, rec
+
+    def verify(self, what: str, t: int) -> None:
+        """Check round ``t``'s file under ``what`` against the manifest (one clear error if it
+        was truncated, edited or replaced), without decoding it."""
+        self._get(self._rel(what, t))
+
+    def discard(self, remove_folder: bool) -> None:
+        """Delete every file this run recorded, its manifest and its folders where empty
+        (call as the writer, on a run with nothing worth keeping); with ``remove_folder``,
+        also the run directory itself when nothing else is left in it. A file privaudit did
+        not write is never touched: its folder stays."""
+        with runlock.io(self.path, exclusive=True):
+            for rel in self.manifest.files():
+                self._checked(rel).unlink(missing_ok=True)
+            self.manifest.path.unlink(missing_ok=True)
+        for folder in FOLDERS:
+            with suppress(OSError):  # not empty: holds a file of someone else
+                (self.path / folder).rmdir()
+        if remove_folder and self.is_empty():
+            for name in (runlock.WRITER, runlock.IO):
+                (self.path / name).unlink(missing_ok=True)
+            self.path.rmdir()
 
     def remove(self, what: str, t: int) -> None:
         """Delete round ``t``'s file under ``what``, if there is one."""

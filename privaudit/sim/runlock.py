@@ -59,8 +59,9 @@ def unwritable(folder: Path, exc: OSError) -> PrivauditError:
     """The error for a run directory this process cannot write."""
     why = exc.strerror or str(exc)
     return PrivauditError(
-        f"cannot write the run directory {folder} ({why}); choose a writable --out, or copy "
-        "the run somewhere writable"
+        f"cannot write the run directory {folder} ({why}): privaudit records the rounds it "
+        "trains or re-simulates there; train into a writable --out, or copy the run "
+        "somewhere writable (cp -r) and pass the copy"
     )
 
 
