@@ -99,9 +99,17 @@ def load_plugins(files: Iterable[str | os.PathLike[str]] = (), *, environment: b
 
 
 def loaded_files() -> list[str]:
-    """The resolved paths of the plugin files loaded in this process, in load order: what
-    another process must load (after the entry points) to hold the same registries."""
-    return [p.file for key, p in _loaded.items() if p.file is not None and key == p.file]
+    """The resolved paths of the plugin files loaded in this process whose registrations
+    still stand, in load order: what another process must load (after the entry points) to
+    hold the same registries (a file whose registrations were reset since is left out)."""
+    reg = _registries()
+    return [
+        p.file
+        for key, p in _loaded.items()
+        if p.file is not None
+        and key == p.file
+        and all(reg[what].get(name) is obj for what, name, obj in p.registered)
+    ]
 
 
 # -- the two ways in --------------------------------------------------------------------------

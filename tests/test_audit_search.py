@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli, tiny
 
 from privaudit.core.accounting import release_epsilon
-from privaudit.core.errors import PrivauditError
+from privaudit.core.errors import PLUGIN_ENV, PrivauditError
 from privaudit.core.privacy import Privacy
 from privaudit.defenses import DEFENSES
 from privaudit.eval.audit import audit, candidates, check_canary, search_size
@@ -44,8 +44,11 @@ C, B = 1.0, 2  # dp-dpsgd's default clip; tiny()'s batch size
 
 
 @pytest.fixture(autouse=True)
-def registry():
-    """What a test's plugin registered is gone afterwards."""
+def registry(monkeypatch):
+    """What a test's plugin registered is gone afterwards, and so is the PRIVAUDIT_PLUGINS a
+    loaded plugin file sets for the processes a run starts (later tests' ranks would load
+    it again)."""
+    monkeypatch.delenv(PLUGIN_ENV, raising=False)
     before = dict(DEFENSES)
     yield
     DEFENSES.clear()

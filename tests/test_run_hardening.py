@@ -15,6 +15,7 @@ import torch
 from conftest import tiny
 
 from privaudit.cli import main
+from privaudit.core.errors import PLUGIN_ENV
 from privaudit.defenses import DEFENSES
 from privaudit.plugins import load_plugins
 from privaudit.sim import runlock
@@ -178,8 +179,10 @@ def test_a_config_edited_against_its_files_is_refused(tmp_path, capsys, field):
 
 # -- 4. a defense that raises ---------------------------------------------------------------------
 @pytest.fixture
-def registries():
-    """The built-in defenses before and after the test (a plugin registers one)."""
+def registries(monkeypatch):
+    """The built-in defenses before and after the test (a plugin registers one), and no
+    PRIVAUDIT_PLUGINS left behind for later tests' processes."""
+    monkeypatch.delenv(PLUGIN_ENV, raising=False)
     saved = dict(DEFENSES)
     yield
     DEFENSES.clear()

@@ -137,7 +137,10 @@ def cmd_attack(a: argparse.Namespace) -> int:
             print(empty, file=sys.stderr)
         print(json.dumps(to_jsonable(result), indent=2))
         return 0
-    print(run_epsilon_line(run.resolved))
+    line = run_epsilon_line(run.resolved)
+    if run.resolved["epsilon_reason"]:
+        line += " (each kind's reason: result.json's epsilon_reason, or privaudit train)"
+    print(line)
     if result["threat_chosen"]:
         print(
             f"threat: {result['adversaries'][0]} — the weakest adversary that observes "

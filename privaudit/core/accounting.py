@@ -423,10 +423,7 @@ def run_privacy(
     if informal:
         names = ", ".join(informal)
         verb = "crosses" if len(informal) == 1 else "cross"
-        reason = (
-            f"{names} {verb} the links with no formal guarantee "
-            f"({informal[0]}: {kinds[informal[0]]['reason']})"
-        )
+        reason = f"{names} {verb} the links with no formal guarantee"  # why: each kind's
     return {
         "epsilon": max(row["epsilon"] for row in agents) if agents else math.inf,
         "epsilon_reason": reason,
