@@ -79,13 +79,18 @@ from privaudit.sim.run import Run
 from privaudit.sim.targets import parse_target
 
 from . import bounds
+from .canaries import (
+    CANARY_NORM,
+    DOMINATE,
+    Canary,
+    candidates,
+    check_canary,
+    make_canaries,
+)
 
 LOOSE = 0.5  # a lower bound below LOOSE × the upper bound is "loose"
-DOMINATE = 1e4  # flat-clip canary norm, in units of B·C: the clipped mean is ≈ C·direction
 HELD_OUT = 0.5  # share of white-box trials kept to evaluate the threshold chosen on the rest
-CANARY_NORM = 1.0  # canary norm where nothing is clipped
 PILOT = 0.25  # share of white-box trials the canary search's pilot deals over its candidates
-SHAPES = ("dirac", "opposite", "example")  # the canary shapes the search tries
 SHIFT_PAIRS = 8  # paired trials that measure a span audit's mean shift (one without a span)
 
 
@@ -360,95 +365,6 @@ def _progress(total: int, what: str, enabled: bool):
     return bar, bar.add_task(what, total=total)
 
 
-# -- the canaries the white-box audit searches --------------------------------------------------
-@dataclass
-class Canary:
-    """One candidate of the search: its shape (``kind``: ``dirac``, ``opposite`` — against
-    the victim's clean batch gradient — or ``example``) and gradient norm (an example's is
-    its own gradient's), and once made (:func:`_make`) the gradient it adds (``grad`` (D,))
-    or the example whose gradient the defense computes, and clips, like any other's."""
-
-    kind: str
-    norm: float | None
-    grad: Tensor | None = None
-    example: tuple[Tensor, Tensor] | None = None
-
-
-def check_canary(norm: float | None, kind: str | None) -> None:
-    """One error line for a canary norm or shape the search cannot fix."""
-    if kind is not None and kind not in SHAPES:
-        raise PrivauditError(f"--canary-shape must be one of {', '.join(SHAPES)}, got {kind!r}")
-    if norm is not None and not (norm > 0 and math.isfinite(norm)):
-        raise PrivauditError(f"--canary-norm must be a finite number > 0, got {norm}")
-    if norm is not None and kind == "example":
-        raise PrivauditError(
-            "an example canary's norm is its own gradient's; drop --canary-norm or pick "
-            "--canary-shape dirac or opposite"
-        )
-
-
-def candidates(
-    privacy: Any, batch_size: int, norm: float | None = None, kind: str | None = None
-) -> list[Canary]:
-    """The white-box search's canaries in priority order (a trial budget too small for all
-    keeps the first ones). Norms N, 100N, 10N with N the clip C (per example or flat) or
-    :data:`CANARY_NORM` where nothing clips: past a correct clip every norm ≥ C is the same
-    canary, and where a step forgets its clip the larger norm shows it.
-
-    - per-example clip or none: Dirac at N (Nasr et al.'s worst case for a correct clip),
-      Dirac at 100N, against the clean gradient at 100N, the example, Dirac at 10N;
-    - flat batch clip: against the clean gradient at the dominating norm 10⁴·B·C (the clipped
-      mean swings by 2C, the sensitivity), Dirac at 100C, the example, Dirac at 10C and C.
-
-    ``norm`` fixes the norm (no example then: its norm is its own), ``kind`` the shape."""
-    check_canary(norm, kind)
-    unit = privacy.clip if privacy.clip_unit in ("example", "batch") else CANARY_NORM
-    n1, n100, n10 = (unit, 100 * unit, 10 * unit) if norm is None else (norm, norm, norm)
-    if privacy.clip_unit == "batch":
-        top = DOMINATE * batch_size * unit if norm is None else norm
-        order = [("opposite", top), ("dirac", n100), ("example", None), ("dirac", n10)]
-        order.append(("dirac", n1))
-    else:
-        order = [("dirac", n1), ("dirac", n100), ("opposite", n100), ("example", None)]
-        order.append(("dirac", n10))
-    keep = {
-        (k, v): Canary(k, v)
-        for k, v in order
-        if (kind is None or k == kind) and not (norm is not None and k == "example")
-    }
-    return list(keep.values())
-
-
-def _make(cands: list[Canary], ctx: Any, clean: list[Tensor], seed: int) -> list[Canary]:
-    """The candidates' tensors: a Dirac on a coordinate drawn from ``seed``; against the
-    victim's clean batch gradient (the mean of the probe's ``clean`` rows; left out where the
-    victim's batch has no gradient); a training input of ``seed``'s draw under another label
-    (mislabeled, so misfit: a large gradient, clipped by the defense as any example's)."""
-    D = ctx.spec.numel
-    rng = np.random.default_rng(seed)
-    dirac = torch.zeros(D, dtype=torch.float32)
-    dirac[int(rng.integers(D))] = 1.0
-    u = torch.stack([c.mean(0) for c in clean]).mean(0).float().cpu() if clean else None
-    i = int(rng.integers(len(ctx.train_x)))
-    classes = int(ctx.train_y.max()) + 1
-    label = (int(ctx.train_y[i]) + 1 + int(rng.integers(max(classes - 1, 1)))) % classes
-    example = (ctx.train_x[i : i + 1], torch.tensor([label], device=ctx.train_y.device))
-    out = []
-    for c in cands:
-        if c.kind == "dirac":
-            out.append(dataclasses.replace(c, grad=c.norm * dirac))
-        elif c.kind == "opposite" and u is not None and float(u.norm()) > 0:
-            out.append(dataclasses.replace(c, grad=-c.norm * u / u.norm()))
-        elif c.kind == "example" and classes > 1:
-            out.append(dataclasses.replace(c, example=example))
-    if not out:
-        raise PrivauditError(
-            f"no {cands[0].kind} canary fits here (the victim's batch has no gradient to "
-            "point against, or the data has one class); drop --canary-shape"
-        )
-    return out
-
-
 def search_size(k: int, trials: int, delta: float, confidence: float) -> int:
     """How many of ``k`` candidates ``trials`` afford: the largest K whose pilot share gives
     every candidate the trials a bound at 1 − α/(2K) needs (Clopper–Pearson at half of that
@@ -560,7 +476,7 @@ def white_box(
     s = _setting(run, target, round, threat, link, attackers, victim, span)
     cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
     rerun = _Rerun(s, span, seed, progress)
-    cands = _make(cands, run.ctx, rerun.grads.clean, seed)
+    cands = make_canaries(cands, run.ctx, rerun.grads.clean, seed)
     k = search_size(len(cands), trials, delta, confidence)
     cands = cands[:k]
     t0 = time.perf_counter()

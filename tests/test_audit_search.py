@@ -15,7 +15,8 @@ from privaudit.core.accounting import release_epsilon
 from privaudit.core.errors import PLUGIN_ENV, PrivauditError
 from privaudit.core.privacy import Privacy
 from privaudit.defenses import DEFENSES
-from privaudit.eval.audit import audit, candidates, check_canary, search_size
+from privaudit.eval.audit import audit, search_size
+from privaudit.eval.canaries import candidates, check_canary
 from privaudit.plugins import load_plugins
 from privaudit.sim.run import Run
 

@@ -89,7 +89,8 @@ def _fmt(x: float | None) -> str:
 def cmd_audit(a: argparse.Namespace) -> int:
     from privaudit.core.files import to_jsonable, write_json
     from privaudit.core.threat import parse_agents, parse_link
-    from privaudit.eval.audit import audit, check_canary, check_trials
+    from privaudit.eval.audit import audit, check_trials
+    from privaudit.eval.canaries import check_canary
     from privaudit.sim.run import Run
     from privaudit.sim.targets import parse_target
 
