@@ -310,29 +310,23 @@ def checked_params(cfg: RunConfig) -> RunConfig:
 def check_sigma_flag(cfg: RunConfig) -> None:
     """``--sigma`` for a defense whose noise no accountant reads (no noise at all, or a
     paper constant such as AdaD²P's σ) would be silently ignored: one error instead."""
-    if cfg.sigma is None:
-        return
-    import torch
-
-    from privaudit.core.accounting import noised
     from privaudit.core.context import params_of
     from privaudit.defenses import get_defense
-    from privaudit.scenario.topology import build_topology, metropolis_hastings
+    from privaudit.sim.run import sigma_is_set
 
+    if cfg.sigma is None or sigma_is_set(cfg):
+        return
     defense = get_defense(cfg.defense)
-    params = params_of(defense.Params, cfg.params)
-    W = metropolis_hastings(build_topology(cfg.topology, cfg.agents)).to(torch.float64)
-    if not noised(defense, params, W):
-        own = getattr(params, "sigma", None)
-        fix = (
-            f"its own noise is -p sigma=S (now {own:g}); drop --sigma or use -p sigma"
-            if own
-            else "it adds no Gaussian noise; drop --sigma"
-        )
-        raise PrivauditError(
-            f"--sigma {cfg.sigma:g} would be ignored: {defense.name}'s noise is not a noise "
-            f"multiplier set from --sigma/--epsilon; {fix}"
-        )
+    own = getattr(params_of(defense.Params, cfg.params), "sigma", None)
+    fix = (
+        f"its own noise is -p sigma=S (now {own:g}); drop --sigma or use -p sigma"
+        if own
+        else "it adds no Gaussian noise; drop --sigma"
+    )
+    raise PrivauditError(
+        f"--sigma {cfg.sigma:g} would be ignored: {defense.name}'s noise is not a noise "
+        f"multiplier set from --sigma/--epsilon; {fix}"
+    )
 
 
 def check_threat(name: str | None, attackers: str | None = None) -> None:

@@ -70,18 +70,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def sigma_is_set(cfg: RunConfig) -> bool:
+    """Whether ``--sigma``/``--epsilon`` set ``cfg``'s defense's σ: a noise multiplier some
+    kind's accounting reads (:func:`privaudit.core.accounting.noised`), on ``cfg``'s graph."""
+    defense = get_defense(cfg.defense)
+    W = metropolis_hastings(build_topology(cfg.topology, cfg.agents)).to(torch.float64)
+    return noised(defense, params_of(defense.Params, cfg.params), W)
+
+
 def check_sigma_param(cfg: RunConfig) -> None:
     """One error when ``-p sigma=…`` names a σ that ``--sigma``/``--epsilon`` set (it would
     be replaced by the calibrated one). A ``sigma`` no accountant reads — AdaD²P's paper
     constant (:func:`privaudit.core.accounting.noised` is false for it) — stays a parameter."""
-    if "sigma" not in cfg.params:
-        return
-
-    defense = get_defense(cfg.defense)
-    W = metropolis_hastings(build_topology(cfg.topology, cfg.agents)).to(torch.float64)
-    if noised(defense, params_of(defense.Params, cfg.params), W):
+    if "sigma" in cfg.params and sigma_is_set(cfg):
         raise PrivauditError(
-            f"-p sigma is {defense.name}'s calibrated noise multiplier and would be ignored; "
+            f"-p sigma is {cfg.defense}'s calibrated noise multiplier and would be ignored; "
             "use --sigma S (or --epsilon E) to set the noise multiplier"
         )
 
