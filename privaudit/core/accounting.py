@@ -115,6 +115,8 @@ def _epsilon(
     from opacus.accountants import create_accountant
 
     z = min(z, limits.SIGMA_MAX)  # more noise only lowers ε: an upper bound for any larger z
+    if z < limits.SIGMA_NEGLIGIBLE:  # ε beyond any float, and opacus would not finish
+        return math.inf
     if accountant == "prv":
         if points is None:
             points = _prv_points(z, delta, sample_rate, rounds)

@@ -13,7 +13,8 @@ meaningless:
   the PRV accountant's floating-point check refuses δ below about 1e-12
   (:data:`PRV_MIN_DELTA`).
 - σ = 0 (no noise) or σ ∈ (0, 1e6]: 1e6 is opacus' own search ceiling (``MAX_SIGMA``); at
-  σ = 1e300 its RDP formulas overflow, and at σ → 0 every ε is infinite.
+  σ = 1e300 its RDP formulas overflow, and at σ → 0 every ε is infinite (below
+  ``SIGMA_NEGLIGIBLE`` = 1e-100 it is reported ∞ at once: opacus would take minutes).
 - a step size (``lr``: η, γ or λ) in (0, 1e4]: the gradients of the bundled models are
   O(1), so a step beyond 1e4 only moves the weights to where the models overflow float32
   within a few rounds (the round loop stops a run whose state becomes non-finite,
@@ -38,6 +39,9 @@ EPSILON = (1e-3, 1e3)
 DELTA_MIN = 1e-30
 PRV_MIN_DELTA = 1e-12
 SIGMA_MAX = 1e6
+# a noise multiplier below this is no noise: its ε (≈ q²T/z² in RDP) passes 1e200, and
+# opacus' fractional-order series for it runs for minutes (seen at z = 1e-157)
+SIGMA_NEGLIGIBLE = 1e-100
 LR_MAX = 1e4
 MAX_ROUNDS = 10**7
 MAX_AGENTS = 10_000
