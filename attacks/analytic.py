@@ -26,6 +26,7 @@ from privaudit.core.observation import Observation, Reconstruction
 
 from .common import as_list, working_device
 from .labels import labels_for
+from .registry import LABEL_METHOD, register_attack
 
 
 def first_linear(model: nn.Module) -> str:
@@ -86,6 +87,11 @@ def recover(obs: Observation, device: torch.device | str | None = None) -> tuple
     return images.clamp(0, 1), residual
 
 
+@register_attack(
+    "analytic",
+    summary="closed-form recovery of the first linear layer's input (B = 1 or exact cases)",
+    rules={"label_method": LABEL_METHOD},
+)
 def analytic(
     observations: Observation | Sequence[Observation],
     *,

@@ -42,6 +42,7 @@ from .common import as_list
 from .features import Features, batch_features
 from .fi import fi_from
 from .ig import ig
+from .registry import LABEL_METHOD, NON_NEGATIVE, POSITIVE, UNIT_OPEN, register_attack
 from .rgap import DEFAULT_RCOND, rgap
 
 FI_RESIDUAL = 1e-2
@@ -71,6 +72,17 @@ def choose(obs: Observation) -> tuple[str, str]:
     return "rgap", "B = 1 and the model is a chain R-GAP inverts"
 
 
+@register_attack(
+    "auto",
+    summary="picks analytic, R-GAP, fi or IG per observation by what is exactly solvable",
+    rules={
+        "lr": POSITIVE,
+        "tv": NON_NEGATIVE,
+        "label_method": LABEL_METHOD,
+        "rcond": UNIT_OPEN,
+        "fi_residual": NON_NEGATIVE,
+    },
+)
 def auto(
     observations: Observation | Sequence[Observation],
     *,

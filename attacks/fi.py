@@ -34,16 +34,14 @@ from privaudit.core.observation import Observation, Reconstruction
 
 from .common import (
     as_list,
-    conv_backend,
     feature_fn,
     generators,
     init_images,
-    onednn_convs,
     progress_bar,
     stack_observations,
     total_variation,
-    value_and_grad,
 )
+from .compiled import conv_backend, onednn_convs, value_and_grad
 from .features import (
     Features,
     applicable,
@@ -52,6 +50,7 @@ from .features import (
     feature_targets,
 )
 from .ig import ig, milestones, starting_from
+from .registry import LABEL_METHOD, NON_NEGATIVE, POSITIVE, Rule, register_attack
 
 DEFAULT_ITERATIONS = 1000
 DEFAULT_REFINE = 200
@@ -119,6 +118,18 @@ def invert_features(
         return chosen, loss.gather(1, best.unsqueeze(1)).squeeze(1)
 
 
+@register_attack(
+    "fi",
+    summary="feature inversion: the last layer's input solved in closed form, then inverted",
+    rules={
+        "lr": POSITIVE,
+        "tv": NON_NEGATIVE,
+        "refine": Rule("an integer in 0..10^7", lambda v: 0 <= v <= 10**7),
+        "refine_lr": POSITIVE,
+        "feature_weight": NON_NEGATIVE,
+        "label_method": LABEL_METHOD,
+    },
+)
 def fi(
     observations: Observation | Sequence[Observation],
     *,

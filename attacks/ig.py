@@ -8,38 +8,14 @@ the iterations (as in Geiping's ``inversefed`` and ``breaching``), several resta
 each observation keeps the one with the lowest final cosine distance. Labels are
 ``obs.labels`` when given, else inferred (:mod:`.labels`).
 
-Defaults and why:
-- ``lr=0.1``: Geiping's and breaching's step size.
-- ``tv=5e-2``: TV on [0, 1] pixels, breaching's mean form. Published values span
-  1e-6…1e-1 (``inversefed``'s DEFAULT_CONFIG 1e-1, its CIFAR examples 1e-4…1e-6, breaching
-  0.2 — all on *normalised* images, where a weight acts ≈ 1/std ≈ 4× more than here).
-  Mean PSNR over weights 1e-4…1e-1 (B = 1, untrained nets, normalised inputs) peaks near
-  3e-2 on the sigmoid LeNet (≈ 9 dB above 1e-3) and falls steadily with the weight on the
-  ReLU CNN (best at 1e-3); on the LeNet *trained* for 200 rounds with raw [0, 1] inputs
-  (``nd-cg``, 8 victims) it varies by under 1.5 dB from 1e-2 to 2e-1, highest at 5e-2.
-  ``tv=5e-2`` is the default for the default (sigmoid LeNet) model. On the ReLU CNN the
-  best weight depends on the setting — lower (1e-3 to 1e-2) for one image through an
-  untrained net, 5e-2 once it is trained (``benchmarks/tune_attack.py``) — so pass
-  ``-a tv=…`` for the setting at hand.
-- ``iterations=3000``: Geiping/breaching run 24 000 (GPU, ResNets); on the trained LeNet
-  PSNR still rises a little from 2000 to 3000 iterations, and a CPU run stays short (PSNR
-  figures: README, "Benchmarks").
-  ``restarts=1`` (breaching's default; picking the restart with the lowest cosine loss did
-  not raise PSNR here).
-- ``noise_aware=True``: where every observation states its noise std and its scale is
-  known (e.g. a cross-gradient with Gaussian noise), the cosine is replaced by the Gaussian
-  negative log-likelihood (:func:`gaussian_nll`), making the attack a MAP estimate with TV as
-  the prior. On dpdl-cg (B = 1, round 100, 8 victims, 2000 iterations) this raises PSNR by
-  about 1.4 dB at ε = 8 and 2.6 dB at ε = 64 over the cosine. No effect on noise-free or
-  scale-estimated observations.
-
-- ``feature_weight=1.0``: for a batch (B > 1) whose classifier gradient gives every
-  example's features exactly (:mod:`.features`), the loss gains ``feature_weight ·
-  mean_b ‖h(x_b) − h_b‖² / ‖h_b‖²`` and the labels are the ones that solve those equations:
-  each dummy example is pulled toward its own example instead of all of them sharing one
-  batch gradient. Observations whose features are not exact (noise, a local minimum) get
-  no feature term and keep their inferred labels. 0 turns it off
-  (``benchmarks/strength.py``: README, "Exact recovery and batches").
+Defaults: ``lr=0.1`` (Geiping's and breaching's step), ``tv=5e-2`` (TV on [0, 1] pixels,
+breaching's mean form), ``iterations=3000``, ``restarts=1``; ``noise_aware``: where every
+observation states its noise std and scale, the cosine is replaced by the Gaussian negative
+log-likelihood (:func:`gaussian_nll`: a MAP estimate with TV as the prior);
+``feature_weight``: for a batch whose classifier gradient gives every example's features
+exactly (:mod:`.features`), each dummy example is pulled toward its own features,
+``feature_weight · mean_b ‖h(x_b) − h_b‖² / ‖h_b‖²``, and its label is the one those
+equations give. How each default was chosen, measured: docs/attacks.md.
 
 Batching: all observations and restarts are one tensor under one Adam; Adam, the sign and
 the box are elementwise and the losses are independent, so a batched run equals separate
@@ -63,21 +39,19 @@ from .common import (
     Stack,
     as_list,
     best_restart,
-    conv_backend,
     cosine_distance,
     generators,
     gradient_fn,
     init_images,
     one_hot,
-    onednn_convs,
     problem,
     progress_bar,
     total_variation,
-    value_and_grad,
-    worth_tracing,
 )
+from .compiled import conv_backend, onednn_convs, value_and_grad, worth_tracing
 from .features import Features, batch_features, classifier_module, feature_targets
 from .labels import labels_for
+from .registry import LABEL_METHOD, NON_NEGATIVE, POSITIVE, register_attack
 
 DEFAULT_ITERATIONS = 3000
 DEFAULT_RESTARTS = 1
@@ -145,6 +119,16 @@ def milestones(iterations: int) -> list[int]:
     return sorted({max(1, round(iterations * f)) for f in (3 / 8, 5 / 8, 7 / 8)})
 
 
+@register_attack(
+    "ig",
+    summary="Inverting Gradients: cosine matching + TV, Adam (Geiping et al. 2020)",
+    rules={
+        "lr": POSITIVE,
+        "tv": NON_NEGATIVE,
+        "label_method": LABEL_METHOD,
+        "feature_weight": NON_NEGATIVE,
+    },
+)
 def ig(
     observations: Observation | Sequence[Observation],
     *,

@@ -66,6 +66,7 @@ from .chain import Layer, Unsupported, invert, linear_chain
 from .common import as_list, cosine_distance, gradient_fn, one_hot, stack_observations
 from .ig import ig, starting_from
 from .labels import labels_for
+from .registry import LABEL_METHOD, NON_NEGATIVE, POSITIVE, UNIT_OPEN, register_attack
 
 DEFAULT_RCOND = 1e-9  # singular values below rcond × the largest count as zero
 NORMAL_COND = 1e6  # below this condition number the normal equations are solved
@@ -316,6 +317,11 @@ def gradient_mismatch(obs: Observation, images: Tensor, labels: Tensor) -> float
     return float(cosine_distance(g, stack.target)[0])
 
 
+@register_attack(
+    "rgap",
+    summary="R-GAP: layer-wise linear systems, recursive (Zhu & Blaschko 2021); IG where not exact",
+    rules={"lr": POSITIVE, "tv": NON_NEGATIVE, "label_method": LABEL_METHOD, "rcond": UNIT_OPEN},
+)
 def rgap(
     observations: Observation | Sequence[Observation],
     *,

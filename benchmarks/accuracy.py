@@ -48,7 +48,7 @@ from paper_claims import paper_rows  # noqa: E402
 from privaudit.api.frontier import REFERENCE_DEFENSE  # noqa: E402
 from privaudit.core.config import RunConfig  # noqa: E402
 from privaudit.defenses import DEFENSES, get_defense  # noqa: E402
-from privaudit.eval.reference import reference_for  # noqa: E402
+from privaudit.experiments.reference import reference_for  # noqa: E402
 from privaudit.scenario import presets  # noqa: E402
 from privaudit.sim.run import Run  # noqa: E402
 
@@ -183,7 +183,7 @@ def average_noise_reference(cfg: RunConfig, out: Path) -> dict[str, Any]:
     """Centralised DP-SGD whose noise equals what dp-dpsgd's network average carries at
     ``cfg``: dp-dpsgd's σ times √N, accounted at the pooled rate over the same steps."""
     from privaudit.core.accounting import epsilon_for_sigma
-    from privaudit.eval.reference import pooled_sample_rate
+    from privaudit.experiments.reference import pooled_sample_rate
 
     run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))  # resolves σ, trains nothing
     sigma = run.resolved["sigma"] * math.sqrt(cfg.agents)

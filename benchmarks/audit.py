@@ -21,7 +21,7 @@ import torch
 
 from privaudit.core.accounting import release_epsilon, sigma_for_epsilon
 from privaudit.core.config import RunConfig
-from privaudit.eval.audit import audit
+from privaudit.experiments.audit import audit
 from privaudit.sim.run import Run
 
 CHANNELS = {

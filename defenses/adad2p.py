@@ -80,7 +80,7 @@ from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy, dwork_roth_epsilon
-from privaudit.core.threat import View
+from privaudit.core.threat import Public, View
 from privaudit.defenses.base import (
     Defense,
     Params,
@@ -328,7 +328,7 @@ class _D2P(Defense):
         if kind not in self.kinds:
             raise PrivauditError(f"{self.name} has no {kind!r} message; kinds: {list(self.kinds)}")
         pub = view.public
-        p, n = pub["params"], int(pub["n"])
+        p, n = pub.params, int(pub.n)
         self._check_active(n, t, src, dst)
         div = (1.0 - p["keep"]) if p["prescale"] else 1.0
         x_half = view.get(t, src, dst, "half-model") / div
@@ -336,13 +336,13 @@ class _D2P(Defense):
         period = len(hops(n))
         exact = self._state(view, t, src, div, p)
         if t == 1:
-            x_hat, proxy = pub["x0"], "x0 (exact)"
+            x_hat, proxy = pub.x0, "x0 (exact)"
         elif exact is not None:
             x_hat, proxy = exact, "x_src^k from round t-1's pairs (exact)"
         elif t - period >= 1:
             x_hat, proxy = view.get(t - period, src, dst, "half-model") / div, f"round {t - period}"
         else:
-            x_hat, proxy = pub["x0"], "x0"
+            x_hat, proxy = pub.x0, "x0"
         x_hat = x_hat.to(x_half.dtype)
         target = (x_hat - x_half) / p["lr"]
         leak = self.leak(pub, target)
@@ -359,7 +359,7 @@ class _D2P(Defense):
         """x_src^k from round t − 1's two pairs into src, or None if the View lacks one."""
         if t == 1:
             return None
-        n = view.public["W"].shape[0]
+        n = view.public.W.shape[0]
         before = peers(n, t - 1)
         came_from = before.index(src)
         if not (
@@ -372,17 +372,17 @@ class _D2P(Defense):
         keep = p["keep"]
         return keep * own + (1.0 - keep) * got
 
-    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
+    def leak(self, public: Public, target: Tensor) -> dict[str, Any]:
         """Observation fields ``clip``, ``noise_std`` and ``meta`` of a target g + N."""
         raise NotImplementedError
 
     @staticmethod
-    def bounded_leak(public: dict[str, Any], bound: float, clipped: bool) -> dict[str, Any]:
+    def bounded_leak(public: Public, bound: float, clipped: bool) -> dict[str, Any]:
         """:meth:`leak` of a :meth:`bounded_gradient`: std σS/B with per-example clip S
         (``unit`` "example", when ``clipped``), or σS on a mean flat-clipped at S."""
-        p = public["params"]
+        p = public.params
         if p["unit"] == "example":
-            std = p["sigma"] * bound / public["batch_size"]
+            std = p["sigma"] * bound / public.batch_size
             return {"clip": bound if clipped else None, "noise_std": std, "meta": {}}
         meta = {"batch_clip": bound, "scale_estimated": True} if clipped else {}
         return {"clip": None, "noise_std": p["sigma"] * bound, "meta": meta}
@@ -447,11 +447,11 @@ class AdaD2P(_D2P):
             paper_epsilon=self._prop1(p),
         )
 
-    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
+    def leak(self, public: Public, target: Tensor) -> dict[str, Any]:
         """The noise std σS/B (σ‖ḡ‖ for unit "batch") is data-dependent; estimated from
         ‖target‖² = ‖ḡ‖² + D·std², taking ‖ḡ‖ = S (exact for B = 1)."""
-        p = public["params"]
-        m = public["batch_size"] if p["unit"] == "example" else 1
+        p = public.params
+        m = public.batch_size if p["unit"] == "example" else 1
         sigma = p["sigma"]
         std = 0.0
         if sigma > 0:
@@ -503,8 +503,8 @@ class ConstD2P(_D2P):
             "example can move the gradient arbitrarily far (enforce=true clips at G)",
         )
 
-    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
-        p = public["params"]
+    def leak(self, public: Public, target: Tensor) -> dict[str, Any]:
+        p = public.params
         return self.bounded_leak(public, p["G"], bool(p.get("enforce", False)))
 
 
@@ -540,5 +540,5 @@ class ClipD2P(_D2P):
         multiplier σ/2)."""
         return self._gaussian(p, kind, W, ("C", p.clip), True, "")
 
-    def leak(self, public: dict[str, Any], target: Tensor) -> dict[str, Any]:
-        return self.bounded_leak(public, public["params"]["clip"], True)
+    def leak(self, public: Public, target: Tensor) -> dict[str, Any]:
+        return self.bounded_leak(public, public.params["clip"], True)

@@ -46,7 +46,7 @@ def mix(
     """Σ_j w_ij value(j) over j ∈ N_i ∪ {i} (self first, then neighbours in order, as the
     simulator's gossip sums); an unseen value (None) is replaced by ``fallback``. Returns the
     sum and the agents that were unseen."""
-    W = view.public["W"]
+    W = view.public.W
     unseen: list[int] = []
     out = None
     for j in [i, *neighbours(W, i)]:
@@ -254,7 +254,7 @@ class Defense:
         meta = kw.pop("meta", {})
         copies = [
             (view.get(t, j, src, "model"), view.get(t, src, j, "cg"))
-            for j in neighbours(view.public["W"], src)
+            for j in neighbours(view.public.W, src)
             if view.has(t, src, j, "cg") and view.has(t, j, src, "model")
         ]
         if len(copies) <= 1:
@@ -278,7 +278,7 @@ class Defense:
         """A cross-gradient whose batch mean is clipped to C as a whole, plus N(0, σ²C²)
         (PDSL, DP-CGA): the clip factor min(1, C/‖ḡ‖) is one unknown scalar (``scale`` 1 is
         reported, ``meta["batch_clip"]`` = C); otherwise as :meth:`observe_cg`."""
-        p = view.public["params"]
+        p = view.public.params
         meta = {"exact": True, "batch_clip": p["clip"], "scale_estimated": True}
         return self.observe_cg(view, t, src, dst, noise_std=p["sigma"] * p["clip"], meta=meta)
 
@@ -289,10 +289,10 @@ class Defense:
         x^i_{t-1} = Σ_j w_ij x̃^j_{t-1} (the previous round's gossip), exact when the View
         holds every neighbour's x̃^j_{t-1} (x_0 at t = 1), else unseen ones are replaced by
         x̃^i_{t-1}, src's own (the link's approximation)."""
-        lr = view.public["params"]["lr"]
+        lr = view.public.params["lr"]
         half = view.get(t, src, dst, kind)
         if t == 1:
-            prev, unseen = view.public["x0"].to(half.dtype), []
+            prev, unseen = view.public.x0.to(half.dtype), []
         else:
             own = view.get(t - 1, src, dst, kind)
             prev, unseen = mix(view, src, lambda j: view.sent(t - 1, j, kind), own)
@@ -305,7 +305,7 @@ class Defense:
         """(x^i_{t-1} − x^i_t)/η at x^i_{t-1}, from two consecutive ``model`` messages; mixing
         and momentum are ignored (an approximation)."""
         x_prev = view.get(t, src, dst, "model")
-        target = (x_prev - view.get(t + 1, src, dst, "model")) / view.public["params"]["lr"]
+        target = (x_prev - view.get(t + 1, src, dst, "model")) / view.public.params["lr"]
         return self.make_observation(view, x_prev, target, meta={"exact": False})
 
     @staticmethod
@@ -318,7 +318,7 @@ class Defense:
         gossiped, DPDL (21), PDSL) — exact when every neighbour's ṽ^j_{t-1} is seen, unseen
         ones replaced by ṽ^i_{t-1} (the paper's consecutive-round approximation); else
         v^i_{t-1} = ṽ^i_{t-1} (a local momentum, exact)."""
-        lr = view.public["params"]["lr"]
+        lr = view.public.params["lr"]
 
         def v(s: int, j: int) -> Tensor | None:
             if kind == "mm":
@@ -344,7 +344,7 @@ class Defense:
         """An Observation of the public model at flat ``params`` with flat ``target``;
         ``terms`` (if given) hold flat parameter vectors, see :class:`Observation`."""
         pub = view.public
-        model = _architecture(pub["model"], tuple(pub["input_shape"]), pub["num_classes"])
+        model = _architecture(pub.model, tuple(pub.input_shape), pub.num_classes)
         spec = ParamSpec.of(model)
         meta = {"threat": view.threat, **kw.pop("meta", {})}
         terms = [(spec.unflatten(x.float()), c, same) for x, c, same in kw.pop("terms", [])]
@@ -352,11 +352,11 @@ class Defense:
             model=model,
             params=spec.unflatten(params.float()),
             target=spec.unflatten(target.float()),
-            batch_size=pub["batch_size"],
-            input_shape=tuple(pub["input_shape"]),
-            num_classes=pub["num_classes"],
-            mean=tuple(pub["mean"]),
-            std=tuple(pub["std"]),
+            batch_size=pub.batch_size,
+            input_shape=tuple(pub.input_shape),
+            num_classes=pub.num_classes,
+            mean=tuple(pub.mean),
+            std=tuple(pub.std),
             meta=meta,
             terms=terms,
             **kw,

@@ -264,11 +264,11 @@ class DPCGA(CrossGradientDefense):
           the target) plus the QP-weighted neighbours' cross-gradients at the same point
           (other agents' data), which stay mixed in — so the observation is not exact.
         """
-        p = view.public["params"]
+        p = view.public.params
         x_prev = view.get(t, src, dst, "model")
         beta = p["momentum"]
         target, _ = self.momentum_step(view, kind, t, src, dst, beta, self.mixed_momentum)
-        w_self = float(view.public["W"][src, src])
+        w_self = float(view.public.W[src, src])
         return self.make_observation(
             view,
             x_prev,

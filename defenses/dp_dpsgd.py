@@ -95,12 +95,12 @@ class DPDPSGD(Defense):
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
         """(x^i_{t-1} − x̃^i_t)/η = ĝ^i_t: the clipped mean plus N(0, (σC/B)²), at x^i_{t-1};
         x^i_{t-1} as for ``dsgd`` (exact at t = 1 or when every neighbour's x̃ is seen)."""
-        p = view.public["params"]
+        p = view.public.params
         return self.observe_half_step(
             view,
             t,
             src,
             dst,
             clip=p["clip"],
-            noise_std=p["sigma"] * p["clip"] / view.public["batch_size"],
+            noise_std=p["sigma"] * p["clip"] / view.public.batch_size,
         )

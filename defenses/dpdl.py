@@ -189,8 +189,8 @@ class DPDL(CrossGradientDefense):
         """``cg`` is exactly the noised, per-example clipped batch-mean gradient of i's batch
         at the receiver's model. A coalition or global observer holding k copies (one per
         neighbour, same batch, fresh noise) averages them (:meth:`Defense.observe_cg`)."""
-        p = view.public["params"]
-        unit = self._noise_unit(p, view.public["batch_size"])
+        p = view.public.params
+        unit = self._noise_unit(p, view.public.batch_size)
         return self.observe_cg(
             view, t, src, dst, clip=p["clip"], noise_std=unit, meta={"exact": True}
         )
@@ -207,10 +207,10 @@ class DPDL(CrossGradientDefense):
           The scale uses E[C] ≈ ½ (C ∈ [0.27, 0.73]); the cosine loss ignores it.
         - ``half-model``: ṽ^i_t = (x^i_{t-1} − x̃^i_t)/η exactly, then as ``mm``.
         """
-        p = view.public["params"]
-        clip, unit = p["clip"], self._noise_unit(p, view.public["batch_size"])
+        p = view.public.params
+        clip, unit = p["clip"], self._noise_unit(p, view.public.batch_size)
         target, unseen = self.momentum_step(view, kind, t, src, dst, p["momentum"])
-        W = view.public["W"]
+        W = view.public.W
         n, nbrs = W.shape[0], neighbours(W, src)
         deg = len(nbrs) + 1
         coef = {j: _coef(p["cross_coef"], W[src, j], n, deg) for j in [src, *nbrs]}

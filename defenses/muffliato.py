@@ -229,19 +229,19 @@ class Muffliato(Defense):
         neighbour's last gossip message (a neighbour on a complete graph, global); unseen
         ones are replaced by y^{K-1}_i, the last value i sent on this link."""
         pub = view.public
-        p = pub["params"]
+        p = pub.params
         y0 = view.get(t, src, dst, "model")
         unseen: list[int] = []
         if t == 1:
-            prev = pub["x0"].to(y0.dtype)
+            prev = pub.x0.to(y0.dtype)
         else:
-            K = num_steps(p["gossip_steps"], p["chebyshev"], pub["W"])
+            K = num_steps(p["gossip_steps"], p["chebyshev"], pub.W)
             own = view.get(t - 1, src, dst, step_kind(K))
             prev, unseen = mix(view, src, lambda j: view.sent(t - 1, j, step_kind(K)), own)
             if p["chebyshev"] and K > 1:
-                omega = chebyshev_omega(gap_of(pub["W"]))
+                omega = chebyshev_omega(gap_of(pub.W))
                 prev = omega * prev + (1 - omega) * view.get(t - 1, src, dst, step_kind(K - 1))
-        std = MuffliatoParams(**p).noise_std(pub["batch_size"]) / p["lr"]
+        std = MuffliatoParams(**p).noise_std(pub.batch_size) / p["lr"]
         clip = p["grad_bound"] if p["enforce"] else None
         meta = {"exact": not unseen}
         if unseen:

@@ -486,10 +486,10 @@ class PDSL(CrossGradientDefense):
           σC·√(Σ_j π_ij²).
         - ``half-model``: û_i^t = (x_i^{t-1} − x̂_i^t)/γ exactly, then as ``mm``.
         """
-        p = view.public["params"]
+        p = view.public.params
         x_prev = view.get(t, src, dst, "model")
         target, unseen = self.momentum_step(view, kind, t, src, dst, p["momentum"])
-        W = view.public["W"]
+        W = view.public.W
         w = W[src][W[src] > 0].double()  # ω_{i,j}, j ∈ 𝓜_i (self included)
         pi = 1.0 / (w * len(w))
         return self.make_observation(

@@ -235,7 +235,7 @@ class DSGT(Defense):
 
         ``noise_std`` is the std of the injected (Laplace, not Gaussian) noise left in it.
         """
-        p = view.public["params"]
+        p = view.public.params
         theta = view.get(t, src, dst, "model")
         meta: dict[str, Any] = {}
         unseen: list[int] = []
@@ -279,7 +279,7 @@ class DSGT(Defense):
         Σ_j w_ij γ_j^{t−1} − γ_i^t = ∇L(θ_i^{t−1}; ξ_t) − ∇L(θ_i^t; ξ_{t+1}) (3) — the offset
         cancels, and batch ξ_t is slot 0 of an exact two-batch Observation. Needs the
         "cached" old gradient (with "recompute" round t+1 never touches ξ_t)."""
-        p = view.public["params"]
+        p = view.public.params
         if kind == "model" or p["old_grad"] != "cached" or not view.has(t + 1, src, dst, "gt"):
             return None
         if self.injection(view, t + 1, src)[2]:
@@ -351,7 +351,7 @@ class LPPA(DSGT):
     def injection(self, view: View, t: int, src: int) -> tuple[Tensor | None, float, int]:
         """d_i of round t's exchange (round 1; every round with ``reinject``): the shares the
         View holds are known (+ sent, − received); the other ones are Laplace(β) each."""
-        p, W = view.public["params"], view.public["W"]
+        p, W = view.public.params, view.public.W
         if t > 1 and not p["reinject"]:
             return None, 0.0, 0
         known, left = None, 0
@@ -400,7 +400,7 @@ class DPDSGT(DSGT):
 
     def injection(self, view: View, t: int, src: int) -> tuple[Tensor | None, float, int]:
         """Fresh Laplace(β) on γ_i before each transmission (round 1 only with "init")."""
-        p = view.public["params"]
+        p = view.public.params
         if t > 1 and p["inject"] == "init":
             return None, 0.0, 0
         return None, laplace_sum_std(p["beta"], 1), 1

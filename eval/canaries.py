@@ -1,4 +1,4 @@
-"""The canaries the white-box audit searches (:mod:`privaudit.eval.audit`).
+"""The canaries the white-box audit searches (:mod:`privaudit.experiments.audit`).
 
 One canary cannot fit every mechanism: a Dirac of norm C is the worst case for a correct
 per-example clip (Nasr et al. 2023, "Tight Auditing of Differentially Private Machine

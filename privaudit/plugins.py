@@ -1,15 +1,19 @@
-"""Plugins: your own defenses and attacks, registered beside the built-ins without a fork.
+"""Plugins: your own defenses, attacks, threat models and accountants, registered beside the
+built-ins without a fork.
 
 Three sources, loaded in this order by :func:`load_plugins` (the CLI calls it once, before
 the command runs):
 
-1. installed packages' entry points in the groups ``privaudit.defenses`` and
-   ``privaudit.attacks`` (``[project.entry-points."privaudit.defenses"]`` in the package's
-   pyproject.toml), read once per process. An entry point names a module (importing it
-   registers what it defines, with ``@register`` or
-   :func:`privaudit.attacks.register_attack`), a :class:`~privaudit.defenses.Defense`
-   subclass (registered here under its ``name``) or, in ``privaudit.attacks``, an attack
-   function (registered under the entry point's name);
+1. installed packages' entry points in the groups ``privaudit.defenses``,
+   ``privaudit.attacks``, ``privaudit.threats`` and ``privaudit.accountants``
+   (``[project.entry-points."privaudit.defenses"]`` in the package's pyproject.toml), read
+   once per process. An entry point names a module (importing it registers what it
+   defines, with ``@register``, :func:`privaudit.attacks.register_attack`,
+   :func:`privaudit.core.threat.register_threat` or
+   :func:`privaudit.core.accountants.register_accountant`), or the class or function itself:
+   a :class:`~privaudit.defenses.Defense`, :class:`~privaudit.core.threat.Threat` or
+   :class:`~privaudit.core.accountants.Accountant` subclass (registered under its ``name``),
+   an attack function (registered under the entry point's name);
 2. the ``.py`` files named by ``PRIVAUDIT_PLUGINS`` (``os.pathsep``-separated);
 3. the files of ``privaudit --plugin FILE.py`` (repeatable).
 
@@ -17,7 +21,8 @@ A file is imported from its path as Python source (:func:`importlib.util.spec_fr
 nothing is ever unpickled. Whatever a plugin registers is checked before any command uses
 it: a Defense must override ``round`` and ``observe``, declare ``kinds`` and a ``Params``
 dataclass whose defaults build, answer ``privacy()`` with :class:`Privacy` facts, and add
-only new names and new targets; an attack must take the attack signature. A broken plugin
+only new names and new targets; an attack must take the attack signature; a threat model
+must say which links it sees; an accountant must answer ε. A broken plugin
 is one :class:`~privaudit.core.errors.PrivauditError`, ``plugin X: what is wrong; fix: …``, and
 leaves the registries exactly as they were before it, so the built-ins keep working.
 
@@ -44,13 +49,26 @@ from types import ModuleType
 from typing import Any
 
 from privaudit.attacks import ATTACKS, check_attack, register_attack
+from privaudit.core.accountants import ACCOUNTANTS, Accountant, register_accountant
 from privaudit.core.context import params_of
 from privaudit.core.errors import PLUGIN_DOCS, PLUGIN_ENV, NameTaken, PrivauditError
 from privaudit.core.privacy import Privacy
+from privaudit.core.threat import THREATS, Threat, register_threat
 from privaudit.defenses import DEFENSES, Defense, register
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 
-GROUPS = {"defense": "privaudit.defenses", "attack": "privaudit.attacks"}
+GROUPS = {
+    "defense": "privaudit.defenses",
+    "attack": "privaudit.attacks",
+    "threat": "privaudit.threats",
+    "accountant": "privaudit.accountants",
+}
+# what an entry point may name, per group, and how it is registered
+CLASSES: dict[str, tuple[type, Callable[[Any], Any]]] = {
+    "defense": (Defense, register),
+    "threat": (Threat, register_threat),
+    "accountant": (Accountant, register_accountant),
+}
 # names and kinds become target names and folder names (privaudit-out/<target>-r<round>)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 SIGNATURES = {
@@ -152,14 +170,19 @@ def _load_entry_point(what: str, ep: metadata.EntryPoint) -> None:
         if isinstance(obj, ModuleType):  # the same file given by path later: no second copy
             return [str(Path(obj.__file__).resolve())] if getattr(obj, "__file__", None) else []
 
-        if what == "defense" and isinstance(obj, type) and issubclass(obj, Defense):
-            if type(DEFENSES.get(obj.name)) is not obj:  # else @register did it on import
-                register(obj)
+        if what in CLASSES and isinstance(obj, type) and issubclass(obj, CLASSES[what][0]):
+            held = _registries()[what].get(obj.name)
+            if held is not obj and type(held) is not obj:  # else it registered on import
+                CLASSES[what][1](obj)
         elif what == "attack" and callable(obj) and not isinstance(obj, type):
             if ATTACKS.get(ep.name) is not obj:
                 register_attack(ep.name, obj)
         else:
-            wanted = "a Defense subclass" if what == "defense" else "an attack function"
+            wanted = (
+                f"a {CLASSES[what][0].__name__} subclass"
+                if what in CLASSES
+                else "an attack function"
+            )
             raise _Broken(
                 f"the entry point names a {type(obj).__name__}, not a module or {wanted}",
                 f"point it at a module that registers, or at {wanted} ({PLUGIN_DOCS})",
@@ -190,7 +213,7 @@ def _importing(load: Callable[[], Any], path: str | None, fix: str) -> Any:
 
 # -- checking what a plugin registered ----------------------------------------------------------
 def _registries() -> dict[str, dict[str, Any]]:
-    return {"defense": DEFENSES, "attack": ATTACKS}
+    return {"defense": DEFENSES, "attack": ATTACKS, "threat": THREATS, "accountant": ACCOUNTANTS}
 
 
 def _still_registered(key: str) -> bool:
@@ -240,14 +263,15 @@ def _check(before: dict[str, dict[str, Any]], require: bool) -> list[tuple[str, 
             if r.get(name) is not obj:
                 raise _Broken(
                     f"it replaces or removes the {what} {name!r} ({_owner(what, name, before)})",
-                    "register under a new name with @register or register_attack; never write "
-                    "to DEFENSES or ATTACKS",
+                    "register under a new name with the registry's decorator; never write "
+                    "to a registry (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS) directly",
                 )
     added = [(w, n, o) for w, r in reg.items() for n, o in r.items() if n not in before[w]]
     if require and not added:
         raise _Broken(
-            "it registers no defense and no attack",
-            "decorate your Defense subclass with @privaudit.defenses.register, or call "
+            "it registers no defense, attack, threat model or accountant",
+            "decorate your Defense subclass with @privaudit.defenses.register (or a Threat "
+            "with @register_threat, an Accountant with @register_accountant), or call "
             f"privaudit.attacks.register_attack(name, fn) ({PLUGIN_DOCS})",
         )
     targets = {f"{n}-{k}": n for n, d in before["defense"].items() for k in getattr(d, "kinds", {})}
@@ -259,9 +283,61 @@ def _check(before: dict[str, dict[str, Any]], require: bool) -> list[tuple[str, 
             )
         if what == "defense":
             _check_defense(name, obj, targets, before)
-        else:
+        elif what == "attack":
             check_attack(name, obj)
+        elif what == "threat":
+            _check_threat(name, obj)
+        else:
+            _check_accountant(name, obj)
     return added
+
+
+def _check_threat(name: str, cls: Any) -> None:
+    """A threat model must subclass Threat and say which links it sees."""
+    if not (isinstance(cls, type) and issubclass(cls, Threat)):
+        raise _Broken(
+            f"threat model {name!r} is not a privaudit Threat subclass",
+            "subclass privaudit.core.threat.Threat and decorate it with @register_threat",
+        )
+    try:
+        th = cls.build(link=(0, 1), attackers=[0])
+        seen = th.sees(0, 1)
+    except Exception as e:
+        text = (str(e).strip().splitlines() or [""])[0][:200]
+        raise _Broken(
+            f"threat model {name!r} cannot be built for agent 0 ({type(e).__name__}: {text})",
+            "let build(link=..., attackers=[...]) return an adversary whose sees(src, dst) "
+            "answers True or False",
+        ) from None
+    if not isinstance(seen, bool):
+        raise _Broken(
+            f"threat model {name!r}'s sees(src, dst) returns a {type(seen).__name__}",
+            "return True or False",
+        )
+
+
+def _check_accountant(name: str, acc: Any) -> None:
+    """An accountant must subclass Accountant and answer ε ≥ 0 at a plain point."""
+    if not isinstance(acc, Accountant):
+        raise _Broken(
+            f"accountant {name!r} is not a privaudit Accountant",
+            "subclass privaudit.core.accountants.Accountant and decorate it with "
+            "@register_accountant",
+        )
+    try:
+        eps = acc.epsilon(1.0, 1e-5, 0.01, 100)
+    except Exception as e:
+        text = (str(e).strip().splitlines() or [""])[0][:200]
+        raise _Broken(
+            f"accountant {name!r} fails at σ = 1, δ = 1e-5, q = 0.01, 100 rounds "
+            f"({type(e).__name__}: {text})",
+            "define epsilon(self, z, delta, sample_rate, rounds) -> float",
+        ) from None
+    if isinstance(eps, bool) or not isinstance(eps, float | int) or not eps >= 0:
+        raise _Broken(
+            f"accountant {name!r} answers ε = {eps!r} at σ = 1, δ = 1e-5, q = 0.01, 100 rounds",
+            "return a float ε ≥ 0 (math.inf where there is no bound)",
+        )
 
 
 def _check_defense(
@@ -339,7 +415,8 @@ def _owner(what: str, name: str, registries: dict[str, dict[str, Any]] | None = 
     for plugin in _loaded.values():
         if any(w == what and n == name and o is obj for w, n, o in plugin.registered):
             return f"plugin {plugin.label}"
-    module = getattr(obj if what == "attack" else type(obj), "__module__", "") or ""
+    holder = obj if what in ("attack", "threat") else type(obj)  # a function, a class
+    module = getattr(holder, "__module__", "") or ""
     return f"the built-in {what}" if module.startswith("privaudit.") else f"module {module}"
 
 

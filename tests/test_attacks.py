@@ -258,7 +258,7 @@ def test_unknown_option_is_refused(lenet_obs):
 def test_traced_step_equals_eager_and_is_replayed_through_aten():
     """value_and_grad's traced, folded, channels-last, direct-ATen step gives functorch's
     eager value and gradient (second order through the dummy gradient)."""
-    from privaudit.attacks import common
+    from privaudit.attacks import common, compiled
 
     imgs = photos(4, 16)
     obs = [
@@ -275,14 +275,14 @@ def test_traced_step_equals_eager_and_is_replayed_through_aten():
         return common.cosine_distance(g, target) + 0.1 * common.total_variation(x)
 
     x = torch.rand(4, 1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    (ge,), le = common.value_and_grad(objective, x, trace=False)(x)
+    (ge,), le = compiled.value_and_grad(objective, x, trace=False)(x)
     for channels_last in (False, True):
-        step = common.value_and_grad(objective, x, channels_last=channels_last)
+        step = compiled.value_and_grad(objective, x, channels_last=channels_last)
         fn = next(c.cell_contents for c in step.__closure__ if callable(c.cell_contents))
         assert fn.func.__name__ == "forward"  # traced and bound by direct_ops, not eager
         x2 = torch.rand_like(x)  # a new point: nothing of the example is baked in
         (gt,), lt = step(x2)
-        (ge2,), le2 = common.value_and_grad(objective, x2, trace=False)(x2)
+        (ge2,), le2 = compiled.value_and_grad(objective, x2, trace=False)(x2)
         torch.testing.assert_close(lt, le2, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(gt, ge2, rtol=1e-4, atol=1e-5 * float(ge2.abs().max()))
     assert not torch.allclose(ge, ge2)
@@ -291,7 +291,7 @@ def test_traced_step_equals_eager_and_is_replayed_through_aten():
 def test_fold_constants_keeps_inplace_and_merges_repeats():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from privaudit.attacks.common import fold_constants
+    from privaudit.attacks.compiled import fold_constants
 
     w = torch.randn(5, 5)
 

@@ -18,7 +18,7 @@ from privaudit.core.context import params_of
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.defenses.dp_dpsgd import DPDPSGD
 from privaudit.eval import bounds
-from privaudit.eval.audit import audit, verdict
+from privaudit.experiments.audit import audit, verdict
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 from privaudit.sim.run import Run
 

@@ -1,7 +1,7 @@
-"""The white-box audit's canary search and its multi-round span (eval/audit.py): a step that
-forgets its clip is found by the default search, correct mechanisms are not flagged by it,
-the canary and its impact are reported as used, and the span's upper bound is the K + 1
-releases composed."""
+"""The white-box audit's canary search and its multi-round span
+(privaudit/experiments/audit.py): a step that forgets its clip is found by the default
+search, correct mechanisms are not flagged by it, the canary and its impact are reported
+as used, and the span's upper bound is the K + 1 releases composed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from privaudit.core.accounting import release_epsilon
 from privaudit.core.errors import PLUGIN_ENV, PrivauditError
 from privaudit.core.privacy import Privacy
 from privaudit.defenses import DEFENSES
-from privaudit.eval.audit import audit, search_size
 from privaudit.eval.canaries import candidates, check_canary
+from privaudit.experiments.audit import audit, search_size
 from privaudit.plugins import load_plugins
 from privaudit.sim.run import Run
 

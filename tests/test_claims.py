@@ -9,7 +9,7 @@ import pytest
 
 from privaudit.cli import main
 from privaudit.core.files import from_jsonable
-from privaudit.eval import claims
+from privaudit.experiments import claims
 
 # cheap kinds on 4 agents at σ = 1 (a release's ε is large enough for 300 trials to show it):
 # dp-dpsgd (a correct formal mechanism), clipd2p (push-sum: its own topology, two kinds),

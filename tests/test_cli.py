@@ -143,7 +143,7 @@ BAD = {
     ),
     "unknown model": (["train", "--defense", "nd", "--model", "vgg", "--out", "{tmp}/x"], "lenet"),
     "unknown topology": (
-        ["train", "--defense", "nd", "--topology", "star", "--out", "{tmp}/x"],
+        ["train", "--defense", "nd", "--topology", "hypercube", "--out", "{tmp}/x"],
         "ring",
     ),
     "unknown attack": (

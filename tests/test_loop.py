@@ -7,7 +7,7 @@ from conftest import tiny
 
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
-from privaudit.eval.audit import CanaryGrads
+from privaudit.experiments.audit import CanaryGrads
 from privaudit.sim.run import Run
 
 

@@ -17,8 +17,10 @@ import torch
 from conftest import assert_states_match, run_cli
 
 from privaudit.attacks import ATTACKS
-from privaudit.core.accounting import release_epsilon
+from privaudit.core.accountants import ACCOUNTANTS
+from privaudit.core.accounting import epsilon_for_sigma, release_epsilon
 from privaudit.core.errors import PLUGIN_ENV as ENV
+from privaudit.core.threat import THREATS
 from privaudit.defenses import DEFENSES
 from privaudit.sim.run import Run
 from privaudit.sim.rundir import RunDir
@@ -27,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"
 DEFENSE = EXAMPLE / "privaudit_example" / "defense.py"
 ATTACK = EXAMPLE / "privaudit_example" / "attack.py"
+THREAT = EXAMPLE / "privaudit_example" / "threat.py"
+ACCOUNTANT = EXAMPLE / "privaudit_example" / "accountant.py"
 PLUGINS = ["--plugin", str(DEFENSE), "--plugin", str(ATTACK)]
 NEW_TARGETS = ["cta-dpsgd-model", "cta-dpsgd-halfnoise-model"]
 QUIET = ["--no-progress", "--json"]
@@ -38,12 +42,11 @@ def registries(monkeypatch):
     registered is gone afterwards (a file is then loaded afresh), and no PRIVAUDIT_PLUGINS
     of the environment running the tests leaks in."""
     monkeypatch.delenv(ENV, raising=False)
-    defenses, attacks = dict(DEFENSES), dict(ATTACKS)
+    saved = [(r, dict(r)) for r in (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS)]
     yield
-    DEFENSES.clear()
-    DEFENSES.update(defenses)
-    ATTACKS.clear()
-    ATTACKS.update(attacks)
+    for registry, held in saved:
+        registry.clear()
+        registry.update(held)
 
 
 def cli_process(*argv: str, env: dict[str, str] | None = None):
@@ -91,6 +94,42 @@ def test_train_attack_with_a_plugin_defense_and_attack(tmp_path, capsys):
         assert result["epsilon"] == pytest.approx(eps)
         assert result["exact_observation"]  # round 1: every model is x_0
         assert result["noise_std"] == [pytest.approx(1.0 * 1.0 / 4)]  # σC/B
+
+
+def test_a_plugin_threat_model_and_accountant_work_like_the_built_ins(tmp_path, capsys):
+    """The example's ``inbox`` threat (what an agent receives, not what it sends) and
+    ``advanced`` accountant (amplification + advanced composition), loaded from files:
+    training accounts with the plugin accountant (a larger σ for the same ε than RDP, as the
+    looser bound must give), and the attack runs under the plugin threat where it observes
+    the message (D-PSGD's model: a broadcast) and refuses, with one line, where it does not
+    (DPDL's cross-gradient needs the receiver's own outgoing model)."""
+    plugins = ["--plugin", str(THREAT), "--plugin", str(ACCOUNTANT)]
+    sigmas = {}
+    for acc in ("rdp", "advanced"):
+        argv = "train --defense dp-dpsgd --agents 3 --rounds 3 --epsilon 8 --batch-size 4"
+        argv = [*argv.split(), "--accountant", acc, "--out", str(tmp_path / acc), *QUIET]
+        code, out, err = run_cli(capsys, *plugins, *argv)
+        assert code == 0, err
+        sigmas[acc] = json.loads(out)["sigma"]
+        assert json.loads((tmp_path / acc / "config.json").read_text())["accountant"] == acc
+    assert sigmas["advanced"] > 1.2 * sigmas["rdp"]
+    z, q = 1.0, 0.01
+    assert ACCOUNTANTS["advanced"].epsilon(z, 1e-5, q, 100) > epsilon_for_sigma(z, 1e-5, q, 100)
+
+    attack = ["attack", "--threat", "inbox", "--attacker", "1", "--round", "1"]
+    attack += ["--iterations", "2", "--no-lpips", *QUIET]
+    run = ["--run", str(tmp_path / "rdp")]
+    argv = [*attack, *run, "--target", "dp-dpsgd-model", "--victim", "0"]
+    code, out, err = run_cli(capsys, *plugins, *argv, "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    assert json.loads(out)["adversaries"] == ["inbox 1"]
+    train = "train --defense dpdl --agents 3 --rounds 1 --sigma 1 --batch-size 4".split()
+    code, _, err = run_cli(capsys, *train, "--out", str(tmp_path / "dpdl"), *QUIET)
+    assert code == 0, err
+    argv = [*attack, "--run", str(tmp_path / "dpdl"), "--target", "dpdl-cg", "--victim", "0"]
+    code, _, err = run_cli(capsys, *plugins, *argv, "--out", str(tmp_path / "b"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "the inbox adversary does not see" in err
 
 
 def test_a_run_of_a_plugin_defense_needs_the_plugin_again(tmp_path, capsys):
@@ -189,6 +228,16 @@ def test_installed_package_registers_through_entry_points(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | env
     )
     assert "'guess'" in attacks.stdout, attacks.stderr
+    code = (
+        "from privaudit import plugins; from privaudit.core import accountants, threat; "
+        "plugins.load_plugins(); print(sorted(threat.THREATS), sorted(accountants.ACCOUNTANTS))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | env
+    )
+    assert "'inbox'" in loaded.stdout and "'advanced'" in loaded.stdout, loaded.stderr
+    listed = cli_process("targets", "--list", "threats", env=env).stdout
+    assert "inbox" in listed and "what some agents receive" in listed
     # the same defenses again by path: one line naming the installed copy and the fix
     proc = cli_process("--plugin", str(DEFENSE), "targets", env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1

@@ -17,7 +17,7 @@ from torch import nn
 from privaudit.core import sampling
 from privaudit.core.messages import CaptureSpec
 from privaudit.core.params import ParamSpec, flat_params
-from privaudit.eval.audit import CanaryGrads, audit_batch
+from privaudit.experiments.audit import CanaryGrads, audit_batch
 from privaudit.grads import PairGrads
 from privaudit.scenario.models import build_model
 from privaudit.sim.run import Run

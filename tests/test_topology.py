@@ -96,8 +96,12 @@ def test_validate_mixing_rejects_bad_matrices():
 
 
 def test_errors():
-    with pytest.raises(PrivauditError, match="choose one of: bipartite, complete, exponential"):
-        build_topology("star", 4)
+    with pytest.raises(
+        PrivauditError,
+        match="choose one of: bipartite, complete, erdos-renyi, exponential, line, ring, star, "
+        "torus",
+    ):
+        build_topology("hypercube", 4)
     for n in (0, 1):
         with pytest.raises(PrivauditError, match="--agents must be at least 2"):
             build_topology("ring", n)

@@ -5,7 +5,7 @@ defense at its operating point for each ε and attacks the message of its last r
 module adds the two references every frontier is read against, and draws and tabulates the
 frontier:
 
-- **centralised DP-SGD** (opacus, :func:`privaudit.eval.reference.reference_for`) on the
+- **centralised DP-SGD** (opacus, :func:`privaudit.experiments.reference.reference_for`) on the
   pooled training data at the same ε, δ and accountant — the best a decentralised algorithm
   at that ε could hope for — and the same run without clip and noise (centralised SGD);
 - **non-private D-PSGD** (``dsgd``) at its own operating point: the decentralised ceiling.
@@ -26,10 +26,10 @@ from typing import Any
 from privaudit.api.sweeps import Sweep, accuracy_path, configure, digest, load_json, plan, run_dir
 from privaudit.core.config import RunConfig
 from privaudit.core.files import atomic_write, to_jsonable, write_json
-from privaudit.eval.reference import reference_for
 from privaudit.eval.report import eps_text, save_png_pdf, style_axes, summarize, target_style
+from privaudit.experiments.reference import reference_for
 from privaudit.sim.run import Run
-from privaudit.sim.targets import parse_target
+from privaudit.sim.targets import Target
 
 __all__ = [
     "REFERENCE_DEFENSE",
@@ -210,7 +210,9 @@ def frontier_markdown(
                     f"{s['test_acc']:.3f}",
                     "—" if s["psnr"] is None else f"{s['psnr']:.1f}",
                     "—" if s["ssim"] is None else f"{s['ssim']:.3f}",
-                    setting(configs[(parse_target(s["target"])[0].name, s["epsilon_requested"])]),
+                    setting(
+                        configs[(Target.parse(s["target"]).defense.name, s["epsilon_requested"])]
+                    ),
                 ]
             )
             + " |"

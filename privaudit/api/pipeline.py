@@ -16,16 +16,13 @@ from typing import Any
 import torch
 
 from privaudit.attacks import DEFAULT_ATTACK, run_attack
-from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.files import to_jsonable, write_json
-from privaudit.core.messages import CaptureSpec
 from privaudit.core.observation import Observation, Reconstruction
-from privaudit.core.threat import Threat, build_threat, victim_threat
 from privaudit.eval.figures import reconstruction_grid
 from privaudit.eval.metrics import aggregate, score
-from privaudit.sim.loop import calling
+from privaudit.sim.plan import locate
 from privaudit.sim.run import Run
-from privaudit.sim.targets import parse_target
+from privaudit.sim.targets import Target
 
 
 def observe(
@@ -43,57 +40,25 @@ def observe(
     adversary sees it, capturing (or re-simulating from the nearest checkpoint) only the
     links and rounds it needs.
 
-    ``links`` name the messages ``src → dst`` directly (``link`` threat by default);
-    otherwise each of ``victims`` (default: the first agent that is not an attacker) is
-    observed on its copy to the threat's receiver (:meth:`Threat.receiver`); the default
-    ``neighbor`` is the victim's first receiver, the default ``coalition`` all of them. With
-    ``threat=None`` the weakest adversary that can observe the target is used (``link``,
-    then ``neighbor`` — the receiver — then ``global``; with ``attackers`` given: ``neighbor``
-    for one, ``coalition`` for several); ``obs.meta["threat"]`` names it.
+    Victim, adversary and copy follow the planner's defaults (:mod:`privaudit.sim.plan`):
+    ``links`` name the messages ``src → dst`` directly; else each of ``victims`` (default:
+    the first non-attacker) is observed on its copy to the adversary; with ``threat=None``
+    the weakest adversary that observes it; ``obs.meta["threat"]`` names it.
 
     The attacker is told the realised size of each batch behind the message (the usual
     known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
     B): :func:`given_batch_size`."""
-    defense, kind = parse_target(target)
-    if defense.name != run.defense.name:
-        raise PrivauditError(
-            f"target {target} needs a {defense.name} run, but this run trains "
-            f"{run.defense.name}; pick a {run.defense.name}-* target or another --run"
-        )
-    rounds = defense.rounds_needed(kind, round, run.cfg.agents)
-    if round < 1 or max(rounds) > run.cfg.rounds:
-        last = run.cfg.rounds - (max(rounds) - round)
-        raise PrivauditError(
-            f"--round {round} is outside what this run can show for {target} "
-            f"(1..{last} of {run.cfg.rounds} rounds); pick a round in range or train longer"
-        )
-    if threat is None and attackers:  # attackers named: a neighbour, or a coalition
-        threat = "neighbor" if len(attackers) == 1 else "coalition"
-    if threat is None:
-        errors = []
-        for name in ("link", "neighbor", "global"):
-            try:
-                return observe(
-                    run, target, round, links, name, progress, attackers=None, victims=victims
-                )
-            except Unobservable as e:  # never an interrupt or a broken run: those end it
-                errors.append(f"{name}: {e}")
-        raise Unobservable(f"no adversary observes {target} at round {round} ({errors[-1]})")
-    plan = _plan(run, defense, kind, round, links, threat, attackers or [], victims)
-    rounds = [t for t in rounds if t >= 1]
-    edges = run.edges()
-    capture = CaptureSpec.of(
-        rounds=rounds, links=set().union(*(th.links(edges) for th, *_ in plan))
+    found = locate(
+        run,
+        target,
+        round,
+        threat=threat,
+        links=links,
+        attackers=attackers,
+        victims=victims,
+        progress=progress,
     )
-    messages = run.messages(capture, progress=progress)
-    public = run.public()
-    out = []
-    for th, src, dst in plan:
-        with calling(defense, "observe", round):  # a plugin's bug: one line naming it
-            obs = defense.observe(th.view(messages, public), kind, round, src, dst)
-        obs.meta.update(target=target, round=round, src=src, dst=dst, threat=th.describe())
-        out.append(given_batch_size(run, obs, round))
-    return out
+    return [given_batch_size(run, obs, round) for _, obs in found]
 
 
 def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
@@ -132,34 +97,6 @@ def nonempty_rounds(run: Run, t: int, victims: list[int], within: int = 20) -> l
                 if len(found) == 2:
                     break
     return sorted(found)
-
-
-def _plan(
-    run: Run,
-    defense: Any,
-    kind: str,
-    t: int,
-    links: list[tuple[int, int]] | None,
-    threat: str,
-    attackers: list[int],
-    victims: list[int] | None,
-) -> list[tuple[Threat, int, int]]:
-    """(adversary, src, dst) per observed message."""
-    adj = run.ctx.adj.cpu()
-    what = f"{kind!r} message in round {t}"
-    if links:
-        if threat == "link":
-            return [(build_threat("link", link=link), *link) for link in links]
-        th = build_threat(threat, attackers=attackers or [links[0][1]])
-        return [(th, s, d) for s, d in links]
-    if victims is None:
-        victims = [next(i for i in range(run.cfg.agents) if i not in attackers)]
-    plan = []
-    for v in victims:
-        receivers = defense.receivers(kind, t, v, adj)
-        th = victim_threat(threat, v, receivers, attackers)
-        plan.append((th, v, th.receiver(v, receivers, what)))
-    return plan
 
 
 @dataclass
@@ -210,8 +147,9 @@ def reconstruct(
         for (ti, tl), r in zip(truths, recons, strict=True)
     ]
     summary = aggregate(scores)
-    _, kind = parse_target(target)
-    privacy = run.resolved["kinds"][kind]  # the attacked message kind's ε (worst agent)
+    privacy = run.resolved["kinds"][
+        Target.parse(target).kind
+    ]  # the attacked message kind's ε (worst agent)
     eps, run_eps = privacy["epsilon"], run.resolved["epsilon"]
     metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
     result = {

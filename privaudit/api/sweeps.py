@@ -36,12 +36,12 @@ from privaudit.core.errors import PrivauditError, unknown
 from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
 from privaudit.core.messages import CaptureSpec
 from privaudit.defenses import get_defense
-from privaudit.eval.audit import audit, check_trials
+from privaudit.experiments.audit import audit, check_trials
 from privaudit.scenario import presets
 from privaudit.scenario.data import load_dataset
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 from privaudit.sim.run import Run
-from privaudit.sim.targets import parse_target
+from privaudit.sim.targets import Target
 
 __all__ = [
     "Sweep",
@@ -77,7 +77,7 @@ class Sweep:
     ``victims``: agents ``0 .. victims−1`` are attacked in every cell (one Observation each,
     as ``privaudit attack --victim``); ``threat=None`` lets each target use the weakest
     adversary that observes it (:func:`privaudit.api.pipeline.observe`).
-    ``audit``: also run the white-box canary audit (:mod:`privaudit.eval.audit`) of each
+    ``audit``: also run the white-box canary audit (:mod:`privaudit.experiments.audit`) of each
     noised target at its largest round, for an empirical ε lower bound.
     ``preset``: ``attack`` (``base`` is every run's setting) or ``utility``: each (defense, ε)
     trains at its operating point (:func:`privaudit.scenario.presets.apply`, with the user's
@@ -105,7 +105,7 @@ class Sweep:
         if not self.targets:
             raise PrivauditError("--targets is empty; name at least one (privaudit targets)")
         for t in self.targets:
-            parse_target(t)
+            Target.parse(t)
         if len(set(self.targets)) != len(self.targets):
             raise PrivauditError("--targets names a target twice; list each once")
         if self.preset not in presets.PRESETS:
@@ -177,7 +177,7 @@ def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], 
     sweep.validate()
     by_defense: dict[str, list[str]] = {}
     for t in sweep.targets:
-        by_defense.setdefault(parse_target(t)[0].name, []).append(t)
+        by_defense.setdefault(Target.parse(t).defense.name, []).append(t)
     runs: dict[tuple[str, float | None, int], RunConfig] = {}
     cells: list[Cell] = []
     n = sweep.base.agents
@@ -189,9 +189,7 @@ def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], 
                 cfg = configure(sweep, name, eps, seed)
                 rounds = sweep.rounds or [cfg.rounds]  # utility: the operating point's last
                 need = max(
-                    max(parse_target(t)[0].rounds_needed(parse_target(t)[1], r, n))
-                    for t in targets
-                    for r in rounds
+                    max(Target.parse(t).rounds_needed(r, n)) for t in targets for r in rounds
                 )
                 if sweep.preset == "utility":
                     need = max(need, cfg.rounds)
@@ -316,7 +314,7 @@ def execute(
         mine = [
             c
             for c in cells
-            if (parse_target(c.target)[0].name, c.epsilon, c.seed) == (defense, eps, seed)
+            if (Target.parse(c.target).defense.name, c.epsilon, c.seed) == (defense, eps, seed)
         ]
         rdir = run_dir(out, cfg)
         todo = [c for c in mine if not (result_dir(out, sweep, c, cfg) / "result.json").exists()]
@@ -365,8 +363,7 @@ def accuracy_path(rdir: Path) -> Path:
 
 
 def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
-    d, kind = parse_target(cell.target)
-    return [t for t in d.rounds_needed(kind, cell.round, cfg.agents) if t >= 1]
+    return [t for t in Target.parse(cell.target).rounds_needed(cell.round, cfg.agents) if t >= 1]
 
 
 def _audit(

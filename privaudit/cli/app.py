@@ -28,9 +28,9 @@ INTERNAL = f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback and report 
 def commands() -> tuple[ModuleType, ...]:
     """The command modules, in the order --help lists them; each registers itself with
     ``add_parser``. Imported here, not at the top: they load numpy."""
-    from privaudit.cli import attack, audit, claims, compare, targets, train
+    from privaudit.cli import attack, audit, claims, compare, mia, reproduce, targets, train
 
-    return (targets, train, attack, audit, compare, claims)
+    return (targets, train, attack, audit, mia, compare, reproduce, claims)
 
 
 def build_parser() -> argparse.ArgumentParser:

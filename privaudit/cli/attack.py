@@ -24,6 +24,7 @@ from privaudit.cli.options import (
 )
 from privaudit.cli.train import run_epsilon_line
 from privaudit.core import limits
+from privaudit.core.threat import threat_help
 
 
 def add_parser(sub: Any) -> None:
@@ -34,12 +35,12 @@ def add_parser(sub: Any) -> None:
     at.add_argument(
         "--attack",
         default=None,
-        help="ig (default) | fi | dlg | idlg | hybrid | analytic | rgap | auto",
+        help="the attack (default ig); privaudit targets --list attacks names them all",
     )
     at.add_argument(
         "--threat",
         default=None,
-        help="link | neighbor | coalition | global (default: the weakest that observes it)",
+        help=f"{threat_help()} (default: the weakest that observes it)",
     )
     at.add_argument(
         "--attacker",
@@ -78,12 +79,12 @@ def cmd_attack(a: argparse.Namespace) -> int:
     from privaudit.api.pipeline import attack
     from privaudit.core.threat import parse_agents, parse_links
     from privaudit.sim.run import Run
-    from privaudit.sim.targets import parse_target
+    from privaudit.sim.targets import Target
 
     check_threat(a.threat, a.attacker)  # before any training
     if a.run:
         check_no_run_flags(a, a.run)
-    defense, kind = parse_target(a.target)
+    target = Target.parse(a.target)
     # unknown attacks and bad options fail before any training
     options = attack_options(a, a.attack)
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
@@ -92,9 +93,10 @@ def cmd_attack(a: argparse.Namespace) -> int:
         run = open_run(a)
     else:
         mark_out(out, "attack")
-        need = max(defense.rounds_needed(kind, a.round, setting(a, "agents")))  # *-model: R+1
-        rounds = need if a.rounds is None else a.rounds
-        run = Run.create(checked_params(config_from_args(a, defense.name, rounds)), out / "run")
+        agents = setting(a, "agents")
+        rounds = target.rounds_to_train(a.round, agents) if a.rounds is None else a.rounds
+        cfg = checked_params(config_from_args(a, target.defense.name, rounds))
+        run = Run.create(cfg, out / "run")
     links = parse_links(a.link, run.edges()) if a.link else None
     n = run.cfg.agents
     attackers = parse_agents(a.attacker, n) if a.attacker else None

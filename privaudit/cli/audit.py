@@ -8,7 +8,6 @@ import math
 from typing import Any
 
 from privaudit.cli.options import (
-    DEFAULTS,
     add_overwrite,
     check_no_run_flags,
     check_out,
@@ -22,6 +21,7 @@ from privaudit.cli.options import (
 )
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
+from privaudit.core.threat import threat_help
 
 
 def add_parser(sub: Any) -> None:
@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
     )
     au.add_argument("--confidence", type=float, default=0.95, help="of the lower bound")
     au.add_argument("--round", type=int, default=1, help="white-box: the audited round")
-    au.add_argument("--threat", default="link", help="link | neighbor | coalition | global")
+    au.add_argument(
+        "--threat", default=None, help=f"{threat_help()} (default: the weakest that observes it)"
+    )
     au.add_argument("--link", default=None, metavar="SRC,DST", help="the audited link")
     au.add_argument(
         "--attacker",
@@ -89,16 +91,16 @@ def _fmt(x: float | None) -> str:
 def cmd_audit(a: argparse.Namespace) -> int:
     from privaudit.core.files import to_jsonable, write_json
     from privaudit.core.threat import parse_agents, parse_link
-    from privaudit.eval.audit import audit, check_trials
     from privaudit.eval.canaries import check_canary
+    from privaudit.experiments.audit import audit, check_trials
     from privaudit.sim.run import Run
-    from privaudit.sim.targets import parse_target
+    from privaudit.sim.targets import Target
 
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     if a.mode not in ("white-box", "one-run"):
         raise PrivauditError(f"--mode must be white-box or one-run, got {a.mode!r}")
     check_threat(a.threat, a.attacker)
-    defense, kind = parse_target(a.target)
+    target = Target.parse(a.target)
     trials = (4000 if a.mode == "white-box" else 1000) if a.trials is None else a.trials
     limits.check_int("--trials", trials, 1, limits.MAX_TRIALS)
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
@@ -118,11 +120,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
     else:
         agents = setting(a, "agents")
         _check_victim(a.victim, agents, "--agents")
-        observed = range(a.round, a.round + a.span + 1)
-        need = max(r for o in observed for r in defense.rounds_needed(kind, o, agents))
-        # σ is resolved over the whole run
-        rounds = max(need, DEFAULTS.rounds) if a.rounds is None else a.rounds
-        cfg = checked_params(config_from_args(a, defense.name, rounds))  # checks --delta
+        rounds = target.rounds_to_train(a.round, agents, a.span) if a.rounds is None else a.rounds
+        cfg = checked_params(config_from_args(a, target.defense.name, rounds))  # checks --delta
         check_trials(trials, cfg.delta, a.confidence, a.mode)
         mark_out(out, "audit")
         run = Run.create(cfg, out / "run")

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
 
 def _arguments(c: argparse.ArgumentParser) -> None:
     """The arguments of ``claims``, with the ledger's defaults."""
-    from privaudit.eval.claims import CONFIDENCE, ROW_SECONDS, TRIALS
+    from privaudit.experiments.claims import CONFIDENCE, ROW_SECONDS, TRIALS
 
     c.add_argument(
         "--defense",
@@ -95,7 +95,7 @@ def _arguments(c: argparse.ArgumentParser) -> None:
 
 def cmd_claims(a: argparse.Namespace) -> int:
     from privaudit.core.files import to_jsonable
-    from privaudit.eval import claims
+    from privaudit.experiments import claims
 
     limits.check_int("--trials", a.trials, 1, limits.MAX_TRIALS)
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)

@@ -1,4 +1,4 @@
-"""``privaudit compare`` (defenses side by side) and ``privaudit reproduce`` (a paper's table)."""
+"""``privaudit compare``: defenses side by side (attacks, audits, accuracy; sweeps)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from typing import Any
 from privaudit.cli.options import (
     add_attack_option,
     add_overwrite,
-    attack_options,
-    check_out,
+    check_sweep_attack,
     check_threat,
-    config_from_args,
+    comma_list,
     explicit_settings,
     mark_out,
+    sweep_base,
+    sweep_namespace,
     training_options,
 )
 from privaudit.core import limits
-from privaudit.core.errors import PrivauditError, unknown
+from privaudit.core.errors import PrivauditError
 
 COMPARE_TARGETS = "dsgd-half-model,nd-cg,dpdl-cg,pdsl-cg,lppa-gt,adad2p-half-model"
 # --preset utility: the privacy–utility frontier of these, at their operating points
@@ -33,16 +34,6 @@ FRONTIER_EPSILONS = [1.0, 2.0, 4.0, 8.0, float("inf")]
 # (victims, attack iterations, audit trials) a sweep uses unless told: the utility preset's
 # batches (B = 64) cost ~60× an iteration of B = 1, and its audits re-run whole rounds
 SWEEP_DEFAULTS = {"attack": (4, 1000, None), "utility": (1, 200, 256)}
-
-
-def _list(kind: type, what: str):
-    def parse(text: str) -> list:
-        try:
-            return [kind(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise PrivauditError(f"{what} must be a comma-separated list, got {text!r}") from None
-
-    return parse
 
 
 def add_parser(sub: Any) -> None:
@@ -67,7 +58,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--targets",
         default=None,
-        type=_list(str, "--targets"),
+        type=comma_list(str, "--targets"),
         help=f"comma-separated targets (default {COMPARE_TARGETS}; utility preset: "
         f"{FRONTIER_TARGETS})",
     )
@@ -122,7 +113,7 @@ def add_parser(sub: Any) -> None:
     g = c.add_argument_group("sweep")
     g.add_argument(
         "--rounds",
-        type=_list(int, "--rounds"),
+        type=comma_list(int, "--rounds"),
         default=None,
         help="attacked rounds, comma-separated (default 1,50; utility preset: each run's "
         "last round, and given, the runs stop at the largest)",
@@ -132,7 +123,7 @@ def add_parser(sub: Any) -> None:
         "--epsilon",
         dest="epsilons",
         default=None,
-        type=_list(float, "--epsilons"),
+        type=comma_list(float, "--epsilons"),
         help="ε per agent over the run, comma-separated; inf runs a noised defense without "
         "noise (default 1; utility preset: 1,2,4,8,inf)",
     )
@@ -141,93 +132,17 @@ def add_parser(sub: Any) -> None:
         "--seed",
         dest="seeds",
         default=[0],
-        type=_list(int, "--seeds"),
+        type=comma_list(int, "--seeds"),
         help="run and attack seeds, comma-separated (default 0)",
     )
     c.set_defaults(func=cmd_compare)
-
-    r = sub.add_parser(
-        "reproduce",
-        help="a paper's experiment beside its published numbers (dpdl-table3)",
-        description=(
-            "dpdl-table3: the DPDL paper's Table III (MNIST; ring/bipartite/complete × N; "
-            "ND-CG, ND-MM, DPDL-CG, DPDL-MM; MSE/PSNR/SSIM) on real MNIST, printed beside the "
-            "paper's numbers. Scale --agents and --rounds down for a CPU run."
-        ),
-        conflict_handler="resolve",
-    )
-    r.add_argument("experiment", help="dpdl-table3")
-    r.add_argument("--out", default=None, help="output folder (default privaudit-out/EXP)")
-    add_overwrite(r)
-    r.add_argument(
-        "--scenarios",
-        type=_list(str, "--scenarios"),
-        default=["ND-CG", "ND-MM", "DPDL-CG", "DPDL-MM"],
-        help="comma-separated (default ND-CG,ND-MM,DPDL-CG,DPDL-MM)",
-    )
-    r.add_argument("--victims", type=int, default=2, help="attacked agents per cell (2)")
-    r.add_argument("--iterations", type=int, default=1000, help="attack iterations (1000)")
-    add_attack_option(r)
-    training_options(r, None)
-    r.add_argument(
-        "--topologies",
-        "--topology",
-        dest="topologies",
-        type=_list(str, "--topologies"),
-        default=["ring", "bipartite", "complete"],
-        help="comma-separated (default ring,bipartite,complete)",
-    )
-    r.add_argument(
-        "--agents",
-        type=_list(int, "--agents"),
-        default=[10, 20, 30],
-        help="N, comma-separated (default 10,20,30, the paper's)",
-    )
-    r.add_argument(
-        "--rounds",
-        type=int,
-        default=50,
-        help="the attacked round (the paper's is unknown; default 50)",
-    )
-    r.add_argument("--dataset", default="mnist", help="mnist (default; photos for a dry run)")
-    r.add_argument(
-        "--seeds",
-        "--seed",
-        dest="seeds",
-        default=[0],
-        type=_list(int, "--seeds"),
-        help="seeds, comma-separated (default 0)",
-    )
-    r.set_defaults(func=cmd_reproduce)
-
-
-def _base(a: argparse.Namespace, agents: int | None = None) -> Any:
-    """The shared RunConfig of a sweep from the training options (ε and seed set per run)."""
-    if a.sigma is not None:
-        raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
-    return config_from_args(_namespace(a, agents), "dpdl", 1)
-
-
-def _namespace(a: argparse.Namespace, agents: int | None = None) -> argparse.Namespace:
-    eps = getattr(a, "epsilon", None) or 1.0  # compare: set per run from --epsilons
-    ns = argparse.Namespace(**{"topology": None, **vars(a), "epsilon": eps, "seed": 0})
-    if agents is not None:
-        ns.agents = agents
-    return ns
-
-
-def _check_attack(a: argparse.Namespace) -> None:
-    """The attack, its flags and its ``-a`` options, before any training."""
-    check_out(a.out, a.command, a.overwrite)
-    attack_options(a, getattr(a, "attack", None))
-    limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from privaudit.api.sweeps import Sweep, execute, load_tensors
     from privaudit.eval.report import markdown, summarize, write_report
     from privaudit.scenario import presets
-    from privaudit.sim.targets import parse_target
+    from privaudit.sim.targets import Target
 
     check_threat(a.threat)
     preset = a.preset or "attack"
@@ -240,7 +155,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     a.victims = victims if a.victims is None else a.victims
     a.iterations = iterations if a.iterations is None else a.iterations
     a.audit_trials = trials if a.audit_trials is None else a.audit_trials
-    _check_attack(a)
+    check_sweep_attack(a)
     if a.audit_trials is not None:
         limits.check_int("--audit-trials", a.audit_trials, 1, limits.MAX_TRIALS)
     targets = a.targets or (FRONTIER_TARGETS if frontier else COMPARE_TARGETS).split(",")
@@ -249,7 +164,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         rounds=a.rounds if a.rounds is not None else ([] if frontier else [1, 50]),
         epsilons=a.epsilons or (FRONTIER_EPSILONS if frontier else [1.0]),
         seeds=a.seeds,
-        base=_base(a),
+        base=sweep_base(a),
         threat=a.threat,
         victims=a.victims,
         attack=a.attack,
@@ -259,10 +174,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
         audit=frontier if a.audit is None else a.audit,
         audit_trials=a.audit_trials,
         preset=preset,
-        explicit=explicit_settings(_namespace(a), max(a.rounds) if a.rounds else None),
+        explicit=explicit_settings(sweep_namespace(a), max(a.rounds) if a.rounds else None),
     ).validate()
     if frontier:
-        for name in dict.fromkeys(parse_target(t)[0].name for t in targets):
+        for name in dict.fromkeys(Target.parse(t).defense.name for t in targets):
             if presets.operating_point("utility", name, sweep.base.dataset) is None:
                 print(
                     f"{name}: no operating point on {sweep.base.dataset} yet; it runs at the "
@@ -294,62 +209,3 @@ def cmd_compare(a: argparse.Namespace) -> int:
         f"wrote {len(files)} files (and PDFs of the figures) to {out}, e.g. {names}; {wall:.0f} s"
     )
     return 0
-
-
-def _dpdl_table3(a: argparse.Namespace) -> int:
-    from privaudit.api.reproduce import dpdl_table3, format_table3, markdown_table3, table3_rows
-    from privaudit.core.files import to_jsonable, write_json
-
-    out = Path(a.out)
-    if not a.agents:
-        raise PrivauditError("--agents is empty; give at least one N, e.g. 10,20,30")
-    for n in a.agents:
-        limits.check_int("--agents", n, 2, limits.MAX_AGENTS)
-    limits.check_int("--rounds", a.rounds, 1, limits.MAX_ROUNDS, "the attacked round")
-    if not a.seeds:
-        raise PrivauditError("--seeds is empty; give at least one seed")
-    for seed in a.seeds:
-        limits.check_seed("--seeds", seed)
-    t0 = time.perf_counter()
-    base = _base(a, agents=max(a.agents))
-    mark_out(out, "reproduce")
-    rows = dpdl_table3(
-        out,
-        base,
-        a.topologies,
-        a.agents,
-        a.rounds,
-        a.seeds,
-        victims=a.victims,
-        iterations=a.iterations,
-        attack_options=dict(a.attack_option),
-        progress=not a.no_progress,
-        scenarios=[sc.upper() for sc in a.scenarios],
-    )
-    table = table3_rows(rows)
-    first = next((r for r in rows if r["sigma"]), rows[0])  # a DPDL row: its σ
-    setting = (
-        f"ours: Poisson batches of {first['batch_size']} image(s) per victim on average, "
-        f"{a.victims} victims, round "
-        f"{a.rounds}, ε = {base.epsilon:g} (σ = {first['sigma']:.3g} in the first DPDL run), "
-        f"{first['attack']} "
-        f"{a.iterations} iterations, dataset {a.dataset}, seeds {','.join(map(str, a.seeds))}"
-    )
-    print(f"DPDL (Yuan et al. 2026) Table III beside ours — {setting}")
-    print(format_table3(table))
-    note = f"\n{setting}; {time.perf_counter() - t0:.0f} s.\n"
-    write_json(out / "table3.json", to_jsonable({"setting": setting, "rows": table}))
-    (out / "table3.md").write_text(markdown_table3(table, note))
-    print(f"wrote {out / 'table3.md'} and {out / 'table3.json'}")
-    return 0
-
-
-EXPERIMENTS = {"dpdl-table3": _dpdl_table3}
-
-
-def cmd_reproduce(a: argparse.Namespace) -> int:
-    if a.experiment not in EXPERIMENTS:
-        raise unknown("experiment", a.experiment, EXPERIMENTS)
-    a.out = a.out or f"privaudit-out/{a.experiment}"
-    _check_attack(a)
-    return EXPERIMENTS[a.experiment](a)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from privaudit.core import limits
+from privaudit.core.accountants import accountant_help
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 
@@ -107,8 +109,8 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     g.add_argument(
         "--topology",
         default=None,
-        help="ring (default) | complete | bipartite | torus | exponential "
-        "(default exponential for the push-sum defenses)",
+        help="ring (default) | complete | bipartite | torus | exponential | line | star | "
+        "erdos-renyi (p = 2 ln N / N, seed 0) (default exponential for the push-sum defenses)",
     )
     g.add_argument(
         "--dataset",
@@ -140,7 +142,7 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     g.add_argument(
         "--sigma", type=float, default=None, help="noise multiplier (instead of --epsilon)"
     )
-    g.add_argument("--accountant", default=None, help="rdp (default) | prv")
+    g.add_argument("--accountant", default=None, help=accountant_help())
     g.add_argument(
         "--param",
         "-p",
@@ -333,17 +335,17 @@ def check_threat(name: str | None, attackers: str | None = None) -> None:
     """``--threat`` names one of the threat models (None: the command chooses), and
     ``--attacker`` is given only to a threat that has attackers; checked before any
     training."""
-    from privaudit.core.threat import ORDER
+    from privaudit.core.threat import THREATS, threat_names
 
-    if name is not None and name not in ORDER:
+    if name is not None and name not in THREATS:
         raise PrivauditError(
-            f"unknown threat model {name!r}: --threat must be one of {', '.join(ORDER)}"
+            f"unknown threat model {name!r}: --threat must be one of {', '.join(threat_names())}"
         )
-    if attackers is not None and name in ("link", "global"):
-        sees = "every link" if name == "global" else "one link (--link SRC,DST)"
+    if attackers is not None and name is not None and not THREATS[name].uses_attackers:
         raise PrivauditError(
-            f"--attacker {attackers} would be ignored: the {name} adversary sees {sees}, not "
-            "an agent's links; drop --attacker, or use --threat neighbor|coalition"
+            f"--attacker {attackers} would be ignored: the {name} adversary is "
+            f"{THREATS[name].summary}, not an agent's links; drop --attacker, or use a --threat "
+            f"with attackers ({', '.join(n for n in threat_names() if THREATS[n].uses_attackers)})"
         )
 
 
@@ -432,3 +434,38 @@ def attack_options(a: argparse.Namespace, name: str | None) -> dict[str, Any]:
             text = str(e).replace(f"attack option {k} ", f"{ATTACK_FLAGS[k]} ")
             raise PrivauditError(text) from None
     return check_options(name, given)
+
+
+# -- what the sweeping commands (compare, reproduce) share ---------------------------------
+def comma_list(kind: type, what: str) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of ``kind``, or one error naming ``what``."""
+
+    def parse(text: str) -> list:
+        try:
+            return [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise PrivauditError(f"{what} must be a comma-separated list, got {text!r}") from None
+
+    return parse
+
+
+def sweep_base(a: argparse.Namespace, agents: int | None = None) -> Any:
+    """The shared RunConfig of a sweep from the training options (ε and seed set per run)."""
+    if a.sigma is not None:
+        raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
+    return config_from_args(sweep_namespace(a, agents), "dpdl", 1)
+
+
+def sweep_namespace(a: argparse.Namespace, agents: int | None = None) -> argparse.Namespace:
+    eps = getattr(a, "epsilon", None) or 1.0  # compare: set per run from --epsilons
+    ns = argparse.Namespace(**{"topology": None, **vars(a), "epsilon": eps, "seed": 0})
+    if agents is not None:
+        ns.agents = agents
+    return ns
+
+
+def check_sweep_attack(a: argparse.Namespace) -> None:
+    """The attack, its flags and its ``-a`` options, before any training."""
+    check_out(a.out, a.command, a.overwrite)
+    attack_options(a, getattr(a, "attack", None))
+    limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)

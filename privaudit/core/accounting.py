@@ -18,45 +18,30 @@ Each agent has its own ε (its own q_i and degree); the run's ε is the worst ag
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import numbers
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from privaudit.core import limits
+from privaudit.core.accountants import AccountantLimit, get_accountant
 from privaudit.core.errors import PrivauditError
 from privaudit.core.sampling import rate
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from privaudit.core.privacy import Privacy
-    from privaudit.defenses.base import Defense
+    from privaudit.core.privacy import Mechanism, Privacy
 
 ADJACENCY = "add/remove one example"
 SAMPLING = "Poisson, q_i = B / n_i per agent"
-ACCOUNTANTS = ("rdp", "prv")
-
-# The PRV accountant discretises the privacy loss on a grid whose size grows with √T and as
-# σ shrinks (Gopi et al. 2021, opacus' domain rule); its time and memory (a few hundred bytes
-# per point) grow linearly with the grid. Past this size (about 1 GB) it is not asked.
-PRV_MAX_POINTS = 2**21
-# what one search for σ may spend on PRV grids in all (16 grids of the largest size; 2,000
-# rounds at q = 0.01 and ε = 8 spend 6e6)
-PRV_SEARCH_POINTS = 2**25
 # opacus' search tolerance on ε (absolute), and a bound on its bisection's steps: past it,
 # the bracket's upper end (whose ε is at most the target) is returned
 EPSILON_TOLERANCE = 0.005
 MAX_BISECTIONS = 200
-
-
-class AccountantLimit(PrivauditError):
-    """A question the accountant cannot answer in bounded time and memory."""
+# what an accountant raises far from where it can answer (PRV: tiny σ, huge T)
+FAILURES = (AccountantLimit, ValueError, RuntimeError, OverflowError, MemoryError)
 
 
 def _check(epsilon: float | None, delta: float, sample_rate: float, rounds: int) -> None:
@@ -67,85 +52,22 @@ def _check(epsilon: float | None, delta: float, sample_rate: float, rounds: int)
     limits.check_int("--rounds", rounds, 1, limits.MAX_ROUNDS)
 
 
-def _check_accountant(accountant: str) -> None:
-    if accountant not in ACCOUNTANTS:
-        raise PrivauditError(f"--accountant must be rdp or prv, got {accountant!r}")
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """opacus' warnings off: an RDP optimum at the first or last order (huge or tiny σ), PRV's
-    log(0) at q = 1 and its NaN tails far from the grid (the result is checked instead)."""
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        yield
-
-
-def _prv_points(z: float, delta: float, sample_rate: float, rounds: int) -> float:
-    """The size of the grid opacus' PRV accountant would discretise on (its own rule)."""
-    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
-    from opacus.accountants.analysis.prv import compute_safe_domain_size as safe_size
-
-    eps_error, delta_error = 0.01, delta / 1000  # opacus' defaults in get_epsilon
-    try:
-        with _quiet():
-            half = safe_size(
-                prvs=[PoissonSubsampledGaussianPRV(sample_rate, z)],
-                max_self_compositions=[rounds],
-                eps_error=eps_error,
-                delta_error=delta_error,
-            )
-    except (ValueError, OverflowError, ZeroDivisionError):
-        return math.inf
-    mesh = eps_error / math.sqrt(rounds * math.log(12 / delta_error) / 2)
-    return 2 * half / mesh
-
-
 def _epsilon(
-    z: float,
-    delta: float,
-    sample_rate: float,
-    rounds: int,
-    accountant: str,
-    points: float | None = None,
+    z: float, delta: float, sample_rate: float, rounds: int, accountant: str, fallback: bool
 ) -> float:
     """ε of ``rounds`` compositions of the Poisson-subsampled Gaussian at multiplier z > 0
-    from opacus: ∞ where RDP overflows (z → 0); :class:`AccountantLimit` where PRV's grid
-    (``points``, when already known) would be too large or too fine for ``delta``."""
-    from opacus.accountants import create_accountant
-
+    from the registered ``accountant``: ∞ where it overflows (z → 0). ``fallback``: where
+    the accountant cannot answer, its ``fallback`` accountant's (PRV → RDP) instead."""
     z = min(z, limits.SIGMA_MAX)  # more noise only lowers ε: an upper bound for any larger z
     if z < limits.SIGMA_NEGLIGIBLE:  # ε beyond any float, and opacus would not finish
         return math.inf
-    if accountant == "prv":
-        if points is None:
-            points = _prv_points(z, delta, sample_rate, rounds)
-        where = f"σ = {z:.3g}, q = {sample_rate:.3g}, {rounds} rounds"
-        if not points <= PRV_MAX_POINTS:
-            raise AccountantLimit(
-                f"the prv accountant would need a grid of {points:.3g} points ({where}), over "
-                f"its limit of {PRV_MAX_POINTS}; use --accountant rdp"
-            )
-        if float(np.finfo(np.longdouble).eps) * points > delta * 0.999:
-            raise AccountantLimit(
-                f"δ = {delta:g} is too small for the prv accountant's grid ({where}); "
-                "use --accountant rdp or a larger --delta"
-            )
-    acc = create_accountant(accountant)
-    acc.history = [(z, sample_rate, rounds)]
-    with _quiet():
-        try:
-            eps = float(acc.get_epsilon(delta=delta))
-        except (OverflowError, ZeroDivisionError):
-            return math.inf
-        except (ValueError, RuntimeError, MemoryError) as e:  # PRV far from its grid
-            if accountant == "rdp":
-                raise
-            raise AccountantLimit(
-                f"the prv accountant cannot compute ε at σ = {z:.3g}, q = {sample_rate:.3g}, "
-                f"{rounds} rounds, δ = {delta:g} ({e}); use --accountant rdp"
-            ) from None
-    return max(eps, 0.0) if not math.isnan(eps) else math.inf  # PRV's rounding can dip < 0
+    acc = get_accountant(accountant)
+    try:
+        return acc.epsilon(z, delta, sample_rate, rounds)
+    except FAILURES:
+        if not fallback or acc.fallback is None:
+            raise
+        return _epsilon(z, delta, sample_rate, rounds, acc.fallback, fallback)
 
 
 def sigma_for_epsilon(
@@ -164,28 +86,25 @@ def sigma_for_epsilon(
     the bisection takes at most :data:`MAX_BISECTIONS` steps, and a probe the accountant
     cannot answer counts as not private enough."""
     _check(epsilon, delta, sample_rate, rounds)
-    _check_accountant(accountant)
+    acc = get_accountant(accountant)
     setting = (
         f"δ = {delta:g}, sample rate {sample_rate:.3g}, {rounds} rounds, "
         f"{max(releases_per_round, 1)} release(s) per round"
     )
     failure: list[str] = []
-    spent = [0.0]  # PRV grid points evaluated by this search
+    spent = [0.0]  # what this search has cost (PRV: grid points evaluated)
 
     def eps_at(z: float) -> float:
-        points = None
-        if accountant == "prv":
-            points = _prv_points(min(z, limits.SIGMA_MAX), delta, sample_rate, rounds)
-            spent[0] += min(points, PRV_MAX_POINTS)
-            if spent[0] > PRV_SEARCH_POINTS:
-                raise PrivauditError(
-                    f"the prv accountant's search for the σ of ε = {epsilon:g} ({setting}) "
-                    f"would evaluate over {PRV_SEARCH_POINTS:.3g} grid points; "
-                    "use --accountant rdp"
-                )
+        spent[0] += acc.cost(min(z, limits.SIGMA_MAX), delta, sample_rate, rounds)
+        if spent[0] > acc.search_budget:
+            raise PrivauditError(
+                f"the {accountant} accountant's search for the σ of ε = {epsilon:g} "
+                f"({setting}) would spend over its budget of {acc.search_budget:.3g}; "
+                f"use --accountant {acc.fallback or 'rdp'}"
+            )
         try:
-            return _epsilon(z, delta, sample_rate, rounds, accountant, points)
-        except (AccountantLimit, ValueError, RuntimeError, MemoryError) as e:
+            return _epsilon(z, delta, sample_rate, rounds, accountant, fallback=False)
+        except FAILURES as e:
             failure[:] = [str(e)]
             return math.inf
 
@@ -199,7 +118,7 @@ def sigma_for_epsilon(
         raise PrivauditError(
             f"ε = {epsilon:g} is out of reach of the {accountant} accountant ({setting}): even "
             f"σ = {limits.SIGMA_MAX:g} gives ε = {floor:.3g}; raise --epsilon or --delta"
-            + (", or use --accountant prv (tighter)" if accountant == "rdp" else "")
+            + ("" if acc.fallback else ", or use a tighter --accountant (e.g. prv)")
         )
     sigma_low, sigma_high, eps_high = 0, 10, math.inf
     while eps_high > epsilon:  # ends by σ = 2^17·10 > SIGMA_MAX, where ε ≤ the floor
@@ -224,34 +143,27 @@ def epsilon_for_sigma(
     rounds: int,
     releases_per_round: int = 1,
     accountant: str = "rdp",
+    fallback: bool = False,
 ) -> float:
     """ε spent by ``rounds`` rounds at noise multiplier σ per release (∞ without noise, and
     where the accountant overflows as σ → 0). A σ beyond
-    :data:`~privaudit.core.limits.SIGMA_MAX` is accounted at that bound (an upper bound on ε)."""
+    :data:`~privaudit.core.limits.SIGMA_MAX` is accounted at that bound (an upper bound on ε).
+    ``fallback``: where the accountant cannot answer, ask its fallback (PRV → RDP)."""
     _check(None, delta, sample_rate, rounds)
-    _check_accountant(accountant)
+    get_accountant(accountant)
     if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or math.isnan(sigma):
         raise PrivauditError(f"the noise multiplier must be a number ≥ 0, got {sigma!r}")
     if sigma <= 0:
         return math.inf
     z = sigma / math.sqrt(max(releases_per_round, 1))
-    return _epsilon(z, delta, sample_rate, rounds, accountant)
-
-
-# what opacus' PRV accountant raises far from its grid (tiny σ, huge T), and its limits here
-_PRV_FAILURES = (AccountantLimit, ValueError, RuntimeError, OverflowError, MemoryError)
+    return _epsilon(z, delta, sample_rate, rounds, accountant, fallback)
 
 
 def release_epsilon(noise_multiplier: float, delta: float, accountant: str = "prv") -> float:
     """ε of one Gaussian release at ``noise_multiplier`` (std / sensitivity), sample rate 1:
     the building block every per-round count composes (PRV is tight here; RDP is not). As
     :func:`kind_epsilon`, PRV's failure far from its grid returns the RDP bound."""
-    try:
-        return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, accountant)
-    except _PRV_FAILURES:
-        if accountant == "rdp":
-            raise
-        return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, "rdp")
+    return epsilon_for_sigma(noise_multiplier, delta, 1.0, 1, 1, accountant, fallback=True)
 
 
 def kind_epsilon(
@@ -272,12 +184,7 @@ def kind_epsilon(
         z, r = (privacy.noise_multiplier, privacy.releases) if privacy.formal else (0.0, 0)
     if z <= 0 or r < 1:
         return math.inf
-    try:
-        return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant)
-    except _PRV_FAILURES:
-        if accountant == "rdp":
-            raise
-        return epsilon_for_sigma(z, delta, sample_rate, rounds, r, "rdp")
+    return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant, fallback=True)
 
 
 def sample_rates(shard_sizes: Sequence[int], batch_size: int) -> list[float]:
@@ -296,7 +203,7 @@ def _has_sigma(params: Any) -> bool:
 
 
 def calibration_basis(
-    defense: Defense, params: Any, W: Tensor, claimed: bool = False
+    defense: Mechanism, params: Any, W: Tensor, claimed: bool = False
 ) -> tuple[list[str], str]:
     """Which kinds :func:`calibrate` sets σ on, and by what count: the formal kinds with a
     Gaussian multiplier ("formal accounting"), or — when no kind is formal, or ``claimed`` —
@@ -313,7 +220,7 @@ def calibration_basis(
 
 
 def calibrate(
-    defense: Defense,
+    defense: Mechanism,
     params: Any,
     W: Tensor,
     rates: Sequence[float],
@@ -352,7 +259,7 @@ def calibrate(
 
 
 def run_privacy(
-    defense: Defense,
+    defense: Mechanism,
     params: Any,
     W: Tensor,
     rates: Sequence[float],
@@ -487,7 +394,7 @@ def account(
     }
 
 
-def noised(defense: Defense, params: Any, W: Tensor) -> bool:
+def noised(defense: Mechanism, params: Any, W: Tensor) -> bool:
     """Whether ``params.sigma`` scales a Gaussian noise multiplier of some message kind
     (formal or only claimed), i.e. whether ``--epsilon``/``--sigma`` set it."""
     if not _has_sigma(params):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privaudit.core import limits, schema
+from privaudit.core.accountants import get_accountant
 from privaudit.core.errors import PrivauditError, unknown
 
 # Fields that do not change the messages: a run may be resumed with different values.
@@ -60,14 +61,7 @@ class RunConfig:
         limits.check_float("--dirichlet-alpha", self.dirichlet_alpha, *limits.DIRICHLET_ALPHA)
         limits.check_int("--checkpoint-every", self.checkpoint_every, 1)
         limits.check_seed("--seed", self.seed)
-        if self.accountant not in ("rdp", "prv"):
-            raise PrivauditError(f"--accountant must be rdp or prv, got {self.accountant!r}")
-        if self.accountant == "prv" and self.delta < limits.PRV_MIN_DELTA:
-            raise PrivauditError(
-                f"--delta {self.delta:g} is below what the prv accountant resolves "
-                f"({limits.PRV_MIN_DELTA:g}: floating-point error dominates); "
-                "use --accountant rdp or a larger --delta"
-            )
+        get_accountant(self.accountant).check(self.delta)
         if self.eval_split not in EVAL_SPLITS:
             raise unknown("evaluation split", self.eval_split, EVAL_SPLITS)
         if not isinstance(self.device, str) or not (

@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -18,8 +18,20 @@ from privaudit.core import sampling, schema
 from privaudit.core.errors import PrivauditError
 from privaudit.core.params import ParamSpec
 
-if TYPE_CHECKING:
-    from privaudit.grads import PairGrads
+
+class Gradients(Protocol):
+    """What a round asks of the per-example gradient engine (:class:`privaudit.grads.PairGrads`
+    implements it): per pair p of (parameters ``flat[p]``, batch ``x[p]``, ``y[p]``), the batch
+    mean over the expected batch size, the per-example gradients, and the clipped mean."""
+
+    def mean(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor: ...
+
+    def per_example(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor: ...
+
+    def clipped_mean(
+        self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None, owner: Tensor | None = None
+    ) -> Tensor: ...
+
 
 State = dict[str, Tensor]
 
@@ -43,7 +55,7 @@ class Context:
 
     model: nn.Module
     spec: ParamSpec
-    grads: PairGrads
+    grads: Gradients
     x0: Tensor  # shared initial model (D,) — public
     train_x: Tensor  # (n, C, H, W), normalised
     train_y: Tensor

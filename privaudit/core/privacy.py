@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,13 @@ def dwork_roth_epsilon(sigma: float, delta: float) -> float:
     """ε of the classical Gaussian-mechanism rule σ = √(2 ln(1.25/δ))/ε (Dwork & Roth 2014,
     Thm. A.1, valid only for ε < 1), solved for ε; ∞ without noise."""
     return math.sqrt(2 * math.log(1.25 / delta)) / sigma if sigma > 0 else math.inf
+
+
+class Mechanism(Protocol):
+    """What accounting reads of a defense (:class:`privaudit.defenses.Defense` implements it):
+    its message ``kinds`` and the mechanism facts of each, per agent."""
+
+    name: str
+    kinds: dict[str, str]
+
+    def privacy(self, p: Any, kind: str, W: Any, agent: int | None = None) -> Privacy: ...

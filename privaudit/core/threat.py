@@ -5,7 +5,8 @@ target message, and which of the recorded messages go into the adversary's :clas
 The View holds those messages plus the public parameters (W, η, β, σ, C, B, the
 architecture and the shared initial model); secrets never enter it.
 
-Four adversaries, weakest first (:data:`ORDER`):
+Four adversaries are built in, weakest first (the registry :data:`THREATS`; a plugin may
+register more with :func:`register_threat`):
 
 - ``link``: an eavesdropper on one undirected link ``a ↔ b`` (both directions);
 - ``neighbor``: one honest-but-curious agent ``a`` — every message on its links, both what
@@ -19,14 +20,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from torch import Tensor
+from privaudit.core.errors import NameTaken, PrivauditError, Unobservable, unknown
 
-from privaudit.core.errors import PrivauditError, Unobservable, unknown
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Key = tuple[int, int, int, str]
-ORDER = ("link", "neighbor", "coalition", "global")
+
+
+@dataclass(frozen=True)
+class Public:
+    """What every adversary knows about a run (never a secret): the defense and its
+    parameters (``params``: its ``-p`` values, e.g. ``params["lr"]``, ``params["sigma"]``),
+    the architecture and data shapes, the graph's mixing matrix ``W`` over ``n`` agents, the
+    shared initial model ``x0``, the expected batch size B and the run's (ε, δ)."""
+
+    defense: str
+    model: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    batch_size: int
+    W: Tensor
+    n: int
+    x0: Tensor
+    params: dict[str, Any]
+    epsilon: float
+    delta: float
 
 
 @dataclass
@@ -35,7 +58,7 @@ class View:
 
     threat: str
     messages: dict[Key, Tensor]
-    public: dict[str, Any] = field(default_factory=dict)
+    public: Public
     _sent: dict[tuple[int, int, str], Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,32 +88,55 @@ class View:
 
 @dataclass(frozen=True)
 class Threat:
-    """One adversary. ``link`` is set for ``link``; ``agents`` for ``neighbor`` (one agent)
-    and ``coalition``; ``global`` needs neither."""
+    """One adversary: a registered threat model (its ``name``) and who it is (``agents``
+    for the agent-based models, ``link`` for ``link``).
 
-    name: str
+    Contract of a threat model (a subclass under :func:`register_threat`; a plugin may add
+    one): ``name`` (what ``--threat`` takes), ``strength`` (its place from weakest to
+    strongest), ``summary`` (one line for ``--help``), ``uses_attackers`` (``--attacker``
+    names its members), ``searched`` (tried when no ``--threat`` is given, weakest first),
+    :meth:`sees` (whether the directed link ``src → dst`` is in its View), :meth:`build`
+    (from the command line's ``--link`` / ``--attacker``) and :meth:`for_victim` (the
+    default adversary of one victim's message)."""
+
     agents: frozenset[int] = frozenset()
     link: tuple[int, int] | None = None
 
+    name: ClassVar[str]
+    strength: ClassVar[int] = 100
+    summary: ClassVar[str] = ""
+    uses_attackers: ClassVar[bool] = True
+    searched: ClassVar[bool] = False
+
     def sees(self, src: int, dst: int) -> bool:
-        if self.name == "global":
-            return True
-        if self.link is not None:
-            return {src, dst} == set(self.link)
         return src in self.agents or dst in self.agents
+
+    @classmethod
+    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
+        """The adversary named on the command line."""
+        agents = frozenset(attackers)
+        if not agents:
+            raise PrivauditError(f"--threat {cls.name} needs its members: --attacker A,B,...")
+        return cls(agents)
+
+    @classmethod
+    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
+        """The adversary that attacks ``victim``'s message when no link is named (the
+        defaults of every command); ``receivers``: who gets the message from the victim."""
+        return cls.build(attackers=attackers)
 
     def links(self, edges: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
         """The directed links of the graph this adversary taps."""
         return {e for e in edges if self.sees(*e)}
 
-    def view(self, messages: dict[Key, Tensor], public: dict[str, Any]) -> View:
+    def view(self, messages: dict[Key, Tensor], public: Public) -> View:
         seen = {k: v for k, v in messages.items() if self.sees(k[1], k[2])}
-        return View(self.name, seen, dict(public))
+        return View(self.name, seen, public)
 
     def receiver(self, victim: int, receivers: list[int], what: str) -> int:
         """The agent whose incoming copy of the victim's message this adversary attacks:
-        the link's other end, the attacker, the first coalition member that receives it, or
-        (global) the victim's first receiver. ``receivers``: who gets ``what`` from the
+        the first receiver whose copy it sees (the link's other end, the attacker, the first
+        coalition member that receives it). ``receivers``: who gets ``what`` from the
         victim; ``what`` names it in errors."""
         if victim in self.agents:
             raise Unobservable(
@@ -99,29 +145,152 @@ class Threat:
             )
         if not receivers:
             raise Unobservable(f"agent {victim} sends no {what}; pick another round or victim")
-        if self.name == "global":
-            return receivers[0]
         pool = [b for b in receivers if self.sees(victim, b)]
         if not pool:
-            who = (
-                f"the link {self.link[0]}<->{self.link[1]}"
-                if self.link
-                else f"agent(s) {sorted(self.agents)}"
-            )
             raise Unobservable(
-                f"{who} receive no {what} from agent {victim}; it goes to "
+                f"{self.who()} receive no {what} from agent {victim}; it goes to "
                 f"{', '.join(map(str, receivers))}: e.g. --threat neighbor --attacker "
                 f"{receivers[0]}, or --threat global"
             )
         return pool[0]
 
+    def who(self) -> str:
+        """The adversary in an error line."""
+        return f"agent(s) {sorted(self.agents)}"
+
     def describe(self) -> str:
-        if self.link is not None:
-            return f"link {self.link[0]}<->{self.link[1]}"
-        if self.name == "neighbor":
-            return f"neighbor {next(iter(self.agents))}"
-        if self.name == "coalition":
-            return f"coalition {','.join(map(str, sorted(self.agents)))}"
+        return f"{self.name} {','.join(map(str, sorted(self.agents)))}"
+
+
+THREATS: dict[str, type[Threat]] = {}
+T = TypeVar("T", bound=type[Threat])
+
+
+def register_threat(cls: T) -> T:
+    """Class decorator: register a :class:`Threat` subclass under its ``name`` (frozen
+    dataclass: decorate it with ``@dataclass(frozen=True)`` too if it adds fields)."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or not name.replace("-", "").isalnum():
+        raise PrivauditError(
+            f"threat model {cls.__name__} needs a name (a class attribute, a word like 'link')"
+        )
+    if name in THREATS and THREATS[name] is not cls:
+        raise NameTaken("threat", name)
+    THREATS[name] = cls
+    return cls
+
+
+def threat_names() -> list[str]:
+    """The registered threat models, weakest first."""
+    return sorted(THREATS, key=lambda n: THREATS[n].strength)
+
+
+def get_threat(name: str) -> type[Threat]:
+    if name not in THREATS:
+        raise unknown("threat model", name, threat_names())
+    return THREATS[name]
+
+
+def threat_help() -> str:
+    """``--threat``'s help: the registered threat models, weakest first."""
+    return " | ".join(threat_names())
+
+
+@register_threat
+@dataclass(frozen=True)
+class Link(Threat):
+    """An eavesdropper on one undirected link ``a ↔ b`` (both directions)."""
+
+    name = "link"
+    strength = 0
+    summary = "an eavesdropper on one link (both directions)"
+    uses_attackers = False
+    searched = True
+
+    def sees(self, src: int, dst: int) -> bool:
+        return self.link is not None and {src, dst} == set(self.link)
+
+    @classmethod
+    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
+        if link is None:
+            raise PrivauditError("--threat link needs the link: --link SRC,DST")
+        return cls(link=link)
+
+    @classmethod
+    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
+        return cls(link=(victim, receivers[0]) if receivers else (victim, victim))
+
+    def who(self) -> str:
+        assert self.link is not None
+        return f"the link {self.link[0]}<->{self.link[1]}"
+
+    def describe(self) -> str:
+        assert self.link is not None
+        return f"link {self.link[0]}<->{self.link[1]}"
+
+
+@register_threat
+@dataclass(frozen=True)
+class Neighbor(Threat):
+    """One honest-but-curious agent: every message on its links."""
+
+    name = "neighbor"
+    strength = 10
+    summary = "one honest-but-curious agent: its own links"
+    searched = True
+
+    @classmethod
+    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
+        agents = frozenset(attackers)
+        if len(agents) != 1:
+            raise PrivauditError("--threat neighbor needs one agent: --attacker A")
+        return cls(agents)
+
+    @classmethod
+    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
+        return cls.build(attackers=list(attackers) or receivers[:1])  # default: 1st receiver
+
+    def describe(self) -> str:
+        return f"neighbor {next(iter(self.agents))}"
+
+
+@register_threat
+@dataclass(frozen=True)
+class Coalition(Threat):
+    """A set of agents pooling what each of them sees."""
+
+    name = "coalition"
+    strength = 20
+    summary = "several agents pooling their links"
+
+    @classmethod
+    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
+        return cls.build(attackers=list(attackers) or receivers)  # default: all who receive it
+
+
+@register_threat
+@dataclass(frozen=True)
+class Global(Threat):
+    """Every message on every link."""
+
+    name = "global"
+    strength = 30
+    summary = "every message on every link"
+    uses_attackers = False
+    searched = True
+
+    def sees(self, src: int, dst: int) -> bool:
+        return True
+
+    @classmethod
+    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
+        return cls()
+
+    @classmethod
+    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
+        return cls()
+
+    def describe(self) -> str:
         return "global"
 
 
@@ -166,38 +335,16 @@ def build_threat(
     link: tuple[int, int] | None = None,
     attackers: Iterable[int] = (),
 ) -> Threat:
-    """A :class:`Threat` from its name and what it needs: ``link`` for ``link``, one
-    attacker for ``neighbor``, one or more for ``coalition``."""
-    if name not in ORDER:
-        raise unknown("threat model", name, ORDER)
-    agents = frozenset(attackers)
-    if name == "link":
-        if link is None:
-            raise PrivauditError("--threat link needs the link: --link SRC,DST")
-        return Threat("link", link=link)
-    if name == "neighbor":
-        if len(agents) != 1:
-            raise PrivauditError("--threat neighbor needs one agent: --attacker A")
-        return Threat("neighbor", agents)
-    if name == "coalition":
-        if not agents:
-            raise PrivauditError("--threat coalition needs its members: --attacker A,B,...")
-        return Threat("coalition", agents)
-    return Threat("global")
+    """A :class:`Threat` from its registered name and what it needs: ``link`` for ``link``,
+    one attacker for ``neighbor``, one or more for ``coalition``."""
+    return get_threat(name).build(link=link, attackers=attackers)
 
 
 def victim_threat(
     name: str, victim: int, receivers: list[int], attackers: Iterable[int] = ()
 ) -> Threat:
     """The adversary that attacks ``victim``'s message when no link is named, with the
-    defaults of ``privaudit attack`` and ``privaudit audit``: ``link`` taps the link to the
+    defaults of every command (:meth:`Threat.for_victim`): ``link`` taps the link to the
     first receiver; ``neighbor`` without ``attackers`` is the first receiver, ``coalition``
     without them every receiver. ``receivers``: who gets the message from the victim."""
-    attackers = list(attackers)
-    if name == "link":
-        return build_threat("link", link=(victim, receivers[0]) if receivers else (victim, victim))
-    if name == "neighbor" and not attackers:
-        return build_threat("neighbor", attackers=receivers[:1])
-    if name == "coalition" and not attackers:
-        return build_threat("coalition", attackers=receivers)  # all who receive it
-    return build_threat(name, attackers=attackers)
+    return get_threat(name).for_victim(victim, receivers, attackers)

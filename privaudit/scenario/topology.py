@@ -13,6 +13,18 @@ The builders:
   and is refused.
 - ``exponential``: i ~ i ± 2^k (mod N) for every 2^k < N — the (symmetrized) exponential
   graph of SGP (Assran et al. 2019) and Ying et al. 2021.
+- ``erdos-renyi``: G(N, p), each pair an edge independently with probability p, drawn from a
+  seeded generator and redrawn until connected (gossip on a disconnected graph never
+  averages), so the graph is a deterministic function of (N, p, seed). By name it uses
+  p = min(1, 2 ln N / N) — twice the connectivity threshold ln N / N (Erdős & Rényi 1960),
+  so a draw is connected with high probability — and seed 0; :func:`erdos_renyi` takes both.
+  The random graphs of El Mrini, Cyffers & Bellet (ICML 2024) are of this kind.
+- ``star``: agent 0 (the hub) ~ every other agent; the leaves talk only to the hub.
+- ``line``: the path i ~ i + 1 (a ring without the edge N−1 ~ 0): the worst-connected tree,
+  and the setting where a few curious agents reconstruct the most (El Mrini et al. 2024).
+
+:func:`distances` gives BFS hop distances, e.g. to sort victims by how far they are from an
+attacker (neighbours at 1, non-neighbours beyond).
 
 Gossip uses Metropolis–Hastings weights (Xiao, Boyd & Kim 2007): symmetric, doubly
 stochastic, positive diagonal, computable by each agent from its neighbours' degrees.
@@ -106,12 +118,63 @@ def exponential(n: int) -> Tensor:
     return _from_pairs(n, pairs)
 
 
+def star(n: int) -> Tensor:
+    """Agent 0 is the hub, linked to every other agent; no other edges."""
+    _check_n(n)
+    return _from_pairs(n, ((0, i) for i in range(1, n)))
+
+
+def line(n: int) -> Tensor:
+    """The path 0 ~ 1 ~ … ~ N−1 (no wrap-around edge)."""
+    _check_n(n)
+    return _from_pairs(n, ((i, i + 1) for i in range(n - 1)))
+
+
+ER_TRIES = 1000  # draws of G(N, p) before giving up on a connected one
+
+
+def er_probability(n: int) -> float:
+    """The edge probability ``erdos-renyi`` uses by name: min(1, 2 ln N / N), twice the
+    connectivity threshold, so that a connected draw is the rule rather than the exception."""
+    _check_n(n)
+    return min(1.0, 2.0 * float(np.log(n)) / n)
+
+
+def erdos_renyi(n: int, p: float | None = None, seed: int = 0) -> Tensor:
+    """G(N, p) redrawn until connected: draw k = 0, 1, … uses ``numpy.random.default_rng(
+    (seed, k))`` and each pair i < j is an edge when its uniform draw is below p; the first
+    connected draw is returned, so the graph depends on (N, p, seed) only. ``p`` None:
+    :func:`er_probability` (N). Refused when no draw in :data:`ER_TRIES` is connected (p far
+    below ln N / N)."""
+    _check_n(n)
+    p = er_probability(n) if p is None else p
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise PrivauditError(f"the erdos-renyi edge probability p must be in (0, 1], got {p!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise PrivauditError(f"the erdos-renyi seed must be an integer ≥ 0, got {seed!r}")
+    iu = np.triu_indices(n, 1)
+    for k in range(ER_TRIES):
+        keep = np.random.default_rng((int(seed), k)).random(iu[0].size) < p
+        adj = torch.zeros(n, n, dtype=torch.bool)
+        adj[iu[0][keep], iu[1][keep]] = True
+        adj = adj | adj.T
+        if bool((distances(adj)[0] >= 0).all()):
+            return adj
+    raise PrivauditError(
+        f"no connected Erdős–Rényi graph on {n} agents with p = {p:g} in {ER_TRIES} draws; "
+        f"use p ≥ {er_probability(n):.3g} (2 ln N / N)"
+    )
+
+
 TOPOLOGIES: dict[str, Callable[[int], Tensor]] = {
     "ring": ring,
     "complete": complete,
     "bipartite": bipartite,
     "torus": torus,
     "exponential": exponential,
+    "erdos-renyi": erdos_renyi,
+    "star": star,
+    "line": line,
 }
 
 
@@ -187,6 +250,27 @@ def validate_mixing(W: Tensor, adj: Tensor | None = None, atol: float = 1e-10) -
         off = ~adj & ~torch.eye(adj.shape[0], dtype=torch.bool)
         if (W[off].abs() > atol).any():
             raise PrivauditError(f"mixing matrix W mixes agents that are not neighbours; {fix}")
+
+
+def distances(adj: Tensor) -> Tensor:
+    """BFS hop distances: ``(N, N)`` int64, entry (i, j) the fewest edges from i to j (0 on
+    the diagonal), −1 where j cannot be reached from i. Each agent's distance to an attacker
+    says whether it is a neighbour (1) or lies beyond the neighbourhood (≥ 2)."""
+    a = torch.as_tensor(adj).to(torch.bool)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise PrivauditError(f"an adjacency matrix must be square (got shape {tuple(a.shape)})")
+    n = a.shape[0]
+    dist = torch.full((n, n), -1, dtype=torch.int64)
+    dist.fill_diagonal_(0)
+    frontier = torch.eye(n, dtype=torch.bool)
+    seen = frontier.clone()
+    hop = 0
+    while frontier.any():
+        hop += 1
+        frontier = (frontier.to(torch.float32) @ a.to(torch.float32) > 0) & ~seen
+        dist[frontier] = hop
+        seen |= frontier
+    return dist
 
 
 def neighbors(adj: Tensor, i: int) -> list[int]:

@@ -3,7 +3,7 @@
 Every driver of a defense goes through :class:`RoundLoop` — the simulator
 (:meth:`privaudit.sim.run.Run.simulate`), each torch.distributed rank (which runs the same
 ``simulate`` over its own agent) and the white-box and one-run audits
-(:mod:`privaudit.eval.audit`), which step rounds with canary gradients in the context:
+(:mod:`privaudit.experiments.audit`), which step rounds with canary gradients in the context:
 
 - :meth:`RoundLoop.restore` puts the held agents' state and generators back as they were
   after round ``t`` (round 0: the defense's ``init`` and the seeds of

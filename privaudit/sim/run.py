@@ -38,6 +38,7 @@ from privaudit.core.interrupts import signals_deferred, stop_requests
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import Network, SimNetwork
 from privaudit.core.params import ParamSpec, flat_params
+from privaudit.core.threat import Public
 from privaudit.defenses import Context, Defense, get_defense
 from privaudit.grads import PairGrads
 from privaudit.scenario.data import (
@@ -300,22 +301,22 @@ class Run:
         return None
 
     # -- public facts an adversary knows ------------------------------------------------
-    def public(self) -> dict[str, Any]:
-        return {
-            "defense": self.defense.name,
-            "model": self.cfg.model,
-            "input_shape": tuple(self.data.input_shape),
-            "num_classes": self.data.num_classes,
-            "mean": tuple(self.data.mean),
-            "std": tuple(self.data.std),
-            "batch_size": self.cfg.batch_size,
-            "W": self.ctx.W.cpu(),
-            "n": self.cfg.agents,
-            "x0": self.ctx.x0.cpu(),
-            "params": dataclasses.asdict(self.params),
-            "epsilon": self.resolved["epsilon"],
-            "delta": self.cfg.delta,
-        }
+    def public(self) -> Public:
+        return Public(
+            defense=self.defense.name,
+            model=self.cfg.model,
+            input_shape=tuple(self.data.input_shape),
+            num_classes=self.data.num_classes,
+            mean=tuple(self.data.mean),
+            std=tuple(self.data.std),
+            batch_size=self.cfg.batch_size,
+            W=self.ctx.W.cpu(),
+            n=self.cfg.agents,
+            x0=self.ctx.x0.cpu(),
+            params=dataclasses.asdict(self.params),
+            epsilon=self.resolved["epsilon"],
+            delta=self.cfg.delta,
+        )
 
     def edges(self) -> list[tuple[int, int]]:
         adj = self.ctx.adj

@@ -98,7 +98,7 @@ class CTADPSGD(Defense):
 
     def observe(self, view: View, kind: str, t: int, src: int, dst: int) -> Observation:
         """(Σ_j w_ij x^j_{t-1} − x^i_t)/η = ĝ^i_t at x^i_{t-1}: noise std σC/B, clip C."""
-        p = view.public["params"]
+        p = view.public.params
         prev = view.get(t, src, dst, "model")  # x^i_{t-1}
         new = view.get(t + 1, src, dst, "model")  # x^i_t
         mixed, unseen = mix(view, src, lambda j: view.sent(t, j, "model"), prev)
@@ -110,7 +110,7 @@ class CTADPSGD(Defense):
             prev,
             (mixed - new) / p["lr"],
             clip=p["clip"],
-            noise_std=p["sigma"] * p["clip"] / view.public["batch_size"],
+            noise_std=p["sigma"] * p["clip"] / view.public.batch_size,
             meta=meta,
         )
 

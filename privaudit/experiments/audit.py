@@ -73,13 +73,9 @@ from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
-from privaudit.core.threat import build_threat, victim_threat
-from privaudit.grads import clip_rows
-from privaudit.sim.run import Run
-from privaudit.sim.targets import parse_target
-
-from . import bounds
-from .canaries import (
+from privaudit.core.threat import Public
+from privaudit.eval import bounds
+from privaudit.eval.canaries import (
     CANARY_NORM,
     DOMINATE,
     Canary,
@@ -87,6 +83,10 @@ from .canaries import (
     check_canary,
     make_canaries,
 )
+from privaudit.grads import clip_rows
+from privaudit.sim.plan import locate, receiver
+from privaudit.sim.run import Run
+from privaudit.sim.targets import Target
 
 LOOSE = 0.5  # a lower bound below LOOSE × the upper bound is "loose"
 HELD_OUT = 0.5  # share of white-box trials kept to evaluate the threshold chosen on the rest
@@ -282,62 +282,58 @@ class _Recorder(dict):
 # -- the setting: run, target, adversary ------------------------------------------------------
 @dataclass
 class Setting:
+    """The audited message: ``target``'s round-``t`` message ``src → dst`` as ``threat`` sees
+    it, and the mechanism facts of the victim's data."""
+
     run: Run
-    defense: Any
-    kind: str
+    target: Target
     t: int
     threat: Any
     src: int
     dst: int
     privacy: Any
 
+    @property
+    def defense(self) -> Any:
+        return self.target.defense
 
-def _setting(
+    @property
+    def kind(self) -> str:
+        return self.target.kind
+
+
+def setting(
     run: Run,
     target: str,
     t: int,
-    threat: str,
-    link: tuple[int, int] | None,
-    attackers: list[int] | None,
-    victim: int | None,
+    threat: str | None = None,
+    link: tuple[int, int] | None = None,
+    attackers: list[int] | None = None,
+    victim: int | None = None,
     span: int = 0,
+    progress: bool = False,
 ) -> Setting:
-    defense, kind = parse_target(target)
-    if defense.name != run.defense.name:
-        raise PrivauditError(
-            f"target {target} needs a {defense.name} run, but this run trains "
-            f"{run.defense.name}; pick a {run.defense.name}-* target or another --run"
-        )
-    n = run.cfg.agents
-    rounds = [r for o in range(t, t + span + 1) for r in defense.rounds_needed(kind, o, n)]
-    if t < 1 or max(rounds) > run.cfg.rounds:
-        what = f"--round {t}" + (f" with --span {span}" if span else "")
-        raise PrivauditError(
-            f"{what} is outside what a {run.cfg.rounds}-round run can show for {target} "
-            f"(it needs rounds {min(rounds)}..{max(rounds)}); pick another round, --span or "
-            "--rounds"
-        )
-    adj = run.ctx.adj.cpu()
-    if link is not None:
-        src, dst = link
-        th = (
-            build_threat("link", link=link)
-            if threat == "link"
-            else build_threat(threat, attackers=attackers or [dst])
-        )
-    else:
-        src = 0 if victim is None else victim
-        receivers = defense.receivers(kind, t, src, adj)
-        th = victim_threat(threat, src, receivers, attackers or [])
-        dst = th.receiver(src, receivers, f"{kind!r} message in round {t}")
-    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), src)
-    return Setting(run, defense, kind, t, th, src, dst, privacy)
+    """The audited message: the one an attack on ``target``'s round ``t`` observes, by the
+    planner's defaults (:func:`privaudit.sim.plan.locate`), on a run that shows ``span``
+    rounds more."""
+    tgt = Target.parse(target)
+    tgt.check_run(run, t, span)
+    ((p, _),) = locate(
+        run,
+        target,
+        t,
+        threat=threat,
+        links=[link] if link is not None else None,
+        attackers=attackers,
+        victims=None if victim is None else [victim],
+        progress=progress,
+    )
+    return Setting(run, tgt, t, p.threat, p.src, p.dst, tgt.privacy(run, p.src))
 
 
 def _receiver(s: Setting, r: int) -> int:
     """The agent whose copy of the victim's round-r message the adversary attacks."""
-    receivers = s.defense.receivers(s.kind, r, s.src, s.run.ctx.adj.cpu())
-    return s.threat.receiver(s.src, receivers, f"{s.kind!r} message in round {r}")
+    return receiver(s.run, s.target, s.threat, s.src, r)
 
 
 def _reseed(ctx: Any, seed: int) -> None:
@@ -455,7 +451,7 @@ def white_box(
     trials: int = 2000,
     confidence: float = 0.95,
     *,
-    threat: str = "link",
+    threat: str | None = None,
     link: tuple[int, int] | None = None,
     attackers: list[int] | None = None,
     victim: int | None = None,
@@ -473,9 +469,9 @@ def white_box(
     need = check_trials(trials, delta, confidence)
     if isinstance(span, bool) or not isinstance(span, int) or span < 0:
         raise PrivauditError(f"--span must be an integer ≥ 0, got {span!r}")
-    s = _setting(run, target, round, threat, link, attackers, victim, span)
-    cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
+    s = setting(run, target, round, threat, link, attackers, victim, span, progress)
     rerun = _Rerun(s, span, seed, progress)
+    cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
     cands = make_canaries(cands, run.ctx, rerun.grads.clean, seed)
     k = search_size(len(cands), trials, delta, confidence)
     cands = cands[:k]
@@ -652,7 +648,7 @@ def one_run(
     canaries: int = 1000,
     confidence: float = 0.95,
     *,
-    threat: str = "link",
+    threat: str | None = None,
     link: tuple[int, int] | None = None,
     attackers: list[int] | None = None,
     victim: int | None = None,
@@ -664,7 +660,7 @@ def one_run(
     the run's configuration and seed, plus the canaries; the run directory is not touched)."""
     delta = run.cfg.delta
     check_trials(canaries, delta, confidence, "one-run")
-    s = _setting(run, target, 1, threat, link, attackers, victim)
+    s = setting(run, target, 1, threat, link, attackers, victim, progress=progress)
     ctx, defense = run.ctx, s.defense
     norm, impact = _one_run_canary(s.privacy, run.cfg.batch_size, canary_norm)
     D = ctx.spec.numel
@@ -752,7 +748,7 @@ def _one_run_canary(privacy: Any, batch_size: int, norm: float | None) -> tuple[
     return norm, norm / B
 
 
-def _observe(defense: Any, s: Setting, history: dict, public: dict, r: int) -> Tensor | None:
+def _observe(defense: Any, s: Setting, history: dict, public: Public, r: int) -> Tensor | None:
     """The victim's observed target of round r (flat, float64), or None if unseen."""
     try:
         obs = defense.observe(s.threat.view(history, public), s.kind, r, s.src, _receiver(s, r))
@@ -790,9 +786,8 @@ def audit(
                 raise PrivauditError(f"{flag} is for the white-box audit; drop it or --mode")
         kw["canaries"] = kw.pop("trials", 1000)
         res = one_run(run, target, **kw)
-    defense, kind = parse_target(target)
     victim, delta = res["victim"], run.cfg.delta
-    privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), victim)
+    privacy = Target.parse(target).privacy(run, victim)
     q = run.resolved["agents"][victim]["sample_rate"]
     acc = account(privacy, delta, q, run.cfg.rounds, run.cfg.accountant, res.get("copies", 1))
     rule = privacy.paper_epsilon

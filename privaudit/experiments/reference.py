@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privaudit.core import limits
-from privaudit.core.accounting import ACCOUNTANTS
+from privaudit.core.accountants import ACCOUNTANTS
 from privaudit.core.config import RunConfig
 from privaudit.scenario.data import dirichlet_partition, evaluation_split, load_dataset
 from privaudit.scenario.models import build_model, normalizes_inputs
@@ -144,7 +144,7 @@ def _check(
         raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
     limits.check_delta(delta)
     if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+        raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}, got {accountant!r}")
 
 
 def _rng_devices(device: torch.device) -> list[int]:

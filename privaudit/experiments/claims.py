@@ -10,7 +10,7 @@ one row puts side by side
 - **the truth**: the ε a correct accounting gives over the run at the calibrated σ
   (``run.resolved``; ∞ with the reason when the kind has no formal guarantee), and for the
   one release the audit observes;
-- **the evidence**: a white-box canary audit of round 1 (:func:`privaudit.eval.audit.audit`),
+- **the evidence**: a white-box canary audit of round 1 (:func:`privaudit.experiments.audit.audit`),
   whose ε lower bound holds at the stated confidence whatever the accounting says;
 - **the verdicts**: the lower bound against the claim's per-release ε (a "violated" claim
   is refuted by the evidence: its count or its rule promises less than is proven) and
@@ -51,9 +51,9 @@ from privaudit.core.errors import PrivauditError, unknown
 from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.eval import bounds
-from privaudit.eval.audit import HELD_OUT, audit, check_trials
+from privaudit.experiments.audit import HELD_OUT, audit, check_trials
 from privaudit.sim.run import Run
-from privaudit.sim.targets import all_targets, parse_target
+from privaudit.sim.targets import Target, all_targets
 
 TRIALS = 1000  # white-box trials per row
 ROW_SECONDS = 10.0  # a row whose trials would take longer runs fewer (at least a bound's worth)
@@ -337,7 +337,8 @@ def setting(
         "sampling": SAMPLING,
         "audit": {
             "mode": "white-box",
-            "canary": "search",  # the audit's default (eval/audit.py: candidates): in the key
+            # the audit's default (privaudit/experiments/audit.py: candidates): in the key
+            "canary": "search",
             "round": ROUND,
             "threat": THREAT,
             "victim": 0,
@@ -371,8 +372,8 @@ def ledger(
         raise PrivauditError(f"--row-seconds must be ≥ 0, got {row_seconds}")
     by_defense: dict[str, list[str]] = {}
     for t in targets:
-        d, kind = parse_target(t)
-        by_defense.setdefault(d.name, []).append(kind)
+        tg = Target.parse(t)
+        by_defense.setdefault(tg.defense.name, []).append(tg.kind)
     configs = {n: run_config(base, n) for n in by_defense}
     out = Path(out)
     doc: dict[str, Any] = {
@@ -587,7 +588,9 @@ def describe(doc: dict[str, Any]) -> str:
         if m > 1
         else ""
     )
-    searched = " (canary searched: eval/audit.py)" if a.get("canary") == "search" else ""
+    searched = (
+        " (canary searched: privaudit/experiments/audit.py)" if a.get("canary") == "search" else ""
+    )
     budget = (
         f" (fewer where they would take over {a['row_seconds']:g} s: shown in the row)"
         if a.get("row_seconds")

@@ -1,0 +1,877 @@
+"""Gossip algebra: what curious agents learn beyond their neighbourhood (El Mrini et al. 2024).
+
+El Mrini, Cyffers & Bellet ("Privacy Attacks in Decentralized Learning", ICML 2024) observe
+that in gossip averaging and decentralized gradient descent every message is a *known*
+linear function (powers and products of the public gossip matrix W) of everyone's private
+quantities: the initial values and every update. A coalition A of curious agents that
+records what it receives over the rounds therefore holds a linear system — its *knowledge
+matrix* — and an agent's private value is reconstructable exactly when its canonical vector
+e_u lies in the row space of that matrix, even when the agent is no neighbour of A. This
+module is that machinery, independent of any defense:
+
+1. **A linear recursion** (:class:`Recursion`): per-agent states s_t ∈ R^S (S = n·#components)
+   driven by per-agent inputs u_t ∈ R^P (P = n·#kinds),
+
+       s_t = A_t s_{t-1} + B_t u_t,     t = 1, …, T,     s_0 the initial states,
+
+   with every coordinate of the d-dimensional payload following the same recursion (W acts
+   on agents, not on coordinates). A defense states its linear structure once, as a
+   function ``t ↦ (A_t, B_t)``; :func:`averaging` (x^t = W x^{t-1}, El Mrini et al.'s gossip
+   averaging of private values x^0) and :func:`dpsgd` (this project's adapt-then-combine
+   D-PSGD, ``defenses/dsgd.py``: x̃_t = W x̃_{t-1} − η g_t, x̃_1 = x_0 − η g_1) are given.
+   The unknowns are indexed ``(kind, agent, round)``: ``("x0", k, 0)`` for k's initial state
+   (component c: ``(c + "0", k, 0)``) and ``("g", k, t)`` for k's round-t input of kind g.
+2. **Knowledge** (:class:`LinearSystem`, built by :func:`knowledge`): unrolling the
+   recursion, each received message s_t[c, j] is one sparse row over the variables. Variables
+   the coalition knows (its own initial states and inputs, public ones such as a shared
+   x_0) move to the right-hand side; input kinds declared *noise* (a Gaussian prior of known
+   std, e.g. Muffliato's or DP noise) become nuisance unknowns: the rows then read
+       y = K u + C k + M z,     z ~ N(0, I),     M = (noise coefficients) · std,
+   so noise that enters several rows (gossiped on) makes their errors correlated with
+   covariance Σ = M Mᵀ. Modelling noise as extra unknowns with a known prior, rather than
+   asking for Σ, is the choice here: Σ then follows from the recursion for free and is
+   exact; a further row covariance (e.g. link noise) can still be added when solving.
+3. **Identifiability** (:func:`identifiability`): u is identifiable iff e_u ∈ row(K). It is
+   computed from an SVD of K (rows scaled to unit norm, unused unknowns left out), obtained
+   as a QR of the tall Kᵀ followed by an SVD of its small triangular factor: with Q_k an
+   orthonormal basis of the numerical row space (rank k at relative tolerance ``rtol``),
+   u's *leverage* h_u = ‖Q_kᵀ e_u‖² is 1 exactly when e_u ∈ row(K).
+   ``method="exact"`` instead row-reduces K over the prime field GF(2³¹ − 1) after unrolling
+   the recursion with its rational coefficients (Metropolis–Hastings weights, step sizes): no
+   tolerance and no conditioning, exact unless the prime divides a minor of K (a negligible
+   chance): the structural answer, where the float one says what is recoverable numerically.
+4. **Solve** (:func:`solve`, :func:`estimate`): for an identifiable u the unbiased linear
+   estimators are x̂_u = r_uᵀ y with Kᵀ r_u = e_u; the noise-free answer takes the min-norm
+   r_u, and with noise the generalised least-squares (best linear unbiased) one minimises
+   Var = ‖Mᵀ r_u‖² (+ r_uᵀ Σ_extra r_u) over r_u ∈ r_0 + null(Kᵀ). The estimate comes with its
+   per-coordinate std sqrt(r_uᵀ Σ r_u) (:class:`Recovery`, :class:`Recovered`), which is what
+   an :class:`~privaudit.core.observation.Observation` needs as ``target`` and ``noise_std``.
+   A linear functional c of the variables (a state, to serve as an Observation's ``params``)
+   is estimated the same way when its unknown part lies in row(K); noise variables in c are
+   predicted (their part of the error enters the variance).
+
+Everything runs on the coefficient structure once; the d-dimensional payloads enter only as
+an (R × d) right-hand side. Sizes: unknowns V ≈ n·(T + 1), rows R ≤ (messages of distinct
+(round, sender)); the cost is one dense QR of the (U × R) matrix Kᵀ (U used unknowns) and
+one SVD of an (min(U, R) × R) triangle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+import torch
+from torch import Tensor
+
+from privaudit.core.errors import PrivauditError
+
+Key = tuple[str, int, int]  # (kind, agent, round) of one scalar-per-coordinate variable
+Matrix = Any  # an (r, c) torch tensor, numpy array or scipy sparse matrix
+PRIME = 2**31 - 1  # the field of the exact analysis (products of two residues fit in int64)
+
+
+# -- the recursion ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Recursion:
+    """A linear recursion s_t = A_t s_{t-1} + B_t u_t (t ≥ 1) on n agents.
+
+    n:          agents.
+    transition: t ↦ (A_t, B_t): A_t is (S × S), B_t is (S × P) or None (no input that round);
+                S = n·len(state), P = n·len(inputs); state index c·n + k is component c of
+                agent k, input index c·n + k is k's input of kind ``inputs[c]``.
+    state:      component names of each agent's state (``("x",)``; ``("x", "v")`` for a
+                momentum method). Component c's initial value is the variable
+                ``(c + "0", k, 0)``.
+    inputs:     input kinds (``("g",)``: the update; add ``"z"`` for noise).
+    noise:      input kinds that are Gaussian noise, with their per-coordinate std: nuisance
+                unknowns of known prior, not targets (module docstring, point 2).
+    public:     variable kinds every participant knows (``"x0"`` when the initial model is
+                shared, as in every defense of this project).
+    """
+
+    n: int
+    transition: Callable[[int], tuple[Matrix, Matrix | None]]
+    state: tuple[str, ...] = ("x",)
+    inputs: tuple[str, ...] = ("g",)
+    noise: Mapping[str, float] = field(default_factory=dict)
+    public: frozenset[str] = frozenset()
+    name: str = "recursion"
+
+    @property
+    def S(self) -> int:
+        return self.n * len(self.state)
+
+    @property
+    def P(self) -> int:
+        return self.n * len(self.inputs)
+
+    def variables(self, rounds: int) -> list[Key]:
+        """Every variable of ``rounds`` rounds, in unrolling order: the initial states, then
+        round 1's inputs, round 2's, …"""
+        keys = [(f"{c}0", k, 0) for c in self.state for k in range(self.n)]
+        for t in range(1, rounds + 1):
+            keys += [(c, k, t) for c in self.inputs for k in range(self.n)]
+        return keys
+
+    def component(self, name: str) -> int:
+        if name not in self.state:
+            raise PrivauditError(
+                f"the {self.name} recursion has no state component {name!r}; "
+                f"use one of: {', '.join(self.state)}"
+            )
+        return self.state.index(name)
+
+    def step(self, t: int) -> tuple[sp.csr_matrix, sp.csr_matrix | None]:
+        """(A_t, B_t) as float64 CSR matrices, shapes checked."""
+        A, B = self.transition(t)
+        A = _csr(A)
+        if A.shape != (self.S, self.S):
+            raise PrivauditError(
+                f"the {self.name} transition A_{t} has shape {A.shape}, expected "
+                f"({self.S}, {self.S}); make it (n·#state, n·#state)"
+            )
+        if B is None:
+            return A, None
+        B = _csr(B)
+        if B.shape != (self.S, self.P):
+            raise PrivauditError(
+                f"the {self.name} transition B_{t} has shape {B.shape}, expected "
+                f"({self.S}, {self.P}); make it (n·#state, n·#inputs)"
+            )
+        return A, B
+
+
+def _csr(m: Matrix) -> sp.csr_matrix:
+    if sp.issparse(m):
+        return sp.csr_matrix(m, dtype=np.float64)
+    if isinstance(m, Tensor):
+        m = m.detach().cpu().to(torch.float64).numpy()
+    return sp.csr_matrix(np.asarray(m, dtype=np.float64))
+
+
+def _mixing(W: Matrix) -> sp.csr_matrix:
+    W = _csr(W)
+    if W.ndim != 2 or W.shape[0] != W.shape[1]:
+        raise PrivauditError(
+            f"the gossip matrix W must be square (got shape {W.shape}); build it with "
+            "metropolis_hastings(adj)"
+        )
+    return W
+
+
+def averaging(W: Matrix) -> Recursion:
+    """Gossip averaging of private values: x^t = W x^{t-1}, x^0 private, no inputs — El Mrini
+    et al.'s first setting. The message of round t + 1 is x^t (state index t)."""
+    Wm = _mixing(W)
+    return Recursion(n=Wm.shape[0], transition=lambda t: (Wm, None), inputs=(), name="averaging")
+
+
+def dpsgd(W: Matrix, lr: float, noise_std: float = 0.0, public_x0: bool = True) -> Recursion:
+    """This project's D-PSGD (``defenses/dsgd.py``, adapt-then-combine, Lian et al. 2017) as
+    a recursion on the gossiped half-step x̃ (the ``half-model`` message of round t is state
+    index t):
+
+        x̃_1 = x_0 − η g_1,     x̃_t = W x̃_{t-1} − η g_t   (t ≥ 2),
+
+    since x_{t-1} = W x̃_{t-1} and x̃_t = x_{t-1} − η ∇F(x_{t-1}); ``("g", k, t)`` is k's
+    round-t batch gradient at x^k_{t-1}, the quantity ``DSGD.observe`` recovers from one
+    message. ``noise_std`` > 0 adds an input ``z`` ~ N(0, noise_std²) per agent and round
+    (x̃_t = … − η g_t + z_t: Gaussian noise on the gossiped model, as in Muffliato with one
+    gossip step). ``public_x0``: the shared initial model is known to everyone (``x0``)."""
+    Wm = _mixing(W)
+    n = Wm.shape[0]
+    eye = sp.identity(n, format="csr")
+    noisy = noise_std > 0
+    step = sp.hstack([-lr * eye, eye], format="csr") if noisy else -lr * eye
+
+    def transition(t: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        return (eye if t == 1 else Wm), step
+
+    return Recursion(
+        n=n,
+        transition=transition,
+        inputs=("g", "z") if noisy else ("g",),
+        noise={"z": float(noise_std)} if noisy else {},
+        public=frozenset({"x0"}) if public_x0 else frozenset(),
+        name="dpsgd",
+    )
+
+
+def unroll(rec: Recursion, rounds: int) -> Iterable[tuple[int, np.ndarray]]:
+    """Yield (t, Φ_t) for t = 0 … ``rounds``: Φ_t (S × V) is the dense coefficient matrix of
+    the states s_t over :meth:`Recursion.variables` (``rounds``): s_t = Φ_t v."""
+    S, P = rec.S, rec.P
+    V = S + rounds * P
+    phi = np.zeros((S, V))
+    phi[:, :S] = np.eye(S)
+    yield 0, phi
+    for t in range(1, rounds + 1):
+        A, B = rec.step(t)
+        phi = np.asarray(A @ phi)
+        if B is not None:
+            off = S + (t - 1) * P
+            phi[:, off : off + P] += B.toarray()
+        yield t, phi
+
+
+# -- what the coalition receives -------------------------------------------------------------
+@dataclass(frozen=True)
+class Message:
+    """One recorded value: component ``component`` of agent ``src``'s state s_t, received by
+    ``receivers`` (coalition members; ``(src,)`` for a member's own state). A broadcast value
+    received by several members is one row."""
+
+    t: int
+    src: int
+    component: str = "x"
+    receivers: tuple[int, ...] = ()
+
+
+def _members(coalition: Collection[int], n: int) -> list[int]:
+    members = sorted({int(a) for a in coalition})
+    if not members:
+        raise PrivauditError("the coalition is empty; name at least one attacking agent")
+    bad = [a for a in members if not 0 <= a < n]
+    if bad:
+        raise PrivauditError(f"coalition agents {bad} are not in 0..{n - 1}; use agent indices")
+    return members
+
+
+def gossip_messages(
+    adj: Matrix,
+    coalition: Collection[int],
+    rounds: Iterable[int],
+    component: str = "x",
+    own: Sequence[str] | None = ("x",),
+) -> list[Message]:
+    """The messages a coalition records when every agent sends state component ``component``
+    to its neighbours at each state index in ``rounds`` (``adj``: adjacency or W, off-diagonal
+    non-zeros are edges): one row per (t, j) with j ∉ A a neighbour of some member, plus each
+    member's own state components ``own`` (known to it; None: none) — redundant for plain
+    gossip, informative when a state mixes values the member never sees."""
+    a = _csr(adj)
+    n = a.shape[0]
+    members = _members(coalition, n)
+    inside = set(members)
+    heard: dict[int, list[int]] = {}
+    for m in members:
+        for j in a[m].indices.tolist():
+            if j != m and j not in inside:
+                heard.setdefault(j, []).append(m)
+    out: list[Message] = []
+    for t in sorted(set(int(t) for t in rounds)):
+        out += [Message(t, j, component, tuple(sorted(r))) for j, r in sorted(heard.items())]
+        for c in own or ():
+            out += [Message(t, m, c, (m,)) for m in members]
+    return out
+
+
+# -- the linear system ------------------------------------------------------------------------
+@dataclass
+class LinearSystem:
+    """The coalition's knowledge: row r reads y_r = K[r] u + C[r] k + M[r] z (module docstring).
+
+    rows:      the recorded Message of each row.
+    unknowns:  keys of K's columns (every variable neither known nor noise, used or not).
+    K:         (R × U) CSR, coefficients of the unknowns.
+    known:     keys of C's columns (the coalition's own variables, public ones).
+    C:         (R × Kn) CSR, coefficients of the known variables (moved to the right side).
+    noise:     keys of M's columns (unknown noise inputs).
+    M:         (R × Z) CSR, noise coefficients times the noise std: the rows' noise
+               covariance is M Mᵀ.
+    """
+
+    recursion: Recursion
+    rounds: int
+    coalition: tuple[int, ...]
+    rows: list[Message]
+    unknowns: list[Key]
+    K: sp.csr_matrix
+    known: list[Key]
+    C: sp.csr_matrix
+    noise: list[Key]
+    M: sp.csr_matrix
+    _where: dict[Key, tuple[str, int]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for role, keys in (("unknown", self.unknowns), ("known", self.known)):
+            self._where.update({k: (role, i) for i, k in enumerate(keys)})
+        self._where.update({k: ("noise", i) for i, k in enumerate(self.noise)})
+
+    def role(self, key: Key) -> str:
+        """``unknown``, ``known``, ``noise`` or ``absent`` (a noise input of std 0, a round
+        past the system's)."""
+        return self._where.get(tuple(key), ("absent", -1))[0]
+
+    def index(self, key: Key) -> int:
+        """Column of ``key`` among the unknowns."""
+        role, i = self._where.get(tuple(key), ("absent", -1))
+        if role != "unknown":
+            raise PrivauditError(f"{key} is not an unknown of this system (it is {role})")
+        return i
+
+    def covariance(self) -> np.ndarray:
+        """Σ = M Mᵀ (R × R): the rows' noise covariance per coordinate."""
+        return np.asarray((self.M @ self.M.T).todense())
+
+    def observed(self, states: Tensor | np.ndarray) -> np.ndarray:
+        """The rows' payloads (R × d) read off a trajectory ``states`` (T + 1, S, d), e.g.
+        from :func:`simulate` — what the coalition would have recorded."""
+        s = _array(states)
+        idx = [self.recursion.component(m.component) * self.recursion.n + m.src for m in self.rows]
+        ts = [m.t for m in self.rows]
+        return s[ts, idx].reshape(len(self.rows), -1)
+
+    def rhs(
+        self,
+        observed: Tensor | np.ndarray,
+        known_values: Mapping[Key, Any] | Callable[[Key], Any] | None = None,
+    ) -> np.ndarray:
+        """y − C k (R × d): the observed payloads (R × d, or (R,) for d = 1, in ``rows``
+        order) minus the known variables' part. ``known_values`` maps each known key with a
+        non-zero coefficient to its value (a d-vector); a missing one is refused."""
+        y = _array(observed)
+        y = y.reshape(len(self.rows), -1) if y.ndim == 1 else y
+        if y.shape[0] != len(self.rows):
+            raise PrivauditError(
+                f"observed has {y.shape[0]} rows but the system has {len(self.rows)}; pass "
+                "one payload per row, in LinearSystem.rows order"
+            )
+        used = np.unique(self.C.indices)
+        if used.size == 0:
+            return y
+        if known_values is None:
+            k0 = self.known[int(used[0])]
+            raise PrivauditError(
+                f"the rows involve {used.size} known variables such as {k0}; pass their "
+                "values as known_values={key: vector}"
+            )
+        get = known_values if callable(known_values) else known_values.get
+        vals = np.zeros((len(self.known), y.shape[1]))
+        for i in used.tolist():
+            v = get(self.known[i])
+            if v is None:
+                raise PrivauditError(
+                    f"known_values lacks {self.known[i]}, which the coalition knows and the "
+                    "rows involve; add its value"
+                )
+            vals[i] = _array(v).reshape(-1)
+        return y - np.asarray(self.C @ vals)
+
+    def functional(self, coeffs: Mapping[Key, float]) -> tuple[np.ndarray, ...]:
+        """Split a linear functional Σ c_key · key of the variables into its (unknown, known,
+        noise) coefficient vectors; noise coefficients are scaled by their std like M."""
+        cu, ck, cz = (
+            np.zeros(len(self.unknowns)),
+            np.zeros(len(self.known)),
+            np.zeros(len(self.noise)),
+        )
+        for key, c in coeffs.items():
+            role, i = self._where.get(tuple(key), ("absent", -1))
+            if role == "unknown":
+                cu[i] += c
+            elif role == "known":
+                ck[i] += c
+            elif role == "noise":
+                cz[i] += c * self.recursion.noise[key[0]]
+        return cu, ck, cz
+
+
+def _array(v: Any) -> np.ndarray:
+    if isinstance(v, Tensor):
+        return v.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(v, dtype=np.float64)
+
+
+def _default_known(rec: Recursion, members: set[int]) -> Callable[[Key], bool]:
+    return lambda key: key[1] in members or key[0] in rec.public
+
+
+def knowledge(
+    rec: Recursion,
+    coalition: Collection[int],
+    messages: Sequence[Message],
+    rounds: int | None = None,
+    known: Callable[[Key], bool] | None = None,
+) -> LinearSystem:
+    """The coalition's linear system from the recorded ``messages`` (:func:`gossip_messages`).
+
+    Unrolls ``rec`` to ``rounds`` (default: the last message's round) and gives each message
+    its row of Φ_t. A variable is known when ``known(key)`` (default: its agent is a member,
+    or its kind is in ``rec.public``); else noise when its kind is in ``rec.noise`` (std > 0;
+    std 0: left out), else unknown. Rows that involve no unknown and no noise carry no
+    information and are dropped."""
+    n = rec.n
+    members = _members(coalition, n)
+    msgs = list(messages)
+    if not msgs:
+        raise PrivauditError("no messages recorded; give the coalition at least one round")
+    last = max(m.t for m in msgs)
+    rounds = last if rounds is None else int(rounds)
+    if min(m.t for m in msgs) < 0 or last > rounds:
+        raise PrivauditError(
+            f"messages span rounds {min(m.t for m in msgs)}..{last}, outside 0..{rounds}; "
+            "raise rounds or drop those messages"
+        )
+    for m in msgs:
+        rec.component(m.component)
+        if not 0 <= m.src < n:
+            raise PrivauditError(f"message sender {m.src} is not in 0..{n - 1}")
+    is_known = known or _default_known(rec, set(members))
+    keys = rec.variables(rounds)
+    role = np.empty(len(keys), dtype=object)
+    for i, key in enumerate(keys):
+        if is_known(key):
+            role[i] = "known"
+        elif key[0] in rec.noise:
+            role[i] = "noise" if rec.noise[key[0]] > 0 else "absent"
+        else:
+            role[i] = "unknown"
+    by_t: dict[int, list[int]] = {}
+    for i, m in enumerate(msgs):
+        by_t.setdefault(m.t, []).append(i)
+    coef = np.zeros((len(msgs), len(keys)))
+    for t, phi in unroll(rec, rounds):
+        for i in by_t.get(t, []):
+            coef[i] = phi[rec.component(msgs[i].component) * n + msgs[i].src]
+    scale = np.array([rec.noise.get(k[0], 1.0) for k in keys])
+    part = {r: np.flatnonzero(role == r) for r in ("unknown", "known", "noise")}
+    informative = (
+        np.abs(coef[:, np.concatenate([part["unknown"], part["noise"]])]).max(1, initial=0.0) > 0
+    )
+    coef = coef[informative]
+    rows = [m for m, keep in zip(msgs, informative.tolist(), strict=True) if keep]
+
+    def block(r: str, s: np.ndarray | float = 1.0) -> sp.csr_matrix:
+        return sp.csr_matrix(coef[:, part[r]] * s)
+
+    return LinearSystem(
+        recursion=rec,
+        rounds=rounds,
+        coalition=tuple(members),
+        rows=rows,
+        unknowns=[keys[i] for i in part["unknown"]],
+        K=block("unknown"),
+        known=[keys[i] for i in part["known"]],
+        C=block("known"),
+        noise=[keys[i] for i in part["noise"]],
+        M=block("noise", scale[part["noise"]]),
+    )
+
+
+def state_functional(system: LinearSystem, t: int, agent: int, component: str = "x") -> dict:
+    """The coefficients {key: c} of state s_t[component, agent] over the variables: a target
+    for :func:`estimate` (e.g. x^k_{t-1}, the point an update's Observation is taken at)."""
+    rec = system.recursion
+    if not 0 <= t <= system.rounds:
+        raise PrivauditError(f"round {t} is outside the system's 0..{system.rounds}")
+    keys = rec.variables(t)
+    row = rec.component(component) * rec.n + agent
+    for s, phi in unroll(rec, t):
+        if s == t:
+            return {keys[i]: float(phi[row, i]) for i in np.flatnonzero(phi[row])}
+    raise AssertionError("unreachable")
+
+
+def simulate(rec: Recursion, rounds: int, values: Mapping[Key, Any], d: int = 1) -> np.ndarray:
+    """Run the recursion forward (no unrolling): states (rounds + 1, S, d) from ``values``
+    of the variables (missing ones are 0). The ground truth of tests and benchmarks."""
+    n = rec.n
+    s = np.zeros((rounds + 1, rec.S, d))
+    for ci, c in enumerate(rec.state):
+        for k in range(n):
+            v = values.get((f"{c}0", k, 0))
+            if v is not None:
+                s[0, ci * n + k] = _array(v).reshape(-1)
+    for t in range(1, rounds + 1):
+        A, B = rec.step(t)
+        s[t] = A @ s[t - 1]
+        if B is not None:
+            u = np.zeros((rec.P, d))
+            for ci, c in enumerate(rec.inputs):
+                for k in range(n):
+                    v = values.get((c, k, t))
+                    if v is not None:
+                        u[ci * n + k] = _array(v).reshape(-1)
+            s[t] += B @ u
+    return s
+
+
+# -- identifiability ------------------------------------------------------------------------
+@dataclass
+class Identifiability:
+    """Which unknowns the coalition can reconstruct.
+
+    unknowns:      the system's unknown keys (order of ``identifiable`` and ``leverage``).
+    identifiable:  bool per unknown: e_u ∈ row(K).
+    leverage:      ‖Q_kᵀ e_u‖² ∈ [0, 1] (1 when identifiable); exactly 0/1 for ``exact``.
+    rank:          rank of K (numerical at ``rtol`` for ``qr``).
+    method:        ``qr`` or ``exact``.
+    """
+
+    system: LinearSystem
+    unknowns: list[Key]
+    identifiable: np.ndarray
+    leverage: np.ndarray
+    rank: int
+    method: str
+    _qr: dict[str, Any] | None = field(default=None, repr=False)
+
+    def keys(self, kind: str | None = None) -> list[Key]:
+        """Identifiable unknowns (of ``kind`` when given)."""
+        return [
+            k
+            for k, ok in zip(self.unknowns, self.identifiable.tolist(), strict=True)
+            if ok and (kind is None or k[0] == kind)
+        ]
+
+    def status(self, key: Key) -> str:
+        """``identifiable``, ``hidden`` (an unknown outside row(K)), ``known``, ``noise`` or
+        ``absent``."""
+        role = self.system.role(key)
+        if role != "unknown":
+            return role
+        return "identifiable" if self.identifiable[self.system.index(key)] else "hidden"
+
+    def table(self, kind: str) -> tuple[np.ndarray, list[int]]:
+        """(n × rounds) int8 table for one variable kind: 1 identifiable, 0 hidden, −1 known
+        (or noise/absent), and the rounds of its columns."""
+        every = self.system.recursion.variables(self.system.rounds)
+        rounds = sorted({k[2] for k in every if k[0] == kind})
+        if not rounds:
+            raise PrivauditError(f"the system has no variables of kind {kind!r}")
+        out = np.full((self.system.recursion.n, len(rounds)), -1, dtype=np.int8)
+        col = {r: i for i, r in enumerate(rounds)}
+        for key, ok in zip(self.unknowns, self.identifiable.tolist(), strict=True):
+            if key[0] == kind:
+                out[key[1], col[key[2]]] = int(ok)
+        return out, rounds
+
+    def per_agent(self, kind: str) -> dict[int, list[int]]:
+        """{agent: rounds whose ``kind`` variable is identifiable} for every non-member."""
+        tab, rounds = self.table(kind)
+        return {
+            k: [r for r, v in zip(rounds, tab[k].tolist(), strict=True) if v == 1]
+            for k in range(tab.shape[0])
+            if k not in self.system.coalition
+        }
+
+
+def _scaled(system: LinearSystem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(K restricted to used columns, rows scaled to unit norm; the row scales; used cols)."""
+    K = system.K
+    used = np.unique(K.indices)
+    Kd = np.asarray(K[:, used].todense()) if used.size else np.zeros((K.shape[0], 0))
+    norms = np.linalg.norm(Kd, axis=1)
+    dscale = 1.0 / np.where(norms > 0, norms, 1.0)  # an all-zero row (noise only) keeps 1
+    return Kd * dscale[:, None], dscale, used
+
+
+def identifiability(
+    system: LinearSystem, method: str = "qr", rtol: float = 1e-9, ltol: float = 1e-10
+) -> Identifiability:
+    """Which unknowns are identifiable: e_u ∈ row(K) (El Mrini et al. 2024's criterion).
+
+    ``qr``: K' (K's rows scaled to unit norm, its used columns) as K' = V S Bᵀ, from a QR of
+    K'ᵀ and an SVD of its small triangular factor; rank k = #{σ_i > ``rtol``·σ_1}, Q_k =
+    B[:, :k] an orthonormal basis of row(K), u identifiable iff its leverage ‖Q_kᵀ e_u‖² >
+    1 − ``ltol``. Floating point: an unknown that gossip has mixed beyond ``rtol`` (its
+    coefficients shrink like w^distance) counts as hidden, which is also what a float solver
+    can recover.
+    ``exact``: rank and identifiability over GF(2³¹ − 1) (:func:`exact_identifiability`)."""
+    if method == "exact":
+        return exact_identifiability(system)
+    if method != "qr":
+        raise PrivauditError(f"unknown identifiability method {method!r}; use qr or exact")
+    U = len(system.unknowns)
+    Ks, dscale, used = _scaled(system)
+    R = Ks.shape[0]
+    lev = np.zeros(U)
+    basis, sv, right = np.zeros((used.size, 0)), np.zeros(0), np.zeros((0, R))
+    if used.size and R:
+        # K'ᵀ = Q₁ R₁ (BLAS-3 QR of the tall side), then the small R₁ = U₂ S V₂ᵀ: an SVD of
+        # K' without forming it, K'ᵀ = (Q₁ U₂) S V₂ᵀ
+        Q1, R1 = sla.qr(Ks.T, mode="economic")
+        U2, sv, right = sla.svd(R1, full_matrices=False, lapack_driver="gesdd")
+        k = int((sv > rtol * sv[0]).sum()) if sv[0] > 0 else 0
+        basis, sv, right = Q1 @ U2[:, :k], sv[:k], right[:k]
+    lev[used] = (basis**2).sum(1)
+    ident = lev > 1 - ltol
+    cache = dict(basis=basis, sv=sv, right=right, dscale=dscale, used=used, ltol=ltol)
+    return Identifiability(system, list(system.unknowns), ident, lev, sv.size, "qr", cache)
+
+
+def _to_field(x: float, p: int = PRIME) -> int:
+    """A float coefficient as an element of GF(p), through the rational it represents: the
+    nearest fraction of denominator ≤ 2²⁰ (Metropolis–Hastings weights 1/(1 + d), step sizes
+    such as 0.05) when it matches to rounding; an irrational one (a Chebyshev ω) is refused,
+    since its best such fraction is typically off by ~2⁻⁴⁰."""
+    fr = Fraction(x).limit_denominator(1 << 20)
+    if abs(float(fr) - x) > 4 * np.finfo(float).eps * max(1.0, abs(x)):
+        raise PrivauditError(
+            f"coefficient {x!r} is not a simple rational, so the exact analysis cannot use "
+            "it; use identifiability(system, method='qr')"
+        )
+    return fr.numerator % p * pow(fr.denominator, p - 2, p) % p
+
+
+def _field_matrix(m: sp.csr_matrix, p: int, memo: dict[float, int]) -> sp.coo_matrix:
+    m = m.tocoo()
+    vals = [memo.get(v) for v in m.data.tolist()]
+    for i, v in enumerate(vals):
+        if v is None:
+            vals[i] = memo[float(m.data[i])] = _to_field(float(m.data[i]), p)
+    data = np.array(vals, dtype=np.int64)
+    return sp.coo_matrix((data, (m.row, m.col)), shape=m.shape)
+
+
+def _field_rows(system: LinearSystem, p: int) -> np.ndarray:
+    """K over GF(p), re-unrolled from the recursion's rational coefficients (int64)."""
+    rec = system.recursion
+    S, P = rec.S, rec.P
+    keys = rec.variables(system.rounds)
+    V = len(keys)
+    phi = np.zeros((S, V), dtype=np.int64)
+    phi[np.arange(S), np.arange(S)] = 1
+    rows = np.zeros((len(system.rows), V), dtype=np.int64)
+    by_t: dict[int, list[int]] = {}
+    for i, m in enumerate(system.rows):
+        by_t.setdefault(m.t, []).append(i)
+
+    def take(t: int) -> None:
+        for i in by_t.get(t, []):
+            m = system.rows[i]
+            rows[i] = phi[rec.component(m.component) * rec.n + m.src]
+
+    take(0)
+    memo: dict[float, int] = {}
+    for t in range(1, system.rounds + 1):
+        A, B = rec.step(t)
+        A = _field_matrix(A, p, memo)
+        new = np.zeros_like(phi)
+        for i, j, a in zip(A.row.tolist(), A.col.tolist(), A.data.tolist(), strict=True):
+            new[i] = (new[i] + a * phi[j]) % p
+        if B is not None:
+            B = _field_matrix(B, p, memo)
+            off = S + (t - 1) * P
+            for i, j, b in zip(B.row.tolist(), B.col.tolist(), B.data.tolist(), strict=True):
+                new[i, off + j] = (new[i, off + j] + b) % p
+        phi = new
+        take(t)
+    col = {k: i for i, k in enumerate(keys)}
+    return rows[:, [col[k] for k in system.unknowns]]
+
+
+def rref_mod(M: np.ndarray, p: int = PRIME) -> tuple[np.ndarray, list[int]]:
+    """Reduced row echelon form of an int64 matrix over GF(p) (p < 2³¹), and its pivot
+    columns. Column by column; each pivot clears its column in every other row (residues
+    below 2³¹, so a product and a difference fit in int64)."""
+    M = np.array(M, dtype=np.int64) % p
+    R, U = M.shape
+    pivots: list[int] = []
+    row = 0
+    for c in range(U):
+        if row == R:
+            break
+        nz = np.flatnonzero(M[row:, c])
+        if nz.size == 0:
+            continue
+        i = row + int(nz[0])
+        if i != row:
+            M[[row, i]] = M[[i, row]]
+        M[row, c:] = M[row, c:] * pow(int(M[row, c]), p - 2, p) % p
+        f = M[:, c].copy()
+        f[row] = 0
+        hit = np.flatnonzero(f)
+        if hit.size > R // 2:  # most rows: whole-slice updates, no gather/scatter
+            block = M[:, c:]
+            block -= np.multiply.outer(f, M[row, c:])
+            block %= p
+        elif hit.size:
+            M[hit, c:] = (M[hit, c:] - f[hit, None] * M[row, c:]) % p
+        pivots.append(c)
+        row += 1
+    return M, pivots
+
+
+def exact_identifiability(system: LinearSystem, p: int = PRIME) -> Identifiability:
+    """Identifiability with exact arithmetic over GF(p): K's rows are re-unrolled from the
+    recursion's rational coefficients (refused when one is not a simple rational, e.g. a
+    Chebyshev ω), reduced to RREF, and e_u ∈ row(K) iff the RREF row whose pivot is u has no
+    other non-zero (a non-pivot column is never in the row space). Equal to the rational
+    answer unless p divides a minor of K."""
+    Kp = _field_rows(system, p)
+    U = Kp.shape[1]
+    used = np.flatnonzero(Kp.any(0))
+    ident = np.zeros(U, dtype=bool)
+    rank = 0
+    if used.size and Kp.shape[0]:
+        red, piv = rref_mod(Kp[:, used], p)
+        rank = len(piv)
+        for r, c in enumerate(piv):
+            ident[used[c]] = np.count_nonzero(red[r]) == 1
+    return Identifiability(
+        system, list(system.unknowns), ident, ident.astype(float), rank, "exact", None
+    )
+
+
+# -- solving ----------------------------------------------------------------------------------
+@dataclass
+class Recovered:
+    """One reconstructed linear quantity: what an Observation needs.
+
+    key:        the variable (or a label for a functional).
+    value:      the estimate, a float64 (d,) tensor (``target`` of an Observation, after the
+                defense's own scaling, e.g. a gradient g = value).
+    noise_std:  per-coordinate std of the estimate's error (0: exact up to rounding).
+    meta:       ``exact`` (noise_std == 0), ``rank``, ``gain`` (‖r‖₂, the amplification of
+                unit row noise), ``rows`` (messages with a non-zero weight, as (t, src)).
+    """
+
+    key: Any
+    value: Tensor
+    noise_std: float
+    meta: dict[str, Any]
+
+
+@dataclass
+class Recovery:
+    """Estimates of several targets: ``values`` (q × d), per-coordinate ``std`` (q,), the
+    weights ``weights`` (q × R: value = weights @ (y − C k)) and ``keys`` naming each."""
+
+    keys: list[Any]
+    values: np.ndarray
+    std: np.ndarray
+    weights: np.ndarray
+    rank: int
+    rows: list[Message]
+
+    def __getitem__(self, key: Any) -> Recovered:
+        try:
+            i = self.keys.index(key)
+        except ValueError:
+            raise PrivauditError(f"{key} was not recovered (not identifiable)") from None
+        w = self.weights[i]
+        used = [(m.t, m.src) for m, x in zip(self.rows, w.tolist(), strict=True) if x != 0]
+        meta = dict(
+            exact=bool(self.std[i] == 0),
+            rank=self.rank,
+            gain=float(np.linalg.norm(w)),
+            rows=used,
+        )
+        return Recovered(key, torch.from_numpy(self.values[i].copy()), float(self.std[i]), meta)
+
+    def recovered(self) -> list[Recovered]:
+        """One :class:`Recovered` per target, in ``keys`` order."""
+        return [self[k] for k in self.keys]
+
+
+def _row_cov(system: LinearSystem, row_cov: Matrix | None) -> np.ndarray | None:
+    """Extra row covariance: None, per-row stds (R,), or a dense/sparse (R × R) matrix."""
+    if row_cov is None:
+        return None
+    R = len(system.rows)
+    c = np.asarray(row_cov.todense()) if sp.issparse(row_cov) else _array(row_cov)
+    if c.ndim == 1:
+        if c.shape != (R,) or (c < 0).any():
+            raise PrivauditError(f"row_cov as stds needs {R} non-negative values, got {c.shape}")
+        return np.diag(c**2)
+    if c.shape != (R, R):
+        raise PrivauditError(f"row_cov must be ({R}, {R}) or ({R},) stds, got {c.shape}")
+    return c
+
+
+def estimate(
+    system: LinearSystem,
+    targets: Sequence[Mapping[Key, float]],
+    observed: Tensor | np.ndarray,
+    known_values: Mapping[Key, Any] | Callable[[Key], Any] | None = None,
+    analysis: Identifiability | None = None,
+    row_cov: Matrix | None = None,
+    names: Sequence[Any] | None = None,
+) -> Recovery:
+    """Best linear unbiased estimates of linear functionals c of the variables.
+
+    For each target c = (c_u, c_k, c_z) (:meth:`LinearSystem.functional`), c_u must lie in
+    row(K) (refused otherwise, naming it). Among r with Kᵀ r = c_u (unbiased for every u)
+    the one minimising the error variance ‖Mᵀ r − c_z‖² + rᵀ Σ_extra r is taken: r = r_0 + Z a
+    with r_0 the min-norm solution and Z a basis of null(Kᵀ) (GLS; noise-free rows:
+    r = r_0). The estimate is rᵀ (y − C k) + c_kᵀ k, its per-coordinate std the square root
+    of that variance. ``analysis``: a ``qr`` :func:`identifiability` of ``system`` to reuse;
+    ``row_cov``: extra row noise, per-row stds (R,) or a covariance (R × R)."""
+    if analysis is None or analysis._qr is None:
+        analysis = identifiability(system)
+    qr = analysis._qr
+    names = list(names) if names is not None else list(range(len(targets)))
+    split = [system.functional(c) for c in targets]
+    q, R, k = len(split), len(system.rows), analysis.rank
+    Cu = np.array([s[0] for s in split]).reshape(q, len(system.unknowns))
+    Ck = np.array([s[1] for s in split]).reshape(q, len(system.known))
+    Cz = np.array([s[2] for s in split]).reshape(q, len(system.noise))
+    used, dscale, Qk = qr["used"], qr["dscale"], qr["basis"]
+    # the unknown part must lie in row(K) = span(Q_k), to the analysis' leverage tolerance
+    b = Qk.T @ Cu[:, used].T  # (k × q)
+    resid = np.linalg.norm(Cu[:, used].T - Qk @ b, axis=0) if q else np.zeros(0)
+    resid = resid + np.linalg.norm(np.delete(Cu, used, axis=1), axis=1)
+    bad = np.flatnonzero(resid**2 > qr["ltol"] * np.linalg.norm(Cu, axis=1) ** 2)
+    if bad.size:
+        raise PrivauditError(
+            f"target {names[int(bad[0])]} is not identifiable from the coalition's messages "
+            "(its unknown part is outside the knowledge matrix's row space); estimate only "
+            "Identifiability.keys()"
+        )
+    # K'ᵀ = Q_k S_k V_kᵀ: K'ᵀ r' = c_u ⇔ S_k V_kᵀ r' = Q_kᵀ c_u, min-norm r' = V_k S_k⁻¹ b;
+    # null(K'ᵀ) = V_k's orthogonal complement. Rows: K' = D K, so r = D r'.
+    right = qr["right"]
+    weights = ((right.T @ (b / qr["sv"][:, None])) * dscale[:, None]).T
+    extra = _row_cov(system, row_cov)
+    M = system.M.toarray()
+    Sigma = M @ M.T + (0.0 if extra is None else extra)
+    if k < R and q and np.abs(Sigma).max(initial=0.0) > 0:
+        Z = sla.qr(right.T, mode="full")[0][:, k:] if k else np.eye(R)
+        Z = Z * dscale[:, None]
+        G = Z.T @ Sigma @ Z
+        h = Z.T @ (Sigma @ weights.T - M @ Cz.T)
+        weights = weights - (Z @ np.linalg.lstsq(G, h, rcond=None)[0]).T
+    y = system.rhs(observed, known_values)
+    values = weights @ y
+    for j in np.flatnonzero(np.abs(Ck).max(0, initial=0.0) > 0).tolist():
+        get = known_values if callable(known_values) else (known_values or {}).get
+        v = get(system.known[j])
+        if v is None:
+            raise PrivauditError(f"known_values lacks {system.known[j]}, which a target uses")
+        values = values + np.outer(Ck[:, j], _array(v).reshape(-1))
+    err = weights @ M - Cz
+    var = (err**2).sum(1)
+    if extra is not None:
+        var = var + np.einsum("qr,rs,qs->q", weights, extra, weights)
+    # rounding: a variance at the level of float error against the noise it cancelled is 0
+    level = np.abs(M).max(initial=0.0) ** 2 + (0.0 if extra is None else np.abs(extra).max())
+    var[var <= 1e-18 * ((weights**2).sum(1) * level + (Cz**2).sum(1))] = 0.0
+    return Recovery(names, values, np.sqrt(np.maximum(var, 0.0)), weights, k, list(system.rows))
+
+
+def solve(
+    system: LinearSystem,
+    observed: Tensor | np.ndarray,
+    known_values: Mapping[Key, Any] | Callable[[Key], Any] | None = None,
+    analysis: Identifiability | None = None,
+    row_cov: Matrix | None = None,
+    keys: Sequence[Key] | None = None,
+) -> Recovery:
+    """Recover every identifiable unknown (or ``keys``, each of which must be identifiable):
+    exact in the noise-free case, GLS with its std otherwise (:func:`estimate` with
+    e_u as targets)."""
+    if analysis is None or analysis._qr is None:
+        analysis = identifiability(system)
+    keys = list(keys) if keys is not None else analysis.keys()
+    targets = [{key: 1.0} for key in keys]
+    for key in keys:
+        system.index(key)
+    return estimate(system, targets, observed, known_values, analysis, row_cov, names=keys)

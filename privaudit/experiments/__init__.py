@@ -1,0 +1,10 @@
+"""Experiment drivers: they run the engine to measure something (imports as
+``privaudit.experiments``).
+
+- :mod:`.audit`: the white-box and one-run canary audits (re-runs of rounds with canaries);
+- :mod:`.claims`: the claims ledger (every defense's claim against accounting and audit);
+- :mod:`.reference`: centralised DP-SGD and non-private references beside a decentralised run.
+
+Scoring that needs no engine — metrics, bounds, figures, membership scores — lives in
+:mod:`privaudit.eval`.
+"""
