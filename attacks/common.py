@@ -23,10 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
-from rich.progress import Progress
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from privaudit.core import text
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
 
@@ -392,10 +392,6 @@ def best_restart(losses: Tensor, restarts: int) -> Tensor:
 @contextmanager
 def progress_bar(enabled: bool, total: int, description: str) -> Iterator[Callable[[], None]]:
     """A rich progress bar when ``enabled``; yields ``advance()``."""
-    if not enabled:
-        yield lambda: None
-        return
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task(description, total=total)
+    bar, task = text.progress(total, description, enabled)
+    with bar:
         yield lambda: bar.advance(task)

@@ -9,8 +9,9 @@ matrix* — and an agent's private value is reconstructable exactly when its can
 e_u lies in the row space of that matrix, even when the agent is no neighbour of A. This
 module is that machinery, independent of any defense:
 
-1. **A linear recursion** (:class:`Recursion`): per-agent states s_t ∈ R^S (S = n·#components)
-   driven by per-agent inputs u_t ∈ R^P (P = n·#kinds),
+1. **A linear recursion** (:class:`Recursion`, defined with its builders in
+   :mod:`privaudit.core.recursion` so that defenses can state theirs): per-agent states
+   s_t ∈ R^S (S = n·#components) driven by per-agent inputs u_t ∈ R^P (P = n·#kinds),
 
        s_t = A_t s_{t-1} + B_t u_t,     t = 1, …, T,     s_0 the initial states,
 
@@ -18,7 +19,8 @@ module is that machinery, independent of any defense:
    on agents, not on coordinates). A defense states its linear structure once, as a
    function ``t ↦ (A_t, B_t)``; :func:`averaging` (x^t = W x^{t-1}, El Mrini et al.'s gossip
    averaging of private values x^0) and :func:`dpsgd` (this project's adapt-then-combine
-   D-PSGD, ``defenses/dsgd.py``: x̃_t = W x̃_{t-1} − η g_t, x̃_1 = x_0 − η g_1) are given.
+   D-PSGD, ``defenses/dsgd.py``: x̃_t = W x̃_{t-1} − η g_t, x̃_1 = x_0 − η g_1) and
+   :func:`tracking` (gradient tracking, ``dsgt``) are given.
    The unknowns are indexed ``(kind, agent, round)``: ``("x0", k, 0)`` for k's initial state
    (component c: ``(c + "0", k, 0)``) and ``("g", k, t)`` for k's round-t input of kind g.
 2. **Knowledge** (:class:`LinearSystem`, built by :func:`knowledge`): unrolling the
@@ -70,139 +72,18 @@ import torch
 from torch import Tensor
 
 from privaudit.core.errors import PrivauditError
+from privaudit.core.recursion import Key, Matrix, Recursion, as_csr
 
-Key = tuple[str, int, int]  # (kind, agent, round) of one scalar-per-coordinate variable
-Matrix = Any  # an (r, c) torch tensor, numpy array or scipy sparse matrix
+# the recursion vocabulary lives in privaudit.core.recursion (defenses state theirs with it);
+# its builders are re-exported here, where the algebra that solves them is
+from privaudit.core.recursion import averaging as averaging
+from privaudit.core.recursion import dpsgd as dpsgd
+from privaudit.core.recursion import tracking as tracking
+
 PRIME = 2**31 - 1  # the field of the exact analysis (products of two residues fit in int64)
 
 
 # -- the recursion ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Recursion:
-    """A linear recursion s_t = A_t s_{t-1} + B_t u_t (t ≥ 1) on n agents.
-
-    n:          agents.
-    transition: t ↦ (A_t, B_t): A_t is (S × S), B_t is (S × P) or None (no input that round);
-                S = n·len(state), P = n·len(inputs); state index c·n + k is component c of
-                agent k, input index c·n + k is k's input of kind ``inputs[c]``.
-    state:      component names of each agent's state (``("x",)``; ``("x", "v")`` for a
-                momentum method). Component c's initial value is the variable
-                ``(c + "0", k, 0)``.
-    inputs:     input kinds (``("g",)``: the update; add ``"z"`` for noise).
-    noise:      input kinds that are Gaussian noise, with their per-coordinate std: nuisance
-                unknowns of known prior, not targets (module docstring, point 2).
-    public:     variable kinds every participant knows (``"x0"`` when the initial model is
-                shared, as in every defense of this project).
-    """
-
-    n: int
-    transition: Callable[[int], tuple[Matrix, Matrix | None]]
-    state: tuple[str, ...] = ("x",)
-    inputs: tuple[str, ...] = ("g",)
-    noise: Mapping[str, float] = field(default_factory=dict)
-    public: frozenset[str] = frozenset()
-    name: str = "recursion"
-
-    @property
-    def S(self) -> int:
-        return self.n * len(self.state)
-
-    @property
-    def P(self) -> int:
-        return self.n * len(self.inputs)
-
-    def variables(self, rounds: int) -> list[Key]:
-        """Every variable of ``rounds`` rounds, in unrolling order: the initial states, then
-        round 1's inputs, round 2's, …"""
-        keys = [(f"{c}0", k, 0) for c in self.state for k in range(self.n)]
-        for t in range(1, rounds + 1):
-            keys += [(c, k, t) for c in self.inputs for k in range(self.n)]
-        return keys
-
-    def component(self, name: str) -> int:
-        if name not in self.state:
-            raise PrivauditError(
-                f"the {self.name} recursion has no state component {name!r}; "
-                f"use one of: {', '.join(self.state)}"
-            )
-        return self.state.index(name)
-
-    def step(self, t: int) -> tuple[sp.csr_matrix, sp.csr_matrix | None]:
-        """(A_t, B_t) as float64 CSR matrices, shapes checked."""
-        A, B = self.transition(t)
-        A = _csr(A)
-        if A.shape != (self.S, self.S):
-            raise PrivauditError(
-                f"the {self.name} transition A_{t} has shape {A.shape}, expected "
-                f"({self.S}, {self.S}); make it (n·#state, n·#state)"
-            )
-        if B is None:
-            return A, None
-        B = _csr(B)
-        if B.shape != (self.S, self.P):
-            raise PrivauditError(
-                f"the {self.name} transition B_{t} has shape {B.shape}, expected "
-                f"({self.S}, {self.P}); make it (n·#state, n·#inputs)"
-            )
-        return A, B
-
-
-def _csr(m: Matrix) -> sp.csr_matrix:
-    if sp.issparse(m):
-        return sp.csr_matrix(m, dtype=np.float64)
-    if isinstance(m, Tensor):
-        m = m.detach().cpu().to(torch.float64).numpy()
-    return sp.csr_matrix(np.asarray(m, dtype=np.float64))
-
-
-def _mixing(W: Matrix) -> sp.csr_matrix:
-    W = _csr(W)
-    if W.ndim != 2 or W.shape[0] != W.shape[1]:
-        raise PrivauditError(
-            f"the gossip matrix W must be square (got shape {W.shape}); build it with "
-            "metropolis_hastings(adj)"
-        )
-    return W
-
-
-def averaging(W: Matrix) -> Recursion:
-    """Gossip averaging of private values: x^t = W x^{t-1}, x^0 private, no inputs — El Mrini
-    et al.'s first setting. The message of round t + 1 is x^t (state index t)."""
-    Wm = _mixing(W)
-    return Recursion(n=Wm.shape[0], transition=lambda t: (Wm, None), inputs=(), name="averaging")
-
-
-def dpsgd(W: Matrix, lr: float, noise_std: float = 0.0, public_x0: bool = True) -> Recursion:
-    """This project's D-PSGD (``defenses/dsgd.py``, adapt-then-combine, Lian et al. 2017) as
-    a recursion on the gossiped half-step x̃ (the ``half-model`` message of round t is state
-    index t):
-
-        x̃_1 = x_0 − η g_1,     x̃_t = W x̃_{t-1} − η g_t   (t ≥ 2),
-
-    since x_{t-1} = W x̃_{t-1} and x̃_t = x_{t-1} − η ∇F(x_{t-1}); ``("g", k, t)`` is k's
-    round-t batch gradient at x^k_{t-1}, the quantity ``DSGD.observe`` recovers from one
-    message. ``noise_std`` > 0 adds an input ``z`` ~ N(0, noise_std²) per agent and round
-    (x̃_t = … − η g_t + z_t: Gaussian noise on the gossiped model, as in Muffliato with one
-    gossip step). ``public_x0``: the shared initial model is known to everyone (``x0``)."""
-    Wm = _mixing(W)
-    n = Wm.shape[0]
-    eye = sp.identity(n, format="csr")
-    noisy = noise_std > 0
-    step = sp.hstack([-lr * eye, eye], format="csr") if noisy else -lr * eye
-
-    def transition(t: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-        return (eye if t == 1 else Wm), step
-
-    return Recursion(
-        n=n,
-        transition=transition,
-        inputs=("g", "z") if noisy else ("g",),
-        noise={"z": float(noise_std)} if noisy else {},
-        public=frozenset({"x0"}) if public_x0 else frozenset(),
-        name="dpsgd",
-    )
-
-
 def unroll(rec: Recursion, rounds: int) -> Iterable[tuple[int, np.ndarray]]:
     """Yield (t, Φ_t) for t = 0 … ``rounds``: Φ_t (S × V) is the dense coefficient matrix of
     the states s_t over :meth:`Recursion.variables` (``rounds``): s_t = Φ_t v."""
@@ -255,7 +136,7 @@ def gossip_messages(
     non-zeros are edges): one row per (t, j) with j ∉ A a neighbour of some member, plus each
     member's own state components ``own`` (known to it; None: none) — redundant for plain
     gossip, informative when a state mixes values the member never sees."""
-    a = _csr(adj)
+    a = as_csr(adj)
     n = a.shape[0]
     members = _members(coalition, n)
     inside = set(members)

@@ -30,6 +30,7 @@ from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.params import ParamSpec
 from privaudit.core.privacy import Privacy, no_noise
+from privaudit.core.recursion import Recursion
 from privaudit.core.threat import View
 from privaudit.grads import clip_rows
 from privaudit.scenario.models import build_model
@@ -239,6 +240,18 @@ class Defense:
         """The Observation of ``src``'s ``kind`` message to ``dst`` in round ``t``, removing
         everything the View makes known (richer threat models see more links)."""
         raise NotImplementedError
+
+    def recursion(self, p: Any, W: Tensor, batch_size: int) -> Recursion | None:
+        """The defense's linear structure, stated once (El Mrini, Cyffers & Bellet, ICML
+        2024): its gossiped messages as a :class:`~privaudit.core.recursion.Recursion`
+        s_t = A_t s_{t-1} + B_t u_t over everyone's initial states and per-round updates,
+        with the message kinds that carry the state, the update an Observation targets and
+        the model it is evaluated at. ``W`` is the mixing matrix, ``batch_size`` the expected
+        batch size B (a noise std on a batch mean is σC/B). The gossip algebra
+        (:func:`privaudit.api.gossip.observe_beyond`) solves it for a coalition's victims at
+        any distance. None (the default): not expressible as one (cross-gradients at
+        neighbours' models, push-sum weights, a non-linear step)."""
+        return None
 
     # -- shared helpers ---------------------------------------------------------------
     def observe_cg(

@@ -24,6 +24,7 @@ implemented here with Metropolis–Hastings W. No momentum, all agents start fro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -31,6 +32,7 @@ from privaudit.core.context import Context, State
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy
+from privaudit.core.recursion import Recursion, dpsgd
 from privaudit.core.threat import View
 from privaudit.defenses.base import (
     Defense,
@@ -104,3 +106,12 @@ class DPDPSGD(Defense):
             clip=p["clip"],
             noise_std=p["sigma"] * p["clip"] / view.public.batch_size,
         )
+
+    def recursion(self, p: Any, W: Tensor, batch_size: int) -> Recursion:
+        """D-PSGD's recursion (:func:`~privaudit.core.recursion.dpsgd`) with ĝ_t = g_t + ζ_t:
+        x̃_t = W x̃_{t-1} − η g_t − η ζ_t, ζ ~ N(0, (σC/B)²) per agent, round and coordinate,
+        i.e. Gaussian noise of std ησC/B on each half-step; g_t is the per-example clipped
+        batch mean (``clip`` C). Only ζ_v^t stays in a recovered g_v^t (the half-steps it is
+        solved from are observed, their noise included), so its std is σC/B, as
+        :meth:`observe` reports."""
+        return dpsgd(W, p.lr, noise_std=p.lr * p.sigma * p.clip / batch_size, clip=p.clip)

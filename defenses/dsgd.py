@@ -8,12 +8,14 @@ Only ``half-model`` (x̃^i_t) crosses a link, in the clear.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
 from privaudit.core.context import Context, State
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
+from privaudit.core.recursion import Recursion, dpsgd
 from privaudit.core.threat import View
 from privaudit.defenses.base import Defense, Params, register
 
@@ -50,3 +52,11 @@ class DSGD(Defense):
         (a neighbour on a complete graph, a covering coalition, global); under ``link`` the
         unseen ones are replaced by x̃^i_{t-1} (:meth:`Defense.observe_half_step`)."""
         return self.observe_half_step(view, t, src, dst)
+
+    def recursion(self, p: Any, W: Tensor, batch_size: int) -> Recursion:
+        """x̃_t = W x̃_{t-1} − η g_t, x̃_1 = x_0 − η g_1 on the ``half-model`` messages
+        (:func:`~privaudit.core.recursion.dpsgd`); g_t = ∇F_i(x^i_{t-1}; ξ^i_t) at
+        x^i_{t-1} = Σ_j w_ij x̃^j_{t-1}. Every message adds one fresh unknown per sender and
+        round, so only a victim whose every neighbour the coalition hears is identifiable
+        (the gossip algebra then agrees with :meth:`observe`, exactly)."""
+        return dpsgd(W, p.lr)

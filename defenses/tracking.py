@@ -66,6 +66,7 @@ from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy
+from privaudit.core.recursion import Recursion, tracking
 from privaudit.core.threat import View
 from privaudit.defenses.base import (
     Defense,
@@ -167,6 +168,16 @@ class DSGT(Defense):
         if p.old_grad == "recompute":
             state["x_prev"] = x.clone()
         return state
+
+    def recursion(self, p: Any, W: Tensor, batch_size: int) -> Recursion | None:
+        """Gradient tracking's linear structure with the cached old gradient
+        (:func:`~privaudit.core.recursion.tracking`): θ and γ are gossiped linearly in every
+        agent's gradients, so a coalition recovers agents beyond its neighbours. None for
+        ``old_grad="recompute"`` and for the subclasses, whose added noise (LPPA's shares,
+        DP-DSGT's Laplace) the recursion does not model."""
+        if type(self) is not DSGT or p.old_grad != "cached":
+            return None
+        return tracking(W, p.lr)
 
     # -- what a subclass adds to γ before it is sent (round t) --------------------------
     def inject(self, ctx: Context, p: Any, net: Network, t: int, like: Tensor) -> Tensor | None:

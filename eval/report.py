@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from privaudit.core.files import atomic_write
+from privaudit.core.text import sig
 
 from .figures import save_figure, show_image
 
@@ -44,7 +45,7 @@ METRICS = ("psnr", "ssim", "mse")
 
 def eps_text(v: float | None) -> str:
     """ε for a table: ∞ for None (no accountable noise) and for inf."""
-    return "∞" if v is None or (isinstance(v, float) and math.isinf(v)) else f"{v:.3g}"
+    return sig(v, none="∞")
 
 
 def _inf(v: float | None) -> float:

@@ -80,6 +80,7 @@ DEFERRED = {
     "needs it",
     "nbformat": "notebooks",
     "nbclient": "notebooks",
+    "ray": "optional executor for multi-cell studies",
 }
 # the CLI loads a command's machinery (torch, the engine) only when that command runs, so
 # --help and a bad argument answer at once: its function-level imports of project modules

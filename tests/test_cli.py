@@ -142,6 +142,10 @@ BAD = {
         "photos",
     ),
     "unknown model": (["train", "--defense", "nd", "--model", "vgg", "--out", "{tmp}/x"], "lenet"),
+    "bad memory budget": (
+        ["train", "--defense", "nd", "--max-memory", "lots", "--out", "{tmp}/x"],
+        "--max-memory must be a size",
+    ),
     "unknown topology": (
         ["train", "--defense", "nd", "--topology", "hypercube", "--out", "{tmp}/x"],
         "ring",

@@ -119,7 +119,7 @@ def test_a_plugin_threat_model_and_accountant_work_like_the_built_ins(tmp_path, 
     attack = ["attack", "--threat", "inbox", "--attacker", "1", "--round", "1"]
     attack += ["--iterations", "2", "--no-lpips", *QUIET]
     run = ["--run", str(tmp_path / "rdp")]
-    argv = [*attack, *run, "--target", "dp-dpsgd-model", "--victim", "0"]
+    argv = [*attack, *run, "--target", "dp-dpsgd-half-model", "--victim", "0"]
     code, out, err = run_cli(capsys, *plugins, *argv, "--out", str(tmp_path / "a"))
     assert code == 0, err
     assert json.loads(out)["adversaries"] == ["inbox 1"]
@@ -285,7 +285,8 @@ BROKEN = {  # case → (plugin source, what its one line says)
     ),
     "not registered": (
         defense_source("mine").replace("@register\n", ""),
-        "registers no defense and no attack; fix: decorate your Defense subclass with @",
+        "registers no defense, attack, threat model or accountant; fix: decorate your "
+        "Defense subclass with @",
     ),
     "attack signature": (
         USES + "register_attack('mine', lambda obs: [])\n",

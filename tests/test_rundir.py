@@ -69,7 +69,7 @@ COMMANDS = {
 READS = {
     "attack": {"config.json", MSGS, SECRETS},
     "resume": {"config.json", CKPT, MSGS},  # re-simulates round 3 from round 2, merging
-    "audit": {"config.json", CKPT},
+    "audit": {"config.json", CKPT, MSGS},  # the planner observes the recorded message
 }
 
 

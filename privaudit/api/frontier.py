@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from privaudit.api.sweeps import Sweep, accuracy_path, configure, digest, load_json, plan, run_dir
+from privaudit.api.sweeps import Sweep, accuracy_path, configure, load_json, plan, run_dir
 from privaudit.core.config import RunConfig
-from privaudit.core.files import atomic_write, to_jsonable, write_json
+from privaudit.core.files import atomic_write, digest, to_jsonable, write_json
 from privaudit.eval.report import eps_text, save_png_pdf, style_axes, summarize, target_style
 from privaudit.experiments.reference import reference_for
 from privaudit.sim.run import Run

@@ -42,6 +42,7 @@ from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import to_jsonable, write_json
 from privaudit.eval import membership as M
+from privaudit.eval.labelcounts import count_accuracy, count_tv
 from privaudit.sim.plan import locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
@@ -57,10 +58,6 @@ class Scores:
     members: np.ndarray
     nonmembers: np.ndarray
     messages: list[dict[str, Any]]
-
-
-def _counts(labels: torch.Tensor, classes: int) -> torch.Tensor:
-    return torch.bincount(labels.long().cpu(), minlength=classes)
 
 
 def message_scores(
@@ -101,8 +98,7 @@ def message_scores(
             mu, sd = s_ref.mean(), s_ref.std() or 1.0
             members.append((s_in - mu) / sd)
             nonmembers.append((s_out - mu) / sd)
-            true = _counts(data.train_y[batch], obs.num_classes)
-            guess = _counts(infer_labels(obs, "auto"), obs.num_classes)
+            true, guess = data.train_y[batch], infer_labels(obs, "auto").cpu()
             rows.append(
                 {
                     "round": t,
@@ -111,8 +107,8 @@ def message_scores(
                     "threat": sighting.threat.describe(),
                     "members": len(batch),
                     "auc": M.auc(s_in, s_out) if len(out) else None,
-                    "label_counts_exact": float((true == guess).float().mean()),
-                    "label_tv": float((true - guess).abs().sum()) / (2 * max(int(true.sum()), 1)),
+                    "label_counts_exact": count_accuracy(guess, true, obs.num_classes),
+                    "label_tv": count_tv(guess, true, obs.num_classes),
                 }
             )
     if not members:

@@ -6,7 +6,6 @@ This is the Python API behind ``privaudit attack``; notebooks call it directly.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -15,12 +14,14 @@ from typing import Any
 
 import torch
 
+from privaudit.api.gossip import observe_beyond
 from privaudit.attacks import DEFAULT_ATTACK, run_attack
+from privaudit.core.errors import Unobservable
 from privaudit.core.files import to_jsonable, write_json
 from privaudit.core.observation import Observation, Reconstruction
 from privaudit.eval.figures import reconstruction_grid
 from privaudit.eval.metrics import aggregate, score
-from privaudit.sim.plan import locate
+from privaudit.sim.plan import given_batch_size, locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -40,7 +41,10 @@ def observe(
     adversary sees it, capturing (or re-simulating from the nearest checkpoint) only the
     links and rounds it needs.
 
-    Victim, adversary and copy follow the planner's defaults (:mod:`privaudit.sim.plan`):
+    Victim, adversary and copy follow the planner's defaults (:mod:`privaudit.sim.plan`).
+    A victim the named attackers cannot observe on their links is reached, where the
+    defense states its linear structure, by the gossip algebra over every round they
+    received (:func:`privaudit.api.gossip.observe_beyond`).
     ``links`` name the messages ``src → dst`` directly; else each of ``victims`` (default:
     the first non-attacker) is observed on its copy to the adversary; with ``threat=None``
     the weakest adversary that observes it; ``obs.meta["threat"]`` names it.
@@ -48,37 +52,27 @@ def observe(
     The attacker is told the realised size of each batch behind the message (the usual
     known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
     B): :func:`given_batch_size`."""
-    found = locate(
-        run,
-        target,
-        round,
-        threat=threat,
-        links=links,
-        attackers=attackers,
-        victims=victims,
-        progress=progress,
-    )
+    try:
+        found = locate(
+            run,
+            target,
+            round,
+            threat=threat,
+            links=links,
+            attackers=attackers,
+            victims=victims,
+            progress=progress,
+        )
+    except Unobservable as direct:
+        d = Target.parse(target).defense
+        linear = d.recursion(run.params, run.ctx.W.cpu(), run.cfg.batch_size) is not None
+        if links or not attackers or threat not in (None, "coalition", "neighbor") or not linear:
+            raise
+        try:  # beyond the attackers' own links: what they received over rounds, solved
+            return observe_beyond(run, target, round, attackers, victims, progress=progress)
+        except Unobservable as beyond:
+            raise Unobservable(f"{direct}; nor past its links: {beyond}") from None
     return [given_batch_size(run, obs, round) for _, obs in found]
-
-
-def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
-    """``obs`` for an attacker told the realised size b of the victim's batch of round ``t``
-    (from the run's secrets): ``batch_size`` b, and ``scale`` × b/B, because a defense's
-    batch mean is (1/B) Σ over the b real examples = (b/B) × their mean (B the expected size,
-    :mod:`privaudit.core.sampling`). A term on another batch (``meta["term_rounds"]``, else
-    round ``t``) of b' examples gets its coefficient × b'/b: the attack models that batch
-    with b dummies too. b = 0 leaves nothing to reconstruct (scale 0)."""
-    B = run.cfg.batch_size
-    src = obs.meta["src"]
-    rounds = obs.meta.get("term_rounds", [t] * len(obs.terms))
-    size = {r: run.batch_sizes(r)[src] for r in {t, *rounds}}  # one secrets read per round
-    b = size[t]
-    terms = []
-    for (params, coef, same), r in zip(obs.terms, rounds, strict=True):
-        if not same and b > 0:
-            coef = coef * size[r] / b
-        terms.append((params, coef, same))
-    return dataclasses.replace(obs, batch_size=b, scale=obs.scale * b / B, terms=terms)
 
 
 def nonempty_rounds(run: Run, t: int, victims: list[int], within: int = 20) -> list[int]:

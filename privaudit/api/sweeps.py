@@ -15,7 +15,6 @@ adad2p, …) is run once per seed and reported with ε = ∞ at every ε.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -27,13 +26,21 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file, save_file
 
+from privaudit.api.executor import (
+    Executor,
+    LocalExecutor,
+    Task,
+    TaskFailed,
+    commit_folder,
+    remove_stale,
+)
 from privaudit.api.pipeline import reconstruct
 from privaudit.core import limits
 from privaudit.core.accounting import noised as sigma_noised
 from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError, unknown
-from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
+from privaudit.core.files import digest, from_jsonable, to_jsonable, write_json
 from privaudit.core.messages import CaptureSpec
 from privaudit.defenses import get_defense
 from privaudit.experiments.audit import audit, check_trials
@@ -134,11 +141,6 @@ class Sweep:
         if self.audit and self.audit_trials is not None:
             check_trials(self.audit_trials, self.base.delta)
         return self
-
-
-def digest(obj: Any) -> str:
-    text = json.dumps(to_jsonable(obj), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def noised(defense_name: str, topology: str, agents: int) -> bool:
@@ -288,8 +290,98 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise PrivauditError(f"{path / 'recon.safetensors'} is unreadable ({e}); delete it") from e
 
 
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    atomic_write(path / "recon.safetensors", lambda tmp: save_file(tensors, tmp))
+def _commit(rd: Path, result: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
+    """Write the cache entry ``rd`` (its tensors and ``result.json``) all at once
+    (:func:`~privaudit.api.executor.commit_folder`); False when another worker wrote it
+    first."""
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / "recon.safetensors"))
+        (tmp / "result.json").write_text(
+            json.dumps(to_jsonable(result), indent=2, sort_keys=True) + "\n"
+        )
+
+    return commit_folder(rd, write, "result.json")
+
+
+# the run this process trained or opened last (one at a time, as a local study holds one):
+# the next cell of that run in this process attacks it as it is in memory, not reopened
+_runs: dict[str, Run] = {}
+
+
+def _keep(rdir: str, run: Run) -> Run:
+    _runs.clear()
+    _runs[rdir] = run
+    return run
+
+
+def train_run(cfg: RunConfig, rdir: str, rounds: list[int], progress: bool, prepare: bool) -> None:
+    """A study's task that trains the run of ``cfg`` in ``rdir`` (resuming what is there),
+    recording the messages of ``rounds`` while it trains, and caches its test accuracy.
+
+    ``prepare``: its cells run in other processes, at the same time: when the run was
+    already trained, the messages of ``rounds`` are re-simulated here, once, rather than by
+    each cell (a run has one writer at a time). The run is kept in memory for the cells
+    that follow in this process."""
+    path = Path(rdir)
+    run = Run.create(cfg, path)
+    finished = cfg.rounds in run.dir.checkpoint_rounds()  # else capture while training
+    capture = None if finished else CaptureSpec.of(rounds=rounds)
+    state = run.train(capture=capture, progress=progress)
+    if prepare and finished and rounds:
+        run.messages(CaptureSpec.of(rounds=rounds), progress=progress)
+    acc_path = accuracy_path(path)
+    if not acc_path.exists():
+        acc = run.test_accuracy(state)
+        write_json(acc_path, {"test_acc": acc, "round": cfg.rounds})
+    _keep(rdir, run)
+
+
+def attack_run_cell(
+    sweep: Sweep, cell: Cell, cfg: RunConfig, rdir: str, rd: str, progress: bool, *_: Any
+) -> dict[str, Any]:
+    """A study's task that attacks ``cell`` of the (trained) run in ``rdir`` and caches the
+    result in ``rd``; returns the result. A cell cached meanwhile (by another worker) is
+    read, never run again. The run is opened once per process for its cells in a row."""
+    entry = Path(rd)
+    if (entry / "result.json").exists():
+        return load_json(entry / "result.json")
+    run = _runs.get(rdir)
+    if run is None or run.cfg.identity() != cfg.identity():
+        run = _keep(rdir, Run.create(cfg, Path(rdir)))
+    result, tensors = attack_cell(run, sweep, cell, progress)
+    result["key"] = _attack_key(sweep, cell, cfg)
+    _commit(entry, result, tensors)
+    return result
+
+
+def audit_run(
+    sweep: Sweep,
+    cfg: RunConfig,
+    rdir: str,
+    wanted: list[tuple[str, int, str]],
+    progress: bool,
+    *_: Any,
+) -> None:
+    """A study's task: the white-box canary audit of each (target, round) in ``wanted`` on
+    the run in ``rdir``, cached at its path (:func:`_audits`)."""
+    for target, r, where in wanted:
+        path = Path(where)
+        if path.exists():
+            continue
+        kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
+        res = audit(Run.create(cfg, Path(rdir)), target, "white-box", r, progress=progress, **kw)
+        write_json(
+            path,
+            to_jsonable(
+                {
+                    "key": _audit_key(sweep, target, r),
+                    "epsilon_lo": res["epsilon_lo"],
+                    "epsilon_upper": res["upper"]["accountant"],
+                    "verdict": res["verdict"],
+                }
+            ),
+        )
 
 
 def execute(
@@ -297,19 +389,32 @@ def execute(
     out: str | Path,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
 ) -> list[dict[str, Any]]:
     """Train what is missing, attack every cell not cached, and return one row per cell:
     the cached result plus ``dir`` (its folder), ``test_acc`` (the run's average model at
     its last round) and, with ``sweep.audit``, ``audit_epsilon_lo``.
 
-    Interrupting loses at most the cell in progress; the same call resumes."""
+    ``executor``: where the work runs (:mod:`privaudit.api.executor`; default
+    :class:`~privaudit.api.executor.LocalExecutor`, here, one task after the other). Each
+    run is one task and each cell not cached another, which depends on its run's; the rows
+    are the same whichever executor ran them. A parallel executor keeps going past a failed
+    cell (each failure is reported as it happens) and raises at the end, its finished
+    cells cached. Interrupting loses at most the cells in progress; the same call resumes."""
     out = Path(out)
     runs, cells = plan(sweep)
     b = sweep.base
     load_dataset(b.dataset, root=b.data_root, download=b.download)  # fail before any work
+    executor = executor or LocalExecutor()
+    parallel = executor.parallel
     console = Console(stderr=True, highlight=False)
     say = log or (console.print if progress else (lambda s: None))
-    rows: list[dict[str, Any]] = []
+    inner = progress and not parallel  # the tasks' own bars: only in this process
+    tasks: list[Task] = []
+    groups: list[tuple[RunConfig, Path, list[Cell], float | None]] = []
+    starts: dict[str, str] = {}  # a task's line before it runs here (local)
+    numbers: dict[str, int] = {}  # a cell task's place in the study (local)
+    cached = 0
     for (defense, eps, seed), cfg in runs.items():
         mine = [
             c
@@ -318,42 +423,107 @@ def execute(
         ]
         rdir = run_dir(out, cfg)
         todo = [c for c in mine if not (result_dir(out, sweep, c, cfg) / "result.json").exists()]
-        acc_path = accuracy_path(rdir)
-        run = None
-        if todo or not acc_path.exists():
-            say(
-                f"[{len(rows)}/{len(cells)}] {defense} ε={_eps_tag(eps)} seed {seed}: "
+        gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
+        train_key, depends = f"train {rdir}", ()
+        if todo or not accuracy_path(rdir).exists():
+            rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
+            label = f"{defense} ε={_eps_tag(eps)} seed {seed}"
+            tasks.append(
+                Task(
+                    train_key,
+                    train_run,
+                    (cfg, str(rdir), rounds, inner, parallel),
+                    label=f"{label}: train to round {cfg.rounds}",
+                    cell=False,
+                    gpus=gpus,
+                )
+            )
+            starts[train_key] = (
+                f"[{len(numbers) + cached}/{len(cells)}] {label}: "
                 f"train to round {cfg.rounds} in {rdir}"
             )
-            run = Run.create(cfg, rdir)
-            rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
-            finished = cfg.rounds in run.dir.checkpoint_rounds()  # else capture while training
-            capture = None if finished else CaptureSpec.of(rounds=rounds)
-            state = run.train(capture=capture, progress=progress)
-            if not acc_path.exists():
-                acc = run.test_accuracy(state)
-                write_json(acc_path, {"test_acc": acc, "round": cfg.rounds})
-        test_acc = load_json(acc_path)["test_acc"]
-        done: list[dict[str, Any]] = []
+            depends = (train_key,)
         for c in mine:
             rd = result_dir(out, sweep, c, cfg)
-            if not (rd / "result.json").exists():
-                assert run is not None
-                result, tensors = attack_cell(run, sweep, c, progress)
-                result["key"] = _attack_key(sweep, c, cfg)
-                _save_tensors(rd, tensors)
-                write_json(rd / "result.json", to_jsonable(result))  # last: marks it done
-                say(
-                    f"[{len(rows) + len(done) + 1}/{len(cells)}] {c.target} round {c.round} "
-                    f"ε={_eps_tag(eps)} seed {seed}: {_psnr_ssim(result['metrics'])} "
-                    f"({result['threat']})"
+            if c not in todo:
+                cached += 1
+                continue
+            numbers[str(rd)] = len(numbers) + cached + 1
+            label = f"{c.target} round {c.round} ε={_eps_tag(eps)} seed {seed}"
+            tasks.append(
+                Task(
+                    str(rd),
+                    attack_run_cell,
+                    (sweep, c, cfg, str(rdir), str(rd), inner),
+                    depends=depends,
+                    label=label,
+                    gpus=gpus,
                 )
+            )
+        if sweep.audit and eps is not None:
+            wanted = [(t, r, str(p)) for t, r, p in _audits(sweep, rdir, mine) if not p.exists()]
+            if wanted:
+                tasks.append(
+                    Task(
+                        f"audit {rdir}",
+                        audit_run,
+                        (sweep, cfg, str(rdir), wanted, inner),
+                        depends=depends,
+                        label=f"{defense} ε={_eps_tag(eps)} seed {seed}: audit",
+                        cell=False,
+                        gpus=gpus,
+                    )
+                )
+        groups.append((cfg, rdir, mine, eps))
+
+    failures: list[TaskFailed] = []
+    done = cached
+
+    def started(task: Task) -> None:
+        if task.key in starts:
+            say(starts[task.key])
+
+    try:
+        for task, result in executor.run(tasks, progress=progress, cached=cached, on_start=started):
+            if isinstance(result, TaskFailed):
+                failures.append(result)
+                (log or console.print)(result.line())
+                continue
+            if not task.cell:
+                if parallel and task.fn is train_run:
+                    say(f"{task.label}: done")
+                continue
+            done += 1
+            cell: Cell = task.args[1]
+            number = done if parallel else numbers[task.key]
+            say(
+                f"[{number}/{len(cells)}] {cell.target} round {cell.round} "
+                f"ε={_eps_tag(cell.epsilon)} seed {cell.seed}: {_psnr_ssim(result['metrics'])} "
+                f"({result['threat']})"
+            )
+    finally:
+        _runs.clear()
+        for folder in {result_dir(out, sweep, c, cfg).parent for cfg, _, m, _ in groups for c in m}:
+            remove_stale(folder)
+    if failures:
+        n = sum(f.task.cell for f in failures)
+        raise PrivauditError(
+            f"{n} of {len(cells)} cells failed and {len(failures) - n} of their runs or audits "
+            f"(each line above); the {done} finished are kept in {out}: fix the cause and run "
+            "the same command again"
+        )
+    rows: list[dict[str, Any]] = []
+    for cfg, rdir, mine, eps in groups:
+        test_acc = load_json(accuracy_path(rdir))["test_acc"]
+        mine_rows: list[dict[str, Any]] = []
+        for c in mine:
+            rd = result_dir(out, sweep, c, cfg)
             row = load_json(rd / "result.json")
             row.update(dir=str(rd), test_acc=test_acc)
-            done.append(row)
+            mine_rows.append(row)
         if sweep.audit and eps is not None:
-            _audit(sweep, cfg, rdir, done, progress)
-        rows += done
+            _annotate(sweep, rdir, mine, mine_rows)
+        rows += mine_rows
     return rows
 
 
@@ -366,35 +536,26 @@ def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
     return [t for t in Target.parse(cell.target).rounds_needed(cell.round, cfg.agents) if t >= 1]
 
 
-def _audit(
-    sweep: Sweep,
-    cfg: RunConfig,
-    rdir: Path,
-    rows: list[dict[str, Any]],
-    progress: bool,
-) -> None:
-    """White-box canary audit of each target of this run at its largest attacked round
-    (cached beside the run). Its ε lower bound and the accountant's ε for the same single
-    release (the comparable upper bound: one round, sample rate 1) go into every row of this
-    run and target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
-    for target in sorted({r["target"] for r in rows}):
-        r = max(row["round"] for row in rows if row["target"] == target)
-        key = {"target": target, "round": r, "trials": sweep.audit_trials, "v": 3}  # 3: search
-        path = rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")
-        if not path.exists():
-            kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
-            res = audit(Run.create(cfg, rdir), target, "white-box", r, progress=progress, **kw)
-            write_json(
-                path,
-                to_jsonable(
-                    {
-                        "key": key,
-                        "epsilon_lo": res["epsilon_lo"],
-                        "epsilon_upper": res["upper"]["accountant"],
-                        "verdict": res["verdict"],
-                    }
-                ),
-            )
+def _audit_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
+    return {"target": target, "round": r, "trials": sweep.audit_trials, "v": 3}  # 3: search
+
+
+def _audits(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
+    """The white-box canary audits of this run: each target at its largest attacked round,
+    and where each is cached (beside the run)."""
+    out = []
+    for target in sorted({c.target for c in cells}):
+        r = max(c.round for c in cells if c.target == target)
+        key = _audit_key(sweep, target, r)
+        out.append((target, r, rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")))
+    return out
+
+
+def _annotate(sweep: Sweep, rdir: Path, cells: list[Cell], rows: list[dict[str, Any]]) -> None:
+    """Put each audit's ε lower bound and the accountant's ε for the same single release
+    (the comparable upper bound: one round, sample rate 1) into every row of this run and
+    target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
+    for target, _, path in _audits(sweep, rdir, cells):
         found = load_json(path)
         for row in rows:
             if row["target"] == target:

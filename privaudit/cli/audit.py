@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
 from privaudit.cli.options import (
@@ -21,6 +20,7 @@ from privaudit.cli.options import (
 )
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
+from privaudit.core.text import sig
 from privaudit.core.threat import threat_help
 
 
@@ -80,12 +80,6 @@ def add_parser(sub: Any) -> None:
     au.add_argument("--json", action="store_true", help="print audit.json on stdout")
     training_options(au, None)  # --rounds default: the default run length (σ from ε over it)
     au.set_defaults(func=cmd_audit)
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return "∞" if math.isinf(x) else f"{x:.3g}"
 
 
 def cmd_audit(a: argparse.Namespace) -> int:
@@ -208,12 +202,12 @@ def _report(r: dict[str, Any]) -> str:
         lines += _search_lines(r)
     lines.append(f"ε upper, {unit}:")
     for name, up in r["upper"].items():
-        lines.append(f"  {name:<18} {_fmt(up):>8}   → {r['verdicts'][name]}")
+        lines.append(f"  {name:<18} {sig(up):>8}   → {r['verdicts'][name]}")
     run_eps = acc["run"]
     lines.append(
         f"ε over the run ({acc['rounds']} rounds, q = {acc['sample_rate']:.3g}, "
         f"{acc['releases_per_round']} release(s)/round, {acc['accountant']}): "
-        f"{_fmt(run_eps)} (the paper's count: {_fmt(acc['run_claimed'])})"
+        f"{sig(run_eps)} (the paper's count: {sig(acc['run_claimed'])})"
     )
     lines.append(f"paper: {acc['paper']}")
     for c in acc["caveats"]:
@@ -233,7 +227,7 @@ def _search_lines(r: dict[str, Any]) -> list[str]:
         if len(found) > 1
         else f"no search: every trial on it, at {s['levels']['final']:.4g}"
     )
-    lines = [f"canary: {c['kind']}, norm {_fmt(c['norm'])}, impact {_fmt(c['impact'])} ({how})"]
+    lines = [f"canary: {c['kind']}, norm {sig(c['norm'])}, impact {sig(c['impact'])} ({how})"]
     for i, e in enumerate(found, 1):
         phases = [
             f"{name} ε ≥ {e[name]['epsilon_lo']:.3g} ({e[name]['trials']} trials)"
@@ -242,7 +236,7 @@ def _search_lines(r: dict[str, Any]) -> list[str]:
         ]
         shift = ", ".join(f"{x:.3g}" for x in e["shift"]) if "shift" in e else None
         lines.append(
-            f"  {i}. {e['kind']:<8} norm {_fmt(e['norm']):>7}  impact {_fmt(e['impact']):>7}"
+            f"  {i}. {e['kind']:<8} norm {sig(e['norm']):>7}  impact {sig(e['impact']):>7}"
             + (f"  shift per round [{shift}]" if shift else "")
             + (f"  {'; '.join(phases)}" if phases else "  no trials")
         )

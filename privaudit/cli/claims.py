@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from privaudit.cli.compare import add_executor_options, executor_from_args
 from privaudit.cli.options import (
     DEFAULTS,
     add_overwrite,
@@ -91,6 +93,29 @@ def _arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--fresh", action="store_true", help="recompute rows cached in OUT/rows")
     c.add_argument("--json", action="store_true", help="print the ledger as JSON")
     training_options(c, DEFAULTS.rounds)
+    add_executor_options(c)
+
+
+def rows_on(executor: Any) -> Any:
+    """The ledger's ``run_rows`` on ``executor``: each row not cached as one task."""
+    from privaudit.api.executor import Task, TaskFailed
+    from privaudit.experiments.claims import compute_row
+
+    def run_rows(jobs: list[Any], cached: int, progress: bool) -> Iterator[tuple[Any, Any]]:
+        tasks = [
+            Task(
+                j.path,
+                compute_row,
+                (j,),
+                label=j.target,
+                gpus=1.0 if j.cfg.device.startswith("cuda") else 0.0,
+            )
+            for j in jobs
+        ]
+        for t, r in executor.run(tasks, progress=progress, cached=cached):
+            yield t.args[0], (r.error if isinstance(r, TaskFailed) else r)
+
+    return run_rows
 
 
 def cmd_claims(a: argparse.Namespace) -> int:
@@ -107,6 +132,7 @@ def cmd_claims(a: argparse.Namespace) -> int:
         raise PrivauditError(f"--markdown takes a file path, got the folder {a.markdown}")
     # the shared configuration; each defense (and its own topology) is set per run
     base = config_from_args(a, DEFAULTS.defense, a.rounds)
+    executor = executor_from_args(a)
     mark_out(Path(a.out), "claims")
     try:
         doc = claims.ledger(
@@ -120,6 +146,7 @@ def cmd_claims(a: argparse.Namespace) -> int:
             fresh=a.fresh,
             # a bar would put an empty line before JSON that goes to a pipe or a file
             progress=not a.no_progress and (sys.stdout.isatty() or not a.json),
+            run_rows=None if executor is None else rows_on(executor),
         )
     except claims.Interrupted as stop:
         done = len(stop.ledger["rows"])

@@ -155,6 +155,13 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     g.add_argument("--seed", type=int, default=None, help=f"run seed (default {DEFAULTS.seed})")
     g.add_argument("--device", default=DEFAULTS.device, help="cpu | cuda")
     g.add_argument(
+        "--max-memory",
+        default=None,
+        metavar="SIZE",
+        help="memory the per-example gradients may use, e.g. 4G (default: half of what the "
+        "device has free, or PRIVAUDIT_MAX_MEMORY); chunks are halved until they fit",
+    )
+    g.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -274,6 +281,7 @@ def configured(
         accountant=setting(a, "accountant"),
         seed=setting(a, "seed"),
         device=a.device,
+        max_memory=a.max_memory,
         checkpoint_every=setting(a, "checkpoint_every"),
     )
     return presets.apply(base, a.preset or preset, explicit_settings(a, rounds))
@@ -284,7 +292,7 @@ def open_run(a: argparse.Namespace) -> Any:
     (``--device``, and ``--data-root``/``--download`` where its dataset is found)."""
     from privaudit.sim.run import Run
 
-    override = {"device": a.device}
+    override = {"device": a.device, "max_memory": a.max_memory}
     if a.data_root is not None:
         override.update(data_root=a.data_root, download=a.download)
     return Run.open(a.run, **override)

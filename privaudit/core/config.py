@@ -12,7 +12,7 @@ from privaudit.core.accountants import get_accountant
 from privaudit.core.errors import PrivauditError, unknown
 
 # Fields that do not change the messages: a run may be resumed with different values.
-NON_IDENTITY = ("device", "checkpoint_every", "data_root", "download", "preset")
+NON_IDENTITY = ("device", "max_memory", "checkpoint_every", "data_root", "download", "preset")
 
 AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph is dense N×N"
 
@@ -40,6 +40,8 @@ class RunConfig:
     params: dict[str, Any] = field(default_factory=dict)  # defense parameters (lr, clip, …)
     seed: int = 0
     device: str = "cpu"
+    # budget of the per-example gradient engine ("4G", "512M"; None: half of what is free)
+    max_memory: str | None = None
     checkpoint_every: int = 50
     # where accuracy is measured: "test", or "validation" (10 % of the training split held
     # out of training; what an operating-point search may look at)

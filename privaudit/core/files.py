@@ -8,6 +8,7 @@ strict (``allow_nan=False``): inf / -inf / NaN travel as the strings "inf", "-in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -100,3 +101,10 @@ def from_jsonable(obj: Any) -> Any:
     if isinstance(obj, list):
         return [from_jsonable(v) for v in obj]
     return obj
+
+
+def digest(obj: Any, length: int = 10) -> str:
+    """A short content key: SHA-256 of ``obj`` as canonical JSON (sorted keys), its first
+    ``length`` hex digits — the key of every cached cell and row."""
+    text = json.dumps(to_jsonable(obj), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

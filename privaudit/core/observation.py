@@ -27,7 +27,7 @@ class Observation:
     target:       the observed gradient-like message, same keys/shapes as ``params``.
     batch_size:   number of private examples behind ``target``: the realised size b of the
                   victim's Poisson batch when the attacker is told it
-                  (:func:`privaudit.api.pipeline.given_batch_size`), else the expected size B.
+                  (:func:`privaudit.sim.plan.given_batch_size`), else the expected size B.
     input_shape:  shape of one example, e.g. ``(3, 32, 32)``.
     num_classes:  output classes of ``model``.
     scale:        ``target`` is ``scale`` times the mean gradient over the ``batch_size``

@@ -65,10 +65,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import Tensor
 
-from privaudit.core import sampling
+from privaudit.core import sampling, text
 from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec, Tap
@@ -349,18 +348,6 @@ def _flat(obs: Any, names: tuple[str, ...]) -> Tensor:
     return torch.cat([obs.target[k].reshape(-1) for k in names]).double()
 
 
-def _progress(total: int, what: str, enabled: bool):
-    bar = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        disable=not enabled,
-        transient=True,
-    )
-    return bar, bar.add_task(what, total=total)
-
-
 def search_size(k: int, trials: int, delta: float, confidence: float) -> int:
     """How many of ``k`` candidates ``trials`` afford: the largest K whose pilot share gives
     every candidate the trials a bound at 1 − α/(2K) needs (Clopper–Pearson at half of that
@@ -585,7 +572,7 @@ def _score(
     n = len(coins)
     scores, who = np.full(n, np.nan), np.zeros(n, dtype=int)
     chosen, interrupted = 0, False
-    bar, task = _progress(n, f"audit {target} r{rerun.s.t}", progress)
+    bar, task = text.progress(n, f"audit {target} r{rerun.s.t}", progress)
     with bar:  # threads: the CLI's --threads (a trial is many tiny ops: 1 is best)
         try:
             for i in range(n):
@@ -681,7 +668,7 @@ def one_run(
     scores = np.zeros(canaries)
     seen = 0
     history: dict = {}
-    bar, task = _progress(T, f"one-run audit {target}", progress)
+    bar, task = text.progress(T, f"one-run audit {target}", progress)
     t0 = time.perf_counter()
     with bar:
         try:

@@ -30,25 +30,23 @@ ledger resumes where it stopped and a changed defense is re-audited.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from privaudit.core.accounting import ADJACENCY, SAMPLING
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import Interrupted as RunStopped
 from privaudit.core.errors import PrivauditError, unknown
-from privaudit.core.files import atomic_write, from_jsonable, to_jsonable, write_json
+from privaudit.core.files import atomic_write, digest, from_jsonable, to_jsonable, write_json
+from privaudit.core.text import progress, sig
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.eval import bounds
 from privaudit.experiments.audit import HELD_OUT, audit, check_trials
@@ -108,11 +106,6 @@ def run_config(base: RunConfig, defense: str) -> RunConfig:
         base, defense=defense, topology=topology, rounds=max(base.rounds, need)
     )
     return cfg.validate()
-
-
-def _digest(obj: Any) -> str:
-    text = json.dumps(to_jsonable(obj), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def _facts(privacy: Any) -> dict[str, Any]:
@@ -281,6 +274,40 @@ def row(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RowJob:
+    """A row to compute in another process (:func:`compute_row`), as plain data: the run
+    (its configuration and folder, created already), the kind, the audit's setting and where
+    the finished row is cached."""
+
+    target: str
+    kind: str
+    cfg: RunConfig
+    rdir: str
+    path: str
+    trials: int
+    confidence: float
+    seed: int
+    row_seconds: float | None
+    family: int
+
+
+def compute_row(job: RowJob) -> dict[str, Any]:
+    """:func:`row` of ``job``, wherever it runs (a Ray worker: see ``privaudit claims
+    --executor``), cached at ``job.path`` unless the audit could not be made. A stop request
+    mid-audit raises instead: a row of fewer trials than asked is never cached."""
+    run = Run.create(job.cfg, Path(job.rdir))
+    r = row(run, job.kind, job.trials, job.confidence, job.seed, False, job.row_seconds, job.family)
+    if r["error"] is None:
+        write_json(Path(job.path), to_jsonable(r))
+    return r
+
+
+# rows computed elsewhere: given the jobs, the number of rows cached and whether to draw a
+# bar, yields each job with its row, or with the error line of a job that could not finish
+RowRunner = Callable[[list[RowJob], int, bool], Iterator[tuple[RowJob, "dict[str, Any] | str"]]]
+
+
 # -- the ledger ---------------------------------------------------------------------------------
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during the ledger; ``ledger`` holds the rows finished before it."""
@@ -361,11 +388,16 @@ def ledger(
     row_seconds: float | None = ROW_SECONDS,
     fresh: bool = False,
     progress: bool = True,
+    run_rows: RowRunner | None = None,
 ) -> dict[str, Any]:
     """A row per target (default: every target, :func:`select`) on ``base``'s configuration
     (each defense with :func:`run_config`). Runs live in ``OUT/runs``, finished rows in
     ``OUT/rows`` (reused unless ``fresh``). Ctrl-C raises :class:`Interrupted` carrying the
-    rows finished so far (each already cached)."""
+    rows finished so far (each already cached).
+
+    ``run_rows``: compute the rows not cached elsewhere, all at once (e.g. as Ray tasks:
+    ``privaudit claims --executor ray``), instead of here one after the other; a row that
+    could not finish is reported and, once the others are done, raised."""
     targets = targets or select()
     check_trials(trials, base.delta, confidence)
     if row_seconds is not None and row_seconds < 0:
@@ -384,13 +416,14 @@ def ledger(
         "complete": False,
     }
     t0 = time.perf_counter()
-    bar, task = _bar(len(targets), progress)
+    bar, task = _bar(len(targets), progress and run_rows is None)
+    jobs: list[RowJob] = []  # with run_rows: the rows computed elsewhere, in ledger order
     with bar, _watch_interrupt() as interrupted:
         try:
             for name, kinds in by_defense.items():
                 cfg = configs[name]
                 try:
-                    run = Run.create(cfg, out / "runs" / f"{name}-{_digest(cfg.identity())}")
+                    run = Run.create(cfg, out / "runs" / f"{name}-{digest(cfg.identity())}")
                 except PrivauditError as e:
                     raise PrivauditError(f"{name}: {e}") from None
                 doc["sigma"][name] = run.resolved["sigma"]
@@ -404,8 +437,24 @@ def ledger(
                         _facts(privacy),
                         doc["setting"]["audit"],
                     ]
-                    path = out / "rows" / f"{target}-{_digest(facts)}.json"
+                    path = out / "rows" / f"{target}-{digest(facts)}.json"
                     r = None if fresh else _load(path)
+                    if r is None and run_rows is not None:
+                        job = RowJob(
+                            target,
+                            kind,
+                            cfg,
+                            str(run.dir.path),
+                            str(path),
+                            trials,
+                            confidence,
+                            seed,
+                            row_seconds,
+                            len(targets),
+                        )
+                        jobs.append(job)
+                        doc["rows"].append(job)  # its place, filled below
+                        continue
                     if r is None:
                         # the audit's own bar per trial, under the row bar: on a terminal only
                         # (elsewhere each nested bar leaves an empty line on stdout)
@@ -421,7 +470,10 @@ def ledger(
                         r = {**from_jsonable(r), "cached": True}
                     doc["rows"].append(r)
                     bar.advance(task)
+            if jobs and run_rows is not None:
+                _run_elsewhere(doc, jobs, run_rows, len(targets) - len(jobs), progress)
         except (KeyboardInterrupt, RunStopped):  # RunStopped: a run's own stop request
+            doc["rows"] = [r for r in doc["rows"] if not isinstance(r, RowJob)]
             doc["seconds"] = round(time.perf_counter() - t0, 1)
             raise Interrupted(doc) from None
     doc["complete"] = True
@@ -429,16 +481,31 @@ def ledger(
     return doc
 
 
+def _run_elsewhere(
+    doc: dict[str, Any], jobs: list[RowJob], run_rows: RowRunner, cached: int, progress: bool
+) -> None:
+    """Compute ``jobs`` through ``run_rows`` and put each row in its place in ``doc``;
+    report each job that could not finish as it happens, and raise once all are done."""
+    done = 0
+    failed: list[str] = []
+    for job, r in run_rows(jobs, cached, progress):
+        if isinstance(r, str):
+            failed.append(f"{job.target}: {r}")
+            print(f"failed: {job.target}: {r}", file=sys.stderr)
+        else:
+            done += 1
+            place = next(i for i, x in enumerate(doc["rows"]) if x is job)
+            doc["rows"][place] = r
+    if failed:
+        doc["rows"] = [r for r in doc["rows"] if not isinstance(r, RowJob)]
+        raise PrivauditError(
+            f"{len(failed)} of {len(jobs)} rows failed (each line above); the {done} "
+            "finished are kept in OUT/rows: fix the cause and run the same command again"
+        )
+
+
 def _bar(total: int, enabled: bool):
-    bar = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not enabled,
-        transient=True,
-    )
-    return bar, bar.add_task("claims", total=total)
+    return progress(total, "claims", enabled, elapsed=True)
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -459,13 +526,6 @@ def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None
 
 
 # -- presentation -------------------------------------------------------------------------------
-def fmt(x: float | None) -> str:
-    """3 significant digits, ∞, or — for nothing."""
-    if x is None:
-        return "—"
-    return "∞" if math.isinf(x) else f"{x:.3g}"
-
-
 class _Notes:
     """Numbered notes, one per distinct text, prefixed (P: claims, R: reasons, E: errors)."""
 
@@ -487,19 +547,19 @@ def _verdict(v: str) -> str:
 
 def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) -> list[str]:
     """One table row's cells (see :data:`COLUMNS`)."""
-    run_eps = fmt(r["epsilon"])
+    run_eps = sig(r["epsilon"])
     if math.isinf(r["epsilon"]):
         run_eps += f" ({reasons.ref(r['reason'])})"
     first = [
         f"`{r['target']}`",
         f"{r['paper_short']} ({claims.ref(r['paper'])})",
-        fmt(r["epsilon_claimed"]),
+        sig(r["epsilon_claimed"]),
     ]
     if r["error"] is not None:
         ref = errors.ref(r["error"])
         return [*first, "—", "—", run_eps, "—", f"no audit ({ref})", "—", "—"]
     c, a = r["claim"], r["audit"]
-    lo = fmt(a["epsilon_lo"])
+    lo = sig(a["epsilon_lo"])
     notes = (["capped"] if a["capped"] else []) + (
         [f"{a['trials']} trials"] if a["trials"] < a["trials_asked"] else []
     )
@@ -514,10 +574,10 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
         verdict = f"no claim in the paper; our reading of its count: {verdict}"
     return [
         *first,
-        fmt(c["count"]["epsilon"]),
-        fmt(c["rule"]["epsilon"]),
+        sig(c["count"]["epsilon"]),
+        sig(c["rule"]["epsilon"]),
         run_eps,
-        fmt(r["accounting"]["epsilon"]),
+        sig(r["accounting"]["epsilon"]),
         lo,
         verdict,
         _verdict(r["accounting"]["verdict"]),

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privaudit.core import limits
+from privaudit.core import limits, text
 from privaudit.core.accountants import ACCOUNTANTS
 from privaudit.core.config import RunConfig
 from privaudit.scenario.data import dirichlet_partition, evaluation_split, load_dataset
@@ -274,15 +273,9 @@ def centralised_dpsgd(
                 work, optimizer, x, y, q, steps, clip, epsilon, delta, accountant
             )
 
-        columns = (
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-        )
         name = "non-private reference" if engine is None else f"DP-SGD reference ε={epsilon:g}"
-        with Progress(*columns, disable=not progress, transient=True) as bar:
-            task = bar.add_task(name, total=steps)
+        bar, task = text.progress(steps, name, progress)
+        with bar:
             for index in sampler:
                 at = torch.as_tensor(index, dtype=torch.long, device=dev)
                 xb, yb = x[at], y[at]

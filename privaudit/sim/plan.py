@@ -13,6 +13,7 @@ membership inference), with one set of defaults:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -140,3 +141,23 @@ def locate(
         return out
 
     return first_observable(target, t, candidate_threats(threat, attackers), attempt)
+
+
+def given_batch_size(run: Run, obs: Observation, t: int) -> Observation:
+    """``obs`` for an attacker told the realised size b of the victim's batch of round ``t``
+    (from the run's secrets): ``batch_size`` b, and ``scale`` × b/B, because a defense's
+    batch mean is (1/B) Σ over the b real examples = (b/B) × their mean (B the expected size,
+    :mod:`privaudit.core.sampling`). A term on another batch (``meta["term_rounds"]``, else
+    round ``t``) of b' examples gets its coefficient × b'/b: the attack models that batch
+    with b dummies too. b = 0 leaves nothing to reconstruct (scale 0)."""
+    B = run.cfg.batch_size
+    src = obs.meta["src"]
+    rounds = obs.meta.get("term_rounds", [t] * len(obs.terms))
+    size = {r: run.batch_sizes(r)[src] for r in {t, *rounds}}  # one secrets read per round
+    b = size[t]
+    terms = []
+    for (params, coef, same), r in zip(obs.terms, rounds, strict=True):
+        if not same and b > 0:
+            coef = coef * size[r] / b
+        terms.append((params, coef, same))
+    return dataclasses.replace(obs, batch_size=b, scale=obs.scale * b / B, terms=terms)

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import Tensor
 from torch.func import functional_call
 
-from privaudit.core import limits, sampling
+from privaudit.core import limits, sampling, text
 from privaudit.core.accounting import (
     calibrate,
     calibration_basis,
@@ -223,7 +222,7 @@ class Run:
         ctx = Context(
             model=model,
             spec=spec,
-            grads=PairGrads(model, spec, batch_size=cfg.batch_size),
+            grads=PairGrads(model, spec, batch_size=cfg.batch_size, max_memory=cfg.max_memory),
             x0=flat_params(model),
             train_x=((data.train_x - mean) / std).to(device),
             train_y=data.train_y.to(device),
@@ -406,17 +405,8 @@ class Run:
         for t in sorted(c for c in have if start < c <= until):
             self.dir.verify("checkpoints", t)  # kept, not rewritten: it must be what was written
         links = [e for e in (tap.spec.links or self.edges()) if net.tapped(e)]
-        columns = (
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-        )
-        with (
-            Progress(*columns, disable=not progress, transient=True) as bar,
-            stop_requests() as stop,
-        ):
-            task = bar.add_task(f"{self.defense.name} rounds", total=until, completed=start)
+        bar, task = text.progress(until, f"{self.defense.name} rounds", progress, completed=start)
+        with bar, stop_requests() as stop:
             done, rng = start, loop.rng_states()  # the last round finished, its generators
             agreed = False  # every process holds its stop request at this same boundary
             try:

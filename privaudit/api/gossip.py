@@ -1,0 +1,348 @@
+"""An attack on a victim at any distance: the gossip algebra on a run's captured messages.
+
+El Mrini, Cyffers & Bellet ("Privacy Attacks in Decentralized Learning", ICML 2024): when a
+defense's messages follow a known linear recursion in the public gossip matrix W
+(:meth:`~privaudit.defenses.base.Defense.recursion`,
+s_t = A_t s_{t-1} + B_t u_t), a coalition A that records every message it receives over
+rounds 1..T holds a linear system y = K u + C k + M z in everyone's updates u (k: what it
+knows, the shared x_0; z: Gaussian noise of known std). Agent v's round-t update g_v^t is
+reconstructable — even when v is no neighbour of A — exactly when e_{g_v^t} ∈ row(K); it is
+then the best linear unbiased estimate r^T (y − C k) with Kᵀ r = e, of per-coordinate std
+‖Mᵀ r‖ (0 without noise). :func:`observe_beyond` does this on a run: it builds the system
+from the defense's recursion, checks identifiability before capturing anything, captures
+the coalition's links, solves, and hands an ordinary
+:class:`~privaudit.core.observation.Observation` to the attacks — the recovered update as
+``target``, the victim's model at its evaluation point (itself estimated the same way) as
+``params``, the estimator's std as ``noise_std``.
+
+Which defenses it reaches past the neighbourhood is a property of their recursion. D-PSGD
+(``dsgd``, ``dp-dpsgd``) gossips one value per agent and round, and each carries a fresh
+unknown update: in the coordinates of the half-steps x̃ the coalition observes exactly the
+x̃ of its members and their neighbours, so g_v^t = (Σ_j w_vj x̃_j^{t-1} − x̃_v^t)/η is
+identifiable iff v is heard and, for t ≥ 2, so are all of v's neighbours — the exact case of
+``observe``, and never a non-neighbour, however many rounds are recorded. (El Mrini et al.'s
+D-GD attack goes further by assuming each agent's gradient constant over the rounds, an
+approximation this exact model does not make: each round's Poisson batch is new.) Gradient
+tracking (``dsgt``) sends two values (θ, γ) per agent and round with one fresh unknown, and
+there a single attacker on a ring of 5 recovers both agents two hops away, exactly
+(:func:`privaudit.core.recursion.tracking`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from privaudit.attacks.gossip import (
+    Identifiability,
+    LinearSystem,
+    Message,
+    Recovery,
+    estimate,
+    gossip_messages,
+    identifiability,
+    knowledge,
+    state_functional,
+)
+from privaudit.core.errors import PrivauditError, Unobservable
+from privaudit.core.messages import CaptureSpec
+from privaudit.core.observation import Observation
+from privaudit.core.recursion import Key, Recursion
+from privaudit.core.threat import build_threat
+from privaudit.defenses.base import neighbours
+from privaudit.scenario.topology import distances
+from privaudit.sim.plan import default_victim, given_batch_size
+from privaudit.sim.run import Run
+from privaudit.sim.targets import Target
+
+
+def observe_beyond(
+    run: Run,
+    target: str,
+    round: int,
+    attackers: Sequence[int],
+    victims: Sequence[int] | None = None,
+    *,
+    rounds_back: int | None = None,
+    rounds_ahead: int | None = None,
+    progress: bool = True,
+) -> list[Observation]:
+    """One Observation per victim of its round-``round`` update, reconstructed by the
+    coalition ``attackers`` from every ``target``-defense message it receives (the gossip
+    algebra, module docstring) — also for a victim beyond the coalition's neighbourhood.
+
+    ``victims``: default the first agent outside the coalition. ``rounds_back``: use the
+    messages of rounds round − rounds_back .. (≥ 1; the recursion restarts there with every
+    state unknown), default every round from 1 (x_0 public). ``rounds_ahead``: use rounds up
+    to round + rounds_ahead (capped at the run's last), default the victims' largest hop
+    distance from the coalition (an update two hops out reaches the coalition's neighbours a
+    round later, and is separated from the next updates a round after that).
+
+    Identifiability is decided on the recursion alone, before anything is captured; a
+    victim whose update (or whose model at its evaluation point) lies outside the knowledge
+    matrix's row space raises :class:`Unobservable` with the rank, the rounds used and the
+    fix. The Observation is what the defense's own ``observe`` would give for that update:
+    ``target`` the recovered gradient, ``params`` the victim's model where it was computed,
+    ``noise_std`` the estimator's per-coordinate std ‖Mᵀr‖ (σC/B for ``dp-dpsgd``),
+    ``clip`` as the recursion states, and the realised batch size told
+    (:func:`~privaudit.api.pipeline.given_batch_size`). ``meta``: target, round, src (the
+    victim), dst None, threat ``coalition A (gossip algebra, N rounds, rank r)``,
+    ``identifiable``, ``rank``, ``distance`` (hops from the coalition), ``gain`` (‖r‖, what
+    unit noise on every row would become), ``rounds``
+    (first and last used) and ``attackers``."""
+    tgt = Target.parse(target)
+    tgt.check_run(run, round)
+    n = run.cfg.agents
+    members = sorted({int(a) for a in attackers})
+    if not members or not 0 <= members[0] <= members[-1] < n:
+        raise PrivauditError(
+            f"the gossip algebra needs a coalition of agents in 0..{n - 1}, got {list(attackers)}; "
+            "name its agents (--attacker A,B)"
+        )
+    if len(members) == n:
+        raise PrivauditError("every agent is an attacker; leave at least one victim outside")
+    victims = list(victims) if victims else [default_victim(n, members)]
+    rec = tgt.defense.recursion(run.params, run.ctx.W.cpu(), run.cfg.batch_size)
+    if rec is None:
+        raise Unobservable(
+            f"{tgt.defense.name} states no linear recursion (Defense.recursion), so the gossip "
+            "algebra cannot see past the coalition's links; attack a neighbour of it instead"
+        )
+    if tgt.kind not in rec.carries:
+        raise Unobservable(
+            f"{target}'s messages are not part of {tgt.defense.name}'s recursion; use "
+            f"{', '.join(f'{tgt.defense.name}-{k}' for k in rec.carries)}"
+        )
+    adj = run.ctx.adj.cpu()
+    dist = distances(adj)[members]
+    far = n + 1  # unreachable (−1) counts as farther than any path
+    hops = [-1 if h == far else h for h in torch.where(dist < 0, far, dist).min(0).values.tolist()]
+    for v in victims:
+        if not 0 <= v < n:
+            raise PrivauditError(f"victim {v} is not an agent of this run (0..{n - 1})")
+        if v in members:
+            raise Unobservable(
+                f"agent {v} is one of the attackers; choose a victim outside {members}"
+            )
+        if hops[v] < 0:
+            raise Unobservable(f"agent {v} cannot be reached from the coalition {members}")
+    if rounds_back is not None and rounds_back < 1:
+        raise PrivauditError(f"rounds_back must be at least 1, got {rounds_back}")
+    first = 0 if rounds_back is None else max(0, round - rounds_back)
+    ahead = max(hops[v] for v in victims) if rounds_ahead is None else rounds_ahead
+    if ahead < 0:
+        raise PrivauditError(f"rounds_ahead must be at least 0, got {rounds_ahead}")
+    last = min(run.cfg.rounds, round + ahead)
+
+    sub = rec.shifted(first)
+    system = _system(sub, adj, members, first, last)
+    analysis = identifiability(system)
+    plans: list[tuple[Recovery, list[dict[Key, float]]]] = []
+    for v in victims:
+        if analysis.status((sub.update, v, round - first)) != "identifiable":
+            raise Unobservable(_why(run, rec, adj, members, v, round, first, last, analysis, hops))
+        plans.append(_plan(system, analysis, sub, v, round, first, last, members))
+
+    threat = build_threat("coalition", attackers=members)
+    # every kind on the coalition's links, as the planner captures (a round's file records
+    # which links were tapped, not which kinds)
+    capture = CaptureSpec.of(rounds=range(max(first, 1), last + 1), links=threat.links(run.edges()))
+    messages = run.messages(capture, progress=progress)
+    view = threat.view(messages, run.public())
+    out = []
+    for v, (plan, targets) in zip(victims, plans, strict=True):
+        g, at = _apply(system, sub, plan, targets, messages, first, run.ctx.x0.cpu())
+        meta = {
+            "target": target,
+            "round": round,
+            "src": v,
+            "dst": None,
+            "threat": f"coalition {','.join(map(str, members))} (gossip algebra, "
+            f"{last - max(first, 1) + 1} rounds, rank {plan.rank})",
+            "identifiable": True,
+            "rank": plan.rank,
+            "distance": int(hops[v]),
+            "gain": float(np.linalg.norm(plan.weights[0])),
+            "rounds": [max(first, 1), last],
+            "attackers": members,
+            "exact": True,  # unbiased, no approximation: noise_std says the rest
+        }
+        obs = tgt.defense.make_observation(
+            view, at, g, noise_std=float(plan.std[0]), meta=meta, **dict(rec.facts)
+        )
+        out.append(given_batch_size(run, obs, round))
+    return out
+
+
+def _plan(
+    system: LinearSystem,
+    analysis: Identifiability,
+    rec: Recursion,
+    v: int,
+    t: int,
+    first: int,
+    last: int,
+    members: list[int],
+) -> tuple[Recovery, list[dict[Key, float]]]:
+    """The estimator of victim v's round-t update and of its model at the evaluation point,
+    on the structure alone (zero payloads): their weights over the rows and their stds. The
+    update is identifiable (checked); a point outside row(K) is refused. Returns the plan
+    and its two targets (coefficients over the variables)."""
+    targets = [{(rec.update, v, t - first): 1.0}, _point(system, rec, t - first, v)]
+    rows = np.zeros((len(system.rows), 1))
+    try:
+        plan = estimate(system, targets, rows, _zeros, analysis, names=["update", "point"])
+    except PrivauditError as e:
+        if "not identifiable" not in str(e):
+            raise
+        raise Unobservable(
+            f"agent {v}'s model at its round-{t} update is not identifiable from coalition "
+            f"{members}'s messages of rounds {max(first, 1)}..{last} (its update is); add "
+            "attackers around the victim (--attacker)"
+        ) from None
+    return plan, targets
+
+
+def _apply(
+    system: LinearSystem,
+    rec: Recursion,
+    plan: Recovery,
+    targets: list[dict[Key, float]],
+    messages: dict,
+    first: int,
+    x0: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The plan's estimates on the recorded payloads, row by row in float64 (memory of two
+    models, whatever the number of rows): r_qᵀ (y − C k) + c_kᵀ k for each of ``targets``
+    (the plan's), k the public x_0."""
+    sent: dict[tuple[int, int, str], Tensor] = {}
+    for (t, src, _, kind), m in messages.items():
+        sent.setdefault((t, src, kind), m)
+    x0 = x0.to(torch.float64).reshape(-1)
+
+    def known(j: int) -> Tensor:
+        key = system.known[j]
+        if key[0] != "x0":
+            raise PrivauditError(
+                f"the {rec.name} recursion makes {key} public, but only the shared x_0 is "
+                "known to an adversary; leave it out of Recursion.public"
+            )
+        return x0
+
+    acc = torch.zeros(plan.weights.shape[0], x0.numel(), dtype=torch.float64)
+    C = system.C.tocsr()
+    for r, m in enumerate(system.rows):
+        w = plan.weights[:, r]
+        if not w.any():
+            continue
+        t, kind = m.t + first, rec.kind_of(m.component)
+        payload = sent.get((t, m.src, kind))
+        if payload is None:
+            raise PrivauditError(
+                f"the run holds no {kind!r} message of agent {m.src} in round {t}, which the "
+                "defense's recursion says it sends; capture that round again (delete its "
+                "messages folder)"
+            )
+        y = payload.detach().cpu().to(torch.float64).reshape(-1).clone()
+        for j, c in zip(C[r].indices.tolist(), C[r].data.tolist(), strict=True):
+            y -= c * known(j)
+        acc += torch.from_numpy(w)[:, None] * y
+    for i, target in enumerate(targets):
+        ck = system.functional(target)[1]
+        for j in np.flatnonzero(ck).tolist():
+            acc[i] += float(ck[j]) * known(j)
+    return acc[0], acc[1]
+
+
+def _zeros(key: Key) -> np.ndarray:
+    return np.zeros(1)
+
+
+def _rows(rec: Recursion, adj: Tensor, members: list[int], first: int, last: int) -> list[Message]:
+    """What the coalition records, as rows: for each carried component, every message a
+    member receives from a non-member and each member's own, at state indices of rounds
+    max(first, 1)..last (index = round − first)."""
+    indices = range(max(first, 1) - first, last - first + 1)
+    rows: list[Message] = []
+    for component in dict.fromkeys(rec.carries.values()):
+        rows += gossip_messages(adj, members, indices, component=component, own=(component,))
+    return rows
+
+
+def _system(rec: Recursion, adj: Tensor, members: list[int], first: int, last: int) -> LinearSystem:
+    """The knowledge system. Only public variables are known: the coalition's own updates are
+    solved for like everyone's, from its own sent messages (lossless for D-PSGD and gradient
+    tracking, whose members' neighbours are all heard)."""
+    rows = _rows(rec, adj, members, first, last)
+    return knowledge(rec, members, rows, rounds=last - first, known=lambda k: k[0] in rec.public)
+
+
+def _point(system: LinearSystem, rec: Recursion, t: int, v: int) -> dict[Key, float]:
+    """The victim's model at the evaluation point of its update of (shifted) round t, as
+    coefficients over the variables (:attr:`Recursion.point` through the unrolled states)."""
+    if rec.point is None:
+        raise Unobservable(
+            f"the {rec.name} recursion does not say at which model an update is evaluated "
+            "(Recursion.point); state it in the defense's recursion"
+        )
+    out: dict[Key, float] = {}
+    for (component, j, s), c in rec.point(t, v).items():
+        for key, x in state_functional(system, s, j, component).items():
+            out[key] = out.get(key, 0.0) + c * x
+    return out
+
+
+def _identifiable(
+    rec: Recursion, adj: Tensor, members: list[int], v: int, t: int, first: int, last: int
+) -> bool:
+    sub = rec.shifted(first)
+    a = identifiability(_system(sub, adj, members, first, last))
+    return a.status((sub.update, v, t - first)) == "identifiable"
+
+
+def _why(
+    run: Run,
+    rec: Recursion,
+    adj: Tensor,
+    members: list[int],
+    v: int,
+    t: int,
+    first: int,
+    last: int,
+    analysis: Identifiability,
+    hops: list[int],
+) -> str:
+    """One line: why agent v's round-t update is hidden, and the fix that works (checked on
+    the structure): more rounds after it, or its neighbours in the coalition."""
+    fixes = []
+    horizon = t + 2 * run.cfg.agents  # checked on the structure, past the run's end too
+    if _identifiable(rec, adj, members, v, t, first, horizon):
+        lo, hi = last + 1, horizon  # more rows never hide a variable: bisect the horizon
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (
+                (lo, mid) if _identifiable(rec, adj, members, v, t, first, mid) else (mid + 1, hi)
+            )
+        fixes.append(
+            f"observe up to round {lo} (rounds_ahead={lo - t})"
+            if lo <= run.cfg.rounds
+            else f"use a run of at least {lo} rounds (--rounds {lo})"
+        )
+    if first > 0 and _identifiable(rec, adj, members, v, t, 0, last):
+        fixes.append("use every round from 1 (rounds_back=None)")
+    wider = sorted(set(members) | set(neighbours(adj, v)))
+    if _identifiable(rec, adj, wider, v, t, first, last):
+        fixes.append(
+            f"add its neighbours to the coalition (--attacker {','.join(map(str, wider))})"
+        )
+    fix = " or ".join(fixes) if fixes else "no coalition of its neighbours identifies it either"
+    used = int(np.unique(analysis.system.K.indices).size)
+    away = f"{hops[v]} hop{'s' * (hops[v] != 1)} away"
+    return (
+        f"coalition {members} cannot identify agent {v}'s round-{t} update from its "
+        f"{rec.name} messages of rounds {max(first, 1)}..{last} (knowledge rank "
+        f"{analysis.rank} over {used} unknowns; agent {v} is {away}): {fix}"
+    )
