@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from privaudit.cli.compare import add_executor_options, executor_from_args
 from privaudit.cli.options import (
     DEFAULTS,
+    add_executor_options,
     add_overwrite,
     check_out,
     config_from_args,
+    executor_from_args,
     mark_out,
     training_options,
 )

@@ -9,6 +9,7 @@ argument answer at once.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -477,3 +478,70 @@ def check_sweep_attack(a: argparse.Namespace) -> None:
     check_out(a.out, a.command, a.overwrite)
     attack_options(a, getattr(a, "attack", None))
     limits.check_int("--victims", a.victims, 1, limits.MAX_AGENTS)
+
+
+# -- where a study's cells run (compare, claims) -------------------------------------------
+def add_executor_options(c: argparse.ArgumentParser) -> None:
+    """``--executor`` and its settings: where a study's runs and cells run."""
+    g = c.add_argument_group("where the cells run (docs/running-at-scale.md)")
+    g.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): here, one after the other; ray: each run and each cell (each "
+        "row of claims) a Ray task, as many at once as the cluster holds "
+        '(pip install "privaudit[ray]")',
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="auto|HOST:PORT",
+        help="the Ray cluster to join (default: RAY_ADDRESS or a cluster started on this "
+        "machine by `ray start`, else a new one here; auto: one must be running)",
+    )
+    g.add_argument(
+        "--cell-cpus",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="CPUs each Ray task reserves (default 1)",
+    )
+    g.add_argument(
+        "--cell-gpus",
+        type=float,
+        default=None,
+        metavar="N",
+        help="GPUs each Ray task reserves (default: 1 with --device cuda, else 0)",
+    )
+
+
+def worker_setup(plugins: list[str]) -> None:
+    """Run in each Ray worker before a task: load the installed plugins and the plugin
+    files this command loaded, so that their defenses and attacks exist there too."""
+    from privaudit.plugins import load_plugins
+
+    load_plugins(plugins, environment=False)
+
+
+def executor_from_args(a: argparse.Namespace) -> Any:
+    """The executor ``--executor`` names (None: the local default), refused at once
+    when Ray is asked for but not installed or a setting is out of range."""
+    if a.executor == "local":
+        for flag, value in (
+            ("--ray-address", a.ray_address),
+            ("--cell-gpus", a.cell_gpus),
+            ("--cell-cpus", None if a.cell_cpus == 1.0 else a.cell_cpus),
+        ):
+            if value is not None:
+                raise PrivauditError(f"{flag} is a setting of --executor ray; add --executor ray")
+        return None
+    from privaudit.api.executor import RayExecutor
+    from privaudit.plugins import loaded_files
+
+    return RayExecutor(
+        address=a.ray_address,
+        cell_cpus=a.cell_cpus,
+        cell_gpus=a.cell_gpus,
+        setup=functools.partial(worker_setup, loaded_files()),
+        threads=getattr(a, "threads", None),
+    )
