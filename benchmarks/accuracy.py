@@ -23,7 +23,9 @@ sentence per defense on why the numbers differ.
     python benchmarks/accuracy.py --data-root DIR [--dataset mnist --epsilons 1,8
         --defenses dsgd,dpdl,dp-dpsgd --agents 10 --topology ring --out DIR --json]
 
-Finished cells are kept in ``OUT/results.jsonl`` (an interrupted benchmark resumes).
+Finished cells are kept in ``OUT/results.jsonl`` (an interrupted benchmark resumes). Each
+run and each reference is one task of ``--executor`` (``local``, the default: one after the
+other, here; ``ray``: as many at once as the cluster holds, docs/running-at-scale.md).
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from paper_claims import paper_rows  # noqa: E402
 
+from privaudit.api.executor import LocalExecutor, Task, TaskFailed  # noqa: E402
 from privaudit.api.frontier import REFERENCE_DEFENSE  # noqa: E402
+from privaudit.cli.options import add_executor_options, executor_from_args  # noqa: E402
 from privaudit.core.config import RunConfig  # noqa: E402
+from privaudit.core.errors import PrivauditError  # noqa: E402
 from privaudit.defenses import DEFENSES, get_defense  # noqa: E402
 from privaudit.experiments.reference import reference_for  # noqa: E402
 from privaudit.scenario import presets  # noqa: E402
@@ -101,79 +106,176 @@ def main() -> None:
     )
     p.add_argument("--out", default="privaudit-out/accuracy")
     p.add_argument("--json", action="store_true")
+    add_executor_options(p)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    try:
+        executor = executor_from_args(args) or LocalExecutor()
+    except PrivauditError as e:
+        p.error(str(e))
     warnings.filterwarnings("ignore")
     out = Path(args.out)
+    if executor.parallel:  # the workers' working folder is not this one
+        out, args.data_root = out.resolve(), str(Path(args.data_root).resolve())
     out.mkdir(parents=True, exist_ok=True)
     log = out / "results.jsonl"
     done: dict[str, dict[str, Any]] = {}
     if log.exists():
         done = {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
 
-    def cell(what: str, cfg: RunConfig, epsilon: float, work) -> dict[str, Any]:
+    # every cell not in the log is one task, in the order of the tables; tasks that write one
+    # run folder wait for each other (its writer lock refuses a second writer)
+    tasks: list[Task] = []
+    planned: dict[str, tuple[str, float]] = {}  # a cell's key → (what, ε)
+    writer: dict[str, str] = {}  # a run folder → the last task that writes it
+    gpus = 1.0 if args.device.startswith("cuda") else 0.0
+
+    def after(cfgs: list[RunConfig], key: str) -> tuple[str, ...]:
+        folders = [key_of("run", c, 0.0) for c in cfgs]
+        waits = tuple(dict.fromkeys(writer[f] for f in folders if f in writer))
+        writer.update(dict.fromkeys(folders, key))
+        return waits
+
+    def cell(what: str, cfg: RunConfig, epsilon: float, fn, *fargs, runs=()) -> str:
         key = key_of(what, cfg, epsilon)
-        if key not in done:
-            t0 = time.perf_counter()
-            r = {"key": key, "what": what, "epsilon_target": epsilon, **work()}
-            r["seconds"] = time.perf_counter() - t0
-            with log.open("a") as f:
-                f.write(json.dumps(r, default=str) + "\n")
-            done[key] = r
-            if not args.json:
-                print(
-                    f"{what:<26} ε={epsilon:<4g} acc {r['accuracy']:.4f}  "
-                    f"σ {r['sigma']:.3g}  ε accounted {r['epsilon']:.3g}  {r['seconds']:.0f} s",
-                    flush=True,
-                )
-        return done[key]
-
-    def train(cfg: RunConfig) -> dict[str, Any]:
-        run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))
-        acc = run.test_accuracy(run.train(progress=False))
-        eps = run.resolved["epsilon"]
-        return {"accuracy": acc, "sigma": run.resolved["sigma"], "epsilon": eps}
-
-    def reference(cfg: RunConfig, epsilon: float | None) -> dict[str, Any]:
-        res = reference_for(cfg, epsilon)
-        return {"accuracy": res.accuracy, "sigma": res.sigma, "epsilon": res.epsilon}
+        if key not in done and key not in planned:
+            planned[key] = (what, epsilon)
+            waits = after(list(runs), key)
+            label = f"{what} ε={epsilon:g}"
+            tasks.append(Task(key, timed, (fn, fargs), waits, label=label, gpus=gpus))
+        return key
 
     epsilons = [float(e) for e in args.epsilons.split(",")]
-    rows = []
+    rows: list[tuple[str, str, RunConfig]] = []  # (cell, its table row, its configuration)
     for defense in args.defenses.split(","):
         for eps in epsilons if noised(defense) else [math.inf]:
             cfg = run_config(args, defense, eps)
-            r = cell(defense, cfg, eps, lambda cfg=cfg: train(cfg))
-            rows.append({**r, "defense": defense, "point": cfg.identity()})
+            rows.append((cell(defense, cfg, eps, train, cfg, out, runs=[cfg]), defense, cfg))
     for eps in epsilons:  # at dp-dpsgd's operating point for that ε
         cfg = run_config(args, REFERENCE_DEFENSE, eps)
-        r = cell("centralised DP-SGD", cfg, eps, lambda cfg=cfg, e=eps: reference(cfg, e))
-        rows.append({**r, "defense": "centralised DP-SGD (opacus)", "point": cfg.identity()})
+        key = cell("centralised DP-SGD", cfg, eps, reference, cfg, eps)
+        rows.append((key, "centralised DP-SGD (opacus)", cfg))
     ref = run_config(args, REFERENCE_DEFENSE, math.inf)
-    r = cell("centralised SGD", ref, math.inf, lambda: reference(ref, None))
-    rows.append({**r, "defense": "centralised SGD, non-private", "point": ref.identity()})
+    key = cell("centralised SGD", ref, math.inf, reference, ref, None)
+    rows.append((key, "centralised SGD, non-private", ref))
     for eps in epsilons:  # the centralised run at the noise dp-dpsgd's average model carries
         cfg = run_config(args, REFERENCE_DEFENSE, eps)
-        r = cell(AVERAGE_NOISE, cfg, eps, lambda cfg=cfg: average_noise_reference(cfg, out))
-        rows.append({**r, "defense": AVERAGE_NOISE, "point": cfg.identity()})
-    papers = []
+        key = cell(AVERAGE_NOISE, cfg, eps, average_noise_reference, cfg, out, runs=[cfg])
+        rows.append((key, AVERAGE_NOISE, cfg))
+    claims: list[tuple[str, float, str, str]] = []  # (defense, ε, correct cell, rule task)
     for defense in args.defenses.split(","):
         for claim in paper_epsilons(defense, args.dataset):
             # PRV: at ε < 0.1 the RDP conversion's floor exceeds ε whatever σ
             cfg = dataclasses.replace(run_config(args, defense, claim), accountant="prv")
-            correct = cell(f"{defense} at the paper's ε", cfg, claim, lambda cfg=cfg: train(cfg))
-            theirs = paper_config(cfg, claim, out)
-            rule = correct  # the same run when the paper's count is the correct one
-            if not math.isclose(theirs.sigma, correct["sigma"], rel_tol=1e-6):
-                what = f"{defense} at the paper's rule"
-                rule = cell(what, theirs, claim, lambda c=theirs: train(c))
-            papers.append((defense, claim, correct, rule))
+            what = f"{defense} at the paper's ε"
+            correct = cell(what, cfg, claim, train, cfg, out, runs=[cfg])
+            # the paper's σ needs the run's graph and shards: found by a task after the
+            # correct run's, which trains that σ too unless it is the correct one or logged
+            rule = f"rule {defense} ε={claim!r}"
+            if rule not in {t.key for t in tasks}:
+                sigma = done[correct]["sigma"] if correct in done else None
+                waits = () if correct in done else (correct,)
+                waits = tuple(dict.fromkeys(waits + after([cfg], rule)))
+                args_ = (cfg, claim, out, frozenset(done), sigma)
+                label = f"{defense} at the paper's rule ε={claim:g}"
+                tasks.append(Task(rule, paper_rule, args_, waits, label=label, gpus=gpus))
+            claims.append((defense, claim, correct, rule))
+
+    def record(key: str, what: str, epsilon: float, work: dict[str, Any], seconds: float) -> None:
+        r = {"key": key, "what": what, "epsilon_target": epsilon, **work, "seconds": seconds}
+        with log.open("a") as f:
+            f.write(json.dumps(r, default=str) + "\n")
+        done[key] = r
+        if not args.json:
+            print(
+                f"{what:<26} ε={epsilon:<4g} acc {r['accuracy']:.4f}  "
+                f"σ {r['sigma']:.3g}  ε accounted {r['epsilon']:.3g}  {r['seconds']:.0f} s",
+                flush=True,
+            )
+
+    rules: dict[str, str | None] = {}  # a rule task → its cell (None: the correct one's)
+    failed: list[TaskFailed] = []
+    cached = len(({k for k, _, _ in rows} | {c for _, _, c, _ in claims}) & set(done))
+    try:
+        for t, result in executor.run(tasks, cached=cached):
+            if isinstance(result, TaskFailed):  # only where the executor keeps going
+                print(result.line(), file=sys.stderr, flush=True)
+                failed.append(result)
+            elif t.fn is paper_rule:
+                cfg, claim = t.args[0], t.args[1]
+                if result is not None and result[1] is not None:
+                    record(result[0], f"{cfg.defense} at the paper's rule", claim, *result[1:])
+                rules[t.key] = None if result is None else result[0]
+            else:
+                record(t.key, *planned[t.key], *result)
+    except PrivauditError as e:  # the executor's: interrupted, no cluster
+        if not executor.parallel:
+            raise
+        sys.exit(f"error: {e}")
+    if failed:
+        sys.exit(
+            f"error: {len(failed)} of {len(tasks)} cells failed (each line above); the "
+            f"{len(tasks) - len(failed)} finished are kept in {log}: fix the cause and run the "
+            "same command again"
+        )
+    table_rows = [
+        {**done[key], "defense": name, "point": cfg.identity()} for key, name, cfg in rows
+    ]
+    papers = []
+    for defense, claim, correct, rule in claims:
+        theirs = rules[rule]
+        papers.append(
+            (defense, claim, done[correct], done[correct] if theirs is None else done[theirs])
+        )
     if args.json:
-        print(json.dumps({"rows": rows, "papers": papers}, indent=2, default=str))
+        print(json.dumps({"rows": table_rows, "papers": papers}, indent=2, default=str))
         return
-    print(table(rows, epsilons, args))
+    print(table(table_rows, epsilons, args))
     print()
     print(paper_table(papers, args.dataset))
+
+
+def timed(fn, fargs: tuple[Any, ...], *waited: Any) -> tuple[dict[str, Any], float]:
+    """A cell as a task: ``fn(*fargs)`` and its seconds (``waited``: the results of the
+    tasks it waited for, unused)."""
+    t0 = time.perf_counter()
+    work = fn(*fargs)
+    return work, time.perf_counter() - t0
+
+
+def train(cfg: RunConfig, out: Path) -> dict[str, Any]:
+    run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))
+    acc = run.test_accuracy(run.train(progress=False))
+    eps = run.resolved["epsilon"]
+    return {"accuracy": acc, "sigma": run.resolved["sigma"], "epsilon": eps}
+
+
+def reference(cfg: RunConfig, epsilon: float | None) -> dict[str, Any]:
+    res = reference_for(cfg, epsilon)
+    return {"accuracy": res.accuracy, "sigma": res.sigma, "epsilon": res.epsilon}
+
+
+def paper_rule(
+    cfg: RunConfig,
+    claim: float,
+    out: Path,
+    logged: frozenset[str],
+    sigma: float | None,
+    *waited: Any,
+) -> tuple[str, dict[str, Any] | None, float | None] | None:
+    """The run at the σ of the paper's own rule for ``claim`` (``cfg``: the correct run, whose
+    σ is ``sigma`` or, when None, in the first of ``waited``, its task's result): None when
+    the two σ agree (the correct run is the rule's too), else its cell's key with what
+    training it gave and its seconds (None, None where the key is ``logged``)."""
+    theirs = paper_config(cfg, claim, out)
+    if sigma is None:
+        sigma = waited[0][0]["sigma"]
+    if math.isclose(theirs.sigma, sigma, rel_tol=1e-6):
+        return None
+    key = key_of(f"{cfg.defense} at the paper's rule", theirs, claim)
+    if key in logged:
+        return key, None, None
+    return (key, *timed(train, (theirs, out)))
 
 
 AVERAGE_NOISE = "centralised DP-SGD at dp-dpsgd's average-model noise σ√N"

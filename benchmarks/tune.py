@@ -14,7 +14,9 @@ usual, the search itself is not accounted.
 
 A grid key is a run setting (model, batch_size, rounds, dirichlet_alpha) or a defense
 parameter (lr, clip, momentum, …). Finished points are kept in ``OUT/results.jsonl``: an
-interrupted search resumes where it stopped, and a wider grid reuses what is done.
+interrupted search resumes where it stopped, and a wider grid reuses what is done. Each
+grid point's run at each ε is one task of ``--executor`` (``local``, the default: one after
+the other, here; ``ray``: as many at once as the cluster holds, docs/running-at-scale.md).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any
 
 import torch
 
+from privaudit.api.executor import LocalExecutor, Task, TaskFailed
+from privaudit.cli.options import add_executor_options, executor_from_args
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import Interrupted, PrivauditError
 from privaudit.sim.run import Run
@@ -69,6 +73,22 @@ def key_of(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(cfg.identity(), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def train(cfg: RunConfig, path: Path) -> tuple[float, float, float, str | None]:
+    """One grid point at one ε, as a task: its validation accuracy, σ and seconds, and the
+    error that stopped it (accuracy and σ NaN: e.g. a batch larger than a shard), or None."""
+    t0 = time.perf_counter()
+    error = None
+    try:
+        run = Run.create(cfg, path)
+        acc = run.test_accuracy(run.train(progress=False))
+        sigma = run.resolved["sigma"]
+    except Interrupted:
+        raise
+    except PrivauditError as e:
+        acc, sigma, error = math.nan, math.nan, str(e)
+    return acc, sigma, time.perf_counter() - t0, error
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--defense", required=True)
@@ -88,8 +108,18 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch CPU threads (1: as privaudit's CLI)"
     )
     p.add_argument("--out", default="privaudit-out/tune")
+    add_executor_options(p)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    try:
+        executor = executor_from_args(args) or LocalExecutor()
+    except PrivauditError as e:
+        p.error(str(e))
+    out = Path(args.out)
+    if executor.parallel:  # the workers' working folder is not this one
+        out = out.resolve()
+        if args.data_root is not None:
+            args.data_root = str(Path(args.data_root).resolve())
     warnings.filterwarnings("ignore")
     from privaudit.defenses import get_defense
 
@@ -113,7 +143,6 @@ def main() -> None:
     points = [
         dict(zip(names, vs, strict=True)) for vs in itertools.product(*(v for _, v in args.grid))
     ]
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "results.jsonl"
     done = {}
@@ -121,43 +150,65 @@ def main() -> None:
         for line in log.read_text().splitlines():
             r = json.loads(line)
             done[r["key"]] = r
-    rows = []
+    gpus = 1.0 if args.device.startswith("cuda") else 0.0
+    tasks: dict[str, Task] = {}  # every run not in the log, in the grid's order
+    runs: dict[str, tuple[dict[str, Any], float]] = {}  # a task's (grid point, ε)
     for point in points:
-        accs = []
         for eps in epsilons:
             cfg = config_of(base, point, eps)
             key = key_of(cfg)
-            if key not in done:
-                t0 = time.perf_counter()
-                try:
-                    run = Run.create(cfg, out / "runs" / key)
-                    acc = run.test_accuracy(run.train(progress=False))
-                    sigma = run.resolved["sigma"]
-                except Interrupted:
-                    raise
-                except PrivauditError as e:  # e.g. a batch larger than a shard
-                    acc, sigma = math.nan, math.nan
-                    print(f"  {point} ε={eps:g}: {e}", file=sys.stderr)
-                r = {
-                    "key": key,
-                    "defense": args.defense,
-                    "point": point,
-                    "epsilon": eps,
-                    "sigma": sigma,
-                    "validation_accuracy": acc,
-                    "seconds": time.perf_counter() - t0,
-                    "config": cfg.identity(),
-                }
-                with log.open("a") as f:
-                    f.write(json.dumps(r) + "\n")
-                done[key] = r
+            if key not in done and key not in tasks:
                 shown = ", ".join(f"{k}={v}" for k, v in point.items())
-                print(
-                    f"{args.defense} {shown} ε={eps:g}: validation accuracy {acc:.4f} "
-                    f"(σ {sigma:.3g}, {r['seconds']:.0f} s)",
-                    flush=True,
-                )
-            accs.append(done[key]["validation_accuracy"])
+                label = f"{args.defense} {shown} ε={eps:g}"
+                args_ = (cfg, out / "runs" / key)
+                tasks[key] = Task(key, train, args_, label=label, gpus=gpus)
+                runs[key] = point, eps
+    cached = len(points) * len(epsilons) - len(tasks)
+    failed: list[TaskFailed] = []
+    try:
+        for t, result in executor.run(list(tasks.values()), cached=cached):
+            if isinstance(result, TaskFailed):  # only where the executor keeps going
+                print(result.line(), file=sys.stderr, flush=True)
+                failed.append(result)
+                continue
+            (point, eps), cfg = runs[t.key], t.args[0]
+            acc, sigma, seconds, error = result
+            if error is not None:
+                print(f"  {point} ε={eps:g}: {error}", file=sys.stderr)
+            r = {
+                "key": t.key,
+                "defense": args.defense,
+                "point": point,
+                "epsilon": eps,
+                "sigma": sigma,
+                "validation_accuracy": acc,
+                "seconds": seconds,
+                "config": cfg.identity(),
+            }
+            with log.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            done[t.key] = r
+            shown = ", ".join(f"{k}={v}" for k, v in point.items())
+            print(
+                f"{args.defense} {shown} ε={eps:g}: validation accuracy {acc:.4f} "
+                f"(σ {sigma:.3g}, {r['seconds']:.0f} s)",
+                flush=True,
+            )
+    except PrivauditError as e:  # the executor's: interrupted, no cluster
+        if not executor.parallel:
+            raise
+        sys.exit(f"error: {e}")
+    if failed:
+        sys.exit(
+            f"error: {len(failed)} of {len(tasks)} runs failed (each line above); the "
+            f"{len(tasks) - len(failed)} finished are kept in {log}: fix the cause and run the "
+            "same command again"
+        )
+    rows = []
+    for point in points:
+        accs = [
+            done[key_of(config_of(base, point, eps))]["validation_accuracy"] for eps in epsilons
+        ]
         score = statistics.fmean(accs) if not any(map(math.isnan, accs)) else math.nan
         rows.append((score, point, accs))
     rows.sort(key=lambda r: -r[0] if not math.isnan(r[0]) else math.inf)
