@@ -46,7 +46,7 @@ def measure(defense: str, args: argparse.Namespace, root: str) -> dict:
         lpips=False,
         progress=not args.json,
         out=f"{root}/{defense}-out",
-    )
+    ).to_dict()
     res["total_s"] = time.perf_counter() - t0
     if args.figures and res.get("figure"):  # no grid when every victim's batch is empty
         Path(args.figures).mkdir(parents=True, exist_ok=True)

@@ -72,12 +72,12 @@ def measure(row: dict[str, Any], args: argparse.Namespace, root: str) -> dict[st
         "threat": row["threat"],
         "topology": row["topology"],
         "round": row["round"],
-        "psnr": res["metrics"]["psnr"],
-        "ssim": res["metrics"]["ssim"],
-        "label_acc": res["metrics"]["label_acc"],
-        "exact": res["exact_observation"],
-        "noise_std": sum(res["noise_std"]) / len(res["noise_std"]),
-        "epsilon": res["epsilon"],
+        "psnr": res.metrics["psnr"],
+        "ssim": res.metrics["ssim"],
+        "label_acc": res.metrics["label_acc"],
+        "exact": res.exact_observation,
+        "noise_std": sum(res.noise_std) / len(res.noise_std),
+        "epsilon": res.epsilon,
         "seconds": time.perf_counter() - t0,
     }
 

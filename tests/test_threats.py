@@ -139,11 +139,11 @@ def test_an_empty_victim_batch_has_nothing_to_reconstruct(tmp_path):
     assert rec.images.shape == (0, *run.data.input_shape) and rec.meta["empty"]
     kw = dict(threat="link", iterations=1, lpips=False, progress=False)
     a = reconstruct(run, "dsgd-half-model", 1, victims=[3, 0], **kw)
-    sizes = a.result["batch_sizes"]
+    sizes = a.result.batch_sizes
     assert sizes == [0, len(run.secret_index(1, 0))] and sizes[1] > 0
     assert a.recons[1].images.shape[0] == sizes[1]
-    assert a.result["per_observation"][0]["psnr"] is None
-    assert a.result["metrics"]["psnr"] == a.result["per_observation"][1]["psnr"]
+    assert a.result.per_observation[0]["psnr"] is None
+    assert a.result.metrics["psnr"] == a.result.per_observation[1]["psnr"]
 
 
 def test_push_sum_debiasing_is_exact_when_both_pairs_are_seen(tmp_path):

@@ -6,6 +6,7 @@ This is the Python API behind ``privaudit attack``; notebooks call it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -94,11 +95,58 @@ def nonempty_rounds(run: Run, t: int, victims: list[int], within: int = 20) -> l
 
 
 @dataclass
-class Attempt:
-    """One attack on a target: ``result`` (JSON-ready, the fields of ``result.json``), the
-    secret batches, the reconstructions and the per-observation scores (eval only)."""
+class AttackResult:
+    """What one attack on a target found: the fields of ``result.json``.
 
-    result: dict[str, Any]
+    ε fields are None where ε is ∞ (``*_reason`` says why); ``metrics`` are the means over
+    the observations with a batch (None where every batch was empty, then
+    ``rounds_with_a_batch`` names the nearest recorded rounds where one is not); ``figure``
+    is the grid's path once written."""
+
+    target: str
+    round: int
+    attack: str
+    attack_used: list[str | None]  # per observation, the attack whose answer it is
+    fallback: list[str | None]  # per observation, why R-GAP handed over to IG, or None
+    attack_options: dict[str, Any]
+    threat: str
+    adversaries: list[str]
+    threat_chosen: bool
+    links: list[list[int | None]]
+    epsilon: float | None  # the attacked kind's ε over the run (worst agent)
+    epsilon_reason: str | None
+    epsilon_claimed: float  # the paper's count
+    run_epsilon: float | None  # everything the run puts on the wire
+    run_epsilon_reason: str | None
+    delta: float
+    sigma: float | None
+    batch_size: int  # expected (Poisson); realised: batch_sizes
+    batch_sizes: list[int]
+    metrics: dict[str, float | None]
+    spread: dict[str, float | None]
+    lpips_note: str | None
+    per_observation: list[dict[str, Any]]
+    exact_observation: bool
+    noise_std: list[float]
+    rounds_with_a_batch: list[int]
+    wall_s: float
+    run: str
+    figure: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict (``figure`` only once written), as ``result.json`` holds."""
+        d = dataclasses.asdict(self)
+        if d["figure"] is None:
+            del d["figure"]
+        return d
+
+
+@dataclass
+class Attempt:
+    """One attack on a target: its ``result``, the secret batches, the reconstructions and
+    the per-observation scores (eval only)."""
+
+    result: AttackResult
     truths: list[tuple[torch.Tensor, torch.Tensor]]
     recons: list[Reconstruction]
     scores: list[dict[str, Any]]
@@ -146,43 +194,43 @@ def reconstruct(
     ]  # the attacked message kind's ε (worst agent)
     eps, run_eps = privacy["epsilon"], run.resolved["epsilon"]
     metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
-    result = {
-        "target": target,
-        "round": round,
-        "attack": attack,
+    result = AttackResult(
+        target=target,
+        round=round,
+        attack=attack,
         # per observation, the attack whose answer it is ("auto" picks one; None: empty batch)
-        "attack_used": [r.meta.get("attack") for r in recons],
+        attack_used=[r.meta.get("attack") for r in recons],
         # per observation, why the attack handed over to another (R-GAP → IG), or None
-        "fallback": [r.meta.get("fallback") for r in recons],
-        "attack_options": {**kw, "seed": seed},
-        "threat": obs[0].meta["threat"].split()[0],
-        "adversaries": [o.meta["threat"] for o in obs],
-        "threat_chosen": threat is None and not attackers,
-        "links": [[o.meta["src"], o.meta["dst"]] for o in obs],
+        fallback=[r.meta.get("fallback") for r in recons],
+        attack_options={**kw, "seed": seed},
+        threat=obs[0].meta["threat"].split()[0],
+        adversaries=[o.meta["threat"] for o in obs],
+        threat_chosen=threat is None and not attackers,
+        links=[[o.meta["src"], o.meta["dst"]] for o in obs],
         # the attacked kind's ε over the run (None: ∞, with the reason) and the paper's count
-        "epsilon": eps if math.isfinite(eps) else None,
-        "epsilon_reason": None if math.isfinite(eps) else privacy["reason"],
-        "epsilon_claimed": privacy["epsilon_claimed"],
+        epsilon=eps if math.isfinite(eps) else None,
+        epsilon_reason=None if math.isfinite(eps) else privacy["reason"],
+        epsilon_claimed=privacy["epsilon_claimed"],
         # the run's ε: everything it puts on the wire (privaudit.core.accounting.run_privacy)
-        "run_epsilon": run_eps if math.isfinite(run_eps) else None,
-        "run_epsilon_reason": run.resolved["epsilon_reason"],
-        "delta": run.cfg.delta,
-        "sigma": run.resolved["sigma"],
-        "batch_size": run.cfg.batch_size,  # expected (Poisson); realised: batch_sizes
-        "batch_sizes": [o.batch_size for o in obs],
-        "metrics": {m: summary[m]["mean"] for m in metrics},
-        "spread": {m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
-        "lpips_note": summary["lpips_note"],
-        "per_observation": [{k: s[k] for k in metrics} for s in scores],
-        "exact_observation": all(o.meta.get("exact", False) for o in obs),
-        "noise_std": [o.noise_std for o in obs],
+        run_epsilon=run_eps if math.isfinite(run_eps) else None,
+        run_epsilon_reason=run.resolved["epsilon_reason"],
+        delta=run.cfg.delta,
+        sigma=run.resolved["sigma"],
+        batch_size=run.cfg.batch_size,  # expected (Poisson); realised: batch_sizes
+        batch_sizes=[o.batch_size for o in obs],
+        metrics={m: summary[m]["mean"] for m in metrics},
+        spread={m: summary[m]["std"] for m in ("mse", "psnr", "ssim")},
+        lpips_note=summary["lpips_note"],
+        per_observation=[{k: s[k] for k in metrics} for s in scores],
+        exact_observation=all(o.meta.get("exact", False) for o in obs),
+        noise_std=[o.noise_std for o in obs],
         # where every victim's batch is empty: the nearest recorded rounds where it is not
-        "rounds_with_a_batch": []
+        rounds_with_a_batch=[]
         if any(o.batch_size for o in obs)
         else nonempty_rounds(run, round, [o.meta["src"] for o in obs]),
-        "wall_s": float(f"{wall:.3f}"),
-        "run": str(run.dir.path),
-    }
+        wall_s=float(f"{wall:.3f}"),
+        run=str(run.dir.path),
+    )
     return Attempt(result, truths, recons, scores)
 
 
@@ -193,7 +241,7 @@ def attack(
     *,
     out: str | Path | None = None,
     **kw: Any,
-) -> dict[str, Any]:
+) -> AttackResult:
     """:func:`reconstruct`, then write ``result.json`` and a figure grid to ``out``; returns
     the result (with ``figure``, its path, when written: not when every victim's batch was
     empty). ``kw``: :func:`reconstruct`'s."""
@@ -201,10 +249,9 @@ def attack(
     result = a.result
     if out is not None:
         out = Path(out)
-        write_json(out / "result.json", to_jsonable(result))
+        write_json(out / "result.json", to_jsonable(result.to_dict()))
         if any(len(images) for images, _ in a.truths):  # else every batch was empty
-            grid = _figure(out / "grid.png", a.truths, a.recons, a.scores, result)
-            result["figure"] = str(grid)
+            result.figure = str(_figure(out / "grid.png", a.truths, a.recons, a.scores, result))
     return result
 
 
@@ -213,7 +260,7 @@ def _figure(
     truths: list[tuple[torch.Tensor, torch.Tensor]],
     recons: list[Reconstruction],
     scores: list[dict[str, Any]],
-    result: dict[str, Any],
+    result: AttackResult,
 ) -> Path:
     """Truth over reconstruction for every observation's batch, side by side."""
     true = torch.cat([t for t, _ in truths])
@@ -224,10 +271,10 @@ def _figure(
         k: sum((s["per_image"][k] or [None] * len(s["perm"]) for s in scores), [])
         for k in ("psnr", "ssim", "lpips")
     }
-    eps = result["epsilon"]
+    eps = result.epsilon
     title = (
-        f"{result['target']} · round {result['round']} · "
+        f"{result.target} · round {result.round} · "
         f"{f'ε = {eps:.3g}' if eps is not None else 'ε = ∞ (no formal DP bound)'} · "
-        f"{result['attack']} under {result['adversaries'][0]}"
+        f"{result.attack} under {result.adversaries[0]}"
     )
     return reconstruction_grid(true, rec, per, title, path)

@@ -266,7 +266,7 @@ def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dic
         **kw,
     )
     result = {
-        **{k: v for k, v in a.result.items() if k not in ("wall_s", "threat_chosen")},
+        **{k: v for k, v in a.result.to_dict().items() if k not in ("wall_s", "threat_chosen")},
         "seed": cell.seed,
         "epsilon_requested": cell.epsilon,
         "per_image": {

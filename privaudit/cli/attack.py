@@ -119,10 +119,10 @@ def cmd_attack(a: argparse.Namespace) -> int:
         lpips=not a.no_lpips,
         progress=not a.no_progress,
     )
-    m = result["metrics"]
+    m = result.metrics
     empty = None
     if m["mse"] is None:
-        near = result["rounds_with_a_batch"]
+        near = result.rounds_with_a_batch
         hint = (
             f"the nearest recorded rounds where it is not: {', '.join(map(str, near))}"
             if near
@@ -130,46 +130,46 @@ def cmd_attack(a: argparse.Namespace) -> int:
         )
         empty = (
             f"{a.target} round {a.round}: every victim's batch is empty (Poisson sampling, "
-            f"realised sizes {result['batch_sizes']}): nothing to reconstruct; {hint}"
+            f"realised sizes {result.batch_sizes}): nothing to reconstruct; {hint}"
         )
     if a.json:
         from privaudit.core.files import to_jsonable
 
         if empty:
             print(empty, file=sys.stderr)
-        print(json.dumps(to_jsonable(result), indent=2))
+        print(json.dumps(to_jsonable(result.to_dict()), indent=2))
         return 0
     line = run_epsilon_line(run.resolved)
     if run.resolved["epsilon_reason"]:
         line += " (each kind's reason: result.json's epsilon_reason, or privaudit train)"
     print(line)
-    if result["threat_chosen"]:
+    if result.threat_chosen:
         print(
-            f"threat: {result['adversaries'][0]} — the weakest adversary that observes "
+            f"threat: {result.adversaries[0]} — the weakest adversary that observes "
             f"{a.target} (choose one with --threat link|neighbor|coalition|global)"
         )
-    eps = "∞" if result["epsilon"] is None else f"{result['epsilon']:.3g}"
-    claim = result["epsilon_claimed"]
-    if result["epsilon"] is None and math.isfinite(claim):
+    eps = "∞" if result.epsilon is None else f"{result.epsilon:.3g}"
+    claim = result.epsilon_claimed
+    if result.epsilon is None and math.isfinite(claim):
         eps += f" (the paper's count: {claim:.3g})"
     if empty:
         print(f"{empty}; wrote {out / 'result.json'}")
         return 0
     lp = f"{m['lpips']:.3f}" if m["lpips"] is not None else "n/a"
-    used = sorted({u for u in result["attack_used"] if u})
-    name = result["attack"]
+    used = sorted({u for u in result.attack_used if u})
+    name = result.attack
     if used and used != [name]:  # e.g. auto: the attack it picked
         name = f"{name} ({', '.join(used)})"
     print(
         f"{a.target} round {a.round}, {name} under "
-        f"{'; '.join(sorted(set(result['adversaries'])))} (links {result['links']}), "
+        f"{'; '.join(sorted(set(result.adversaries)))} (links {result.links}), "
         f"ε = {eps}: "
         f"PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, MSE {m['mse']:.4f}, LPIPS {lp}, "
-        f"label acc {m['label_acc']:.2f}, {result['wall_s']:.1f} s"
+        f"label acc {m['label_acc']:.2f}, {result.wall_s:.1f} s"
     )
-    for why in sorted({w for w in result["fallback"] if w}):
+    for why in sorted({w for w in result.fallback if w}):
         print(f"{a.attack}: {why}; Inverting Gradients produced the reconstruction")
-    if result["lpips_note"]:
-        print(result["lpips_note"])
-    print(f"wrote {out / 'result.json'} and {result['figure']}")
+    if result.lpips_note:
+        print(result.lpips_note)
+    print(f"wrote {out / 'result.json'} and {result.figure}")
     return 0
