@@ -112,15 +112,11 @@ def message_scores(
                 }
             )
     if not members:
-        raise_empty(target, rounds)
+        raise PrivauditError(
+            f"every victim's batch of {target} is empty in rounds {rounds[0]}..{rounds[-1]} "
+            "(Poisson sampling): nothing is a member; observe more rounds (--messages)"
+        )
     return Scores(np.concatenate(members), np.concatenate(nonmembers), rows)
-
-
-def raise_empty(target: str, rounds: list[int]) -> None:
-    raise PrivauditError(
-        f"every victim's batch of {target} is empty in rounds {rounds[0]}..{rounds[-1]} "
-        "(Poisson sampling): nothing is a member; observe more rounds (--messages)"
-    )
 
 
 def mia(
