@@ -7,6 +7,11 @@ clipped one would. So the audit tries candidates of several norms (C, 10C, 100C)
 — a Dirac coordinate, against the victim's clean batch gradient, a mislabeled training
 example whose gradient the defense computes and clips as any other — in the priority order
 of :func:`candidates`; :func:`make_canaries` builds their tensors.
+
+Outside the search, the ``real`` canary is a training example with its own label: the
+input-space audit (membership of a real example, as a membership-inference attack would
+test it), whose bound says what an adversary learns about data that was never crafted to
+be found. It is never stronger than the worst-case canaries, so its bound is the smaller.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ from privaudit.core.errors import PrivauditError
 
 DOMINATE = 1e4  # flat-clip canary norm, in units of B·C: the clipped mean is ≈ C·direction
 CANARY_NORM = 1.0  # canary norm where nothing is clipped
-SHAPES = ("dirac", "opposite", "example")  # the canary shapes the search tries
+SHAPES = ("dirac", "opposite", "example", "real")  # canary shapes; "real" only when asked
+EXAMPLES = ("example", "real")  # the shapes that are examples (their norm is their own)
 
 
 @dataclass
 class Canary:
     """One candidate of the search: its shape (``kind``: ``dirac``, ``opposite`` — against
-    the victim's clean batch gradient — or ``example``) and gradient norm (an example's is
+    the victim's clean batch gradient — ``example`` or ``real``) and gradient norm (an example's is
     its own gradient's), and once made (:func:`make_canaries`) the gradient it adds (``grad`` (D,))
     or the example whose gradient the defense computes, and clips, like any other's."""
 
@@ -46,7 +52,7 @@ def check_canary(norm: float | None, kind: str | None) -> None:
         raise PrivauditError(f"--canary-shape must be one of {', '.join(SHAPES)}, got {kind!r}")
     if norm is not None and not (norm > 0 and math.isfinite(norm)):
         raise PrivauditError(f"--canary-norm must be a finite number > 0, got {norm}")
-    if norm is not None and kind == "example":
+    if norm is not None and kind in EXAMPLES:
         raise PrivauditError(
             "an example canary's norm is its own gradient's; drop --canary-norm or pick "
             "--canary-shape dirac or opposite"
@@ -66,8 +72,11 @@ def candidates(
     - flat batch clip: against the clean gradient at the dominating norm 10⁴·B·C (the clipped
       mean swings by 2C, the sensitivity), Dirac at 100C, the example, Dirac at 10C and C.
 
-    ``norm`` fixes the norm (no example then: its norm is its own), ``kind`` the shape."""
+    ``norm`` fixes the norm (no example then: its norm is its own), ``kind`` the shape;
+    ``real`` (a training example under its own label) is only ever the one candidate."""
     check_canary(norm, kind)
+    if kind == "real":
+        return [Canary("real", None)]
     unit = privacy.clip if privacy.clip_unit in ("example", "batch") else CANARY_NORM
     n1, n100, n10 = (unit, 100 * unit, 10 * unit) if norm is None else (norm, norm, norm)
     if privacy.clip_unit == "batch":
@@ -80,7 +89,7 @@ def candidates(
     keep = {
         (k, v): Canary(k, v)
         for k, v in order
-        if (kind is None or k == kind) and not (norm is not None and k == "example")
+        if (kind is None or k == kind) and not (norm is not None and k in EXAMPLES)
     }
     return list(keep.values())
 
@@ -89,7 +98,8 @@ def make_canaries(cands: list[Canary], ctx: Any, clean: list[Tensor], seed: int)
     """The candidates' tensors: a Dirac on a coordinate drawn from ``seed``; against the
     victim's clean batch gradient (the mean of the probe's ``clean`` rows; left out where the
     victim's batch has no gradient); a training input of ``seed``'s draw under another label
-    (mislabeled, so misfit: a large gradient, clipped by the defense as any example's)."""
+    (mislabeled, so misfit: a large gradient, clipped by the defense as any example's); the
+    same input under its own label (``real``)."""
     D = ctx.spec.numel
     rng = np.random.default_rng(seed)
     dirac = torch.zeros(D, dtype=torch.float32)
@@ -99,6 +109,7 @@ def make_canaries(cands: list[Canary], ctx: Any, clean: list[Tensor], seed: int)
     classes = int(ctx.train_y.max()) + 1
     label = (int(ctx.train_y[i]) + 1 + int(rng.integers(max(classes - 1, 1)))) % classes
     example = (ctx.train_x[i : i + 1], torch.tensor([label], device=ctx.train_y.device))
+    real = (ctx.train_x[i : i + 1], ctx.train_y[i : i + 1])
     out = []
     for c in cands:
         if c.kind == "dirac":
@@ -107,6 +118,8 @@ def make_canaries(cands: list[Canary], ctx: Any, clean: list[Tensor], seed: int)
             out.append(dataclasses.replace(c, grad=-c.norm * u / u.norm()))
         elif c.kind == "example" and classes > 1:
             out.append(dataclasses.replace(c, example=example))
+        elif c.kind == "real":
+            out.append(dataclasses.replace(c, example=real))
     if not out:
         raise PrivauditError(
             f"no {cands[0].kind} canary fits here (the victim's batch has no gradient to "

@@ -95,6 +95,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         audits = [r["audit_epsilon_lo"] for r in rs if r.get("audit_epsilon_lo") is not None]
         s["audit_epsilon_lo"] = _mean(audits) if audits else None
         s["audit_epsilon_upper"] = _mean([r.get("audit_epsilon_upper") for r in rs])
+        for m in ("mia_auc", "mia_tpr", "label_counts_exact"):
+            s[m] = _mean([r.get(m) for r in rs])
         out.append(s)
     return out
 
@@ -130,6 +132,9 @@ CELL_COLUMNS = [
     "label_acc",
     "test_acc",
     "audit_epsilon_lo",
+    "mia_auc",
+    "mia_tpr",
+    "label_counts_exact",
     "attack",
     "iterations",
     "dir",
@@ -155,6 +160,9 @@ SUMMARY_COLUMNS = [
     "test_acc",
     "test_acc_spread",
     "audit_epsilon_lo",
+    "mia_auc",
+    "mia_tpr",
+    "label_counts_exact",
     "spread_over",
 ]
 
@@ -180,6 +188,9 @@ def _cell_row(r: dict[str, Any]) -> dict[str, Any]:
         "test_acc": r["test_acc"],
         "audit_epsilon_lo": r.get("audit_epsilon_lo"),
         "audit_epsilon_upper": r.get("audit_epsilon_upper"),
+        "mia_auc": r.get("mia_auc"),
+        "mia_tpr": r.get("mia_tpr"),
+        "label_counts_exact": r.get("label_counts_exact"),
         "attack": r["attack"],
         "iterations": r["attack_options"].get("iterations", "default"),
         "dir": r["dir"],
@@ -211,14 +222,23 @@ def _pm(s: dict[str, Any], m: str, digits: int) -> str:
     return f"{s[m]:.{digits}f}" + ("" if spread is None else f" ± {spread:.{digits}f}")
 
 
+MEMBERSHIP = (("mia_auc", ".3f"), ("mia_tpr", ".1%"), ("label_counts_exact", ".1%"))
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
 def markdown(summary: Sequence[dict[str, Any]]) -> str:
     """The summary as a Markdown table (mean ± spread)."""
     audit = any(s["audit_epsilon_lo"] is not None for s in summary)
+    member = any(s.get("mia_auc") is not None for s in summary)
     head = ["target", "round", "ε asked", "ε message", "ε run", "σ", "threat", "PSNR dB"]
     head += ["SSIM", "MSE"]
     head += ["label acc", "test acc"] + (
         ["one release: audited ε ≥ / accountant ε ≤"] if audit else []
     )
+    head += ["MIA AUC", "MIA TPR @ 1 % FPR", "label counts exact"] if member else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
         cells = [
@@ -238,6 +258,8 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
         if audit:
             lo, up = s["audit_epsilon_lo"], s["audit_epsilon_upper"]
             cells.append("" if lo is None else f"{lo:.3g} / {eps_text(up)}")
+        if member:
+            cells += [_fmt(s.get(k), p) for k, p in MEMBERSHIP]
         lines.append("| " + " | ".join(cells) + " |")
     n = summary[0]
     note = (

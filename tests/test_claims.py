@@ -84,6 +84,23 @@ def test_a_correct_formal_mechanism_is_not_violated(ledger) -> None:
     assert r["audit"]["screening"] is None and r["audit"]["confidence"] == 0.95
 
 
+def test_every_formal_kind_has_a_real_example_bound_within_its_accounting(ledger) -> None:
+    """The input-space audit (a real example under its own label as the canary) runs for
+    every formal kind and only for those; on correct mechanisms it stays within the accounted
+    ε of one release, and it says something (> 0) where a release's ε is large (σ = 1)."""
+    for r in ledger[2]["rows"]:
+        real = r["real"]
+        if not r["formal"]:
+            assert real is None
+            continue
+        assert real["trials"] == r["audit"]["trials"] and real["norm"] > 0
+        assert real["epsilon_lo"] <= r["accounting"]["epsilon"]
+        assert real["verdict"] != "violated"
+    dp = _rows(ledger[2])["dp-dpsgd-half-model"]["real"]
+    assert 0 < dp["epsilon_lo"]
+    assert "real example ε ≥" in ledger[1].read_text()
+
+
 def test_flat_clip_claim_is_refuted_by_the_evidence(ledger) -> None:
     r = _rows(ledger[2])["pdsl-cg"]
     count, truth = r["claim"]["count"]["epsilon"], r["accounting"]["epsilon"]

@@ -256,7 +256,13 @@ def test_compare_utility_draws_the_frontier_with_its_references(tmp_path, monkey
     audited = {(c["target"], c["epsilon_requested"]): c["audit_epsilon_lo"] for c in cells}
     assert audited.pop(("dsgd-half-model", "inf")) == ""  # nothing noised to audit
     assert all(lo != "" and float(lo) >= 0 for lo in audited.values())
+    # membership inference on every run's last messages, private or not (cached beside it)
+    for c in cells:
+        assert 0 <= float(c["mia_tpr"]) <= 1 and 0 <= float(c["mia_auc"]) <= 1
+        assert 0 <= float(c["label_counts_exact"]) <= 1
+    assert len(list((out / "runs").glob("*.mia-*.json"))) == len(cells)
     table = (out / "frontier.md").read_text().splitlines()
+    assert "MIA TPR @ 1 % FPR" in table[0] and "label counts exact" in table[0]
     rows = {r.split("|")[1].strip(): r for r in table[2:]}
     assert len(table) == 2 + 4 + 4  # four runs, opacus at ε = 1 and 8, two non-private
     opacus = [r for r in table if r.startswith("| centralised DP-SGD")]

@@ -170,6 +170,22 @@ def test_audit_passes_the_plugin_and_catches_its_halved_noise(tmp_path, capsys):
     assert verdicts["cta-dpsgd-halfnoise"] == "violated"
 
 
+def test_the_ledger_real_example_audit_catches_the_halved_noise(tmp_path, capsys):
+    """The ledger's input-space audit (a real training example as the canary) on the
+    setting above: within the correct defense's ε, above the twin's stated one (its noise is
+    half what it states); the twin's violation holds at the ledger's Bonferroni level."""
+    argv = "claims --defense cta-dpsgd,cta-dpsgd-halfnoise --agents 4 --rounds 2 --sigma 1"
+    argv += " --trials 400 --confidence 0.999 --row-seconds 0 --json --no-progress"
+    code, out, err = run_cli(capsys, *PLUGINS, *argv.split(), "--out", str(tmp_path))
+    assert code == 0, err
+    rows = {r["target"]: r for r in json.loads(out)["rows"]}
+    ok, twin = rows["cta-dpsgd-model"], rows["cta-dpsgd-halfnoise-model"]
+    assert ok["real"]["epsilon_lo"] <= ok["accounting"]["epsilon"]
+    assert ok["real"]["verdict"] != "violated"
+    assert twin["real"]["epsilon_lo"] > twin["accounting"]["epsilon"]
+    assert twin["real"]["verdict"] == "violated" and twin["real"]["confidence"] > 0.999
+
+
 def test_distributed_ranks_load_the_plugin_and_resume(tmp_path, capsys):
     """Forked ranks load the launcher's plugin files; the run ends where the simulator's
     does, and resumes on the distributed engine from a checkpoint."""

@@ -112,6 +112,13 @@ def write_frontier(
     return table, [out / "frontier.md", *frontier_figure(summary, refs, out / "frontier")]
 
 
+MEMBERSHIP = ("mia_tpr", "label_counts_exact")  # the frontier's membership columns
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:.1f} %"
+
+
 def _x(eps: float | None, top: float) -> float:
     """Where ε sits on a log axis whose last tick, ``top``, stands for ∞."""
     return top if eps is None or math.isinf(eps) else eps
@@ -120,11 +127,13 @@ def _x(eps: float | None, top: float) -> float:
 def frontier_figure(
     summary: Sequence[dict[str, Any]], refs: Sequence[Reference], path: Path
 ) -> list[Path]:
-    """Three panels, one colour per target, test accuracy on the y axis against (a) the
-    accounted ε of the attacked message (∞ at the right edge: no formal guarantee), (b) the
-    white-box audit's ε lower bound for one release, (c) the attack's PSNR on the same run's
-    message. The references are drawn in every panel where they have an x: centralised
-    DP-SGD as a dashed line over ε, the non-private ceilings as horizontal lines."""
+    """Three panels — four when the sweep ran membership inference — one colour per target,
+    test accuracy on the y axis against (a) the accounted ε of the attacked message (∞ at the
+    right edge: no formal guarantee), (b) the white-box audit's ε lower bound for one
+    release, (c) the attack's PSNR on the same run's message, (d) the message-level
+    membership inference's TPR at 1 % FPR on the same run's messages. The references are
+    drawn in every panel where they have an x: centralised DP-SGD as a dashed line over ε,
+    the non-private ceilings as horizontal lines."""
     from matplotlib.figure import Figure
 
     targets = list(dict.fromkeys(s["target"] for s in summary))
@@ -133,13 +142,15 @@ def frontier_figure(
     finite += [r.epsilon for r in refs]
     finite = [e for e in finite if math.isfinite(e)]
     top = 4 * max(finite) if finite else 10.0
-    fig = Figure(figsize=(9.6, 3.0), layout="constrained")
-    axes = fig.subplots(1, 3, sharey=True)
     panels = [
         ("epsilon", "accounted ε of the message (worst agent, whole run)"),
         ("audit_epsilon_lo", "audited ε lower bound, one release"),
         ("psnr", "reconstruction PSNR (dB), last round"),
     ]
+    if any(s.get("mia_tpr") is not None for s in summary):
+        panels.append(("mia_tpr", "membership: TPR at 1 % FPR (messages)"))
+    fig = Figure(figsize=(3.2 * len(panels), 3.0), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True)
     for ax, (key, label) in zip(axes, panels, strict=True):
         for t in targets:
             color, marker = style[t]
@@ -172,9 +183,9 @@ def frontier_figure(
     axes[0].set_ylabel("test accuracy (average model)", fontsize=7.5)
     for t in targets:
         color, marker = style[t]
-        axes[2].plot([], [], "-" + marker, color=color, mec="black", mew=0.4, ms=4, label=t)
+        axes[-1].plot([], [], "-" + marker, color=color, mec="black", mew=0.4, ms=4, label=t)
     axes[0].legend(fontsize=6, frameon=False, loc="lower right")
-    axes[2].legend(fontsize=6, frameon=False, loc="best")
+    axes[-1].legend(fontsize=6, frameon=False, loc="best")
     return save_png_pdf(fig, path)
 
 
@@ -184,8 +195,10 @@ def frontier_markdown(
     configs: Mapping[tuple[str, float | None], RunConfig],
 ) -> str:
     """The frontier as one Markdown table: per target and requested ε, the accounted ε, the
-    audited lower bound, test accuracy and the attack's PSNR/SSIM, and the operating point
+    audited lower bound, test accuracy, the attack's PSNR/SSIM, the membership inference's
+    TPR at 1 % FPR and label counts recovered (where the sweep ran it) and the operating point
     (``configs``: the run of each (defense, requested ε)); the references below."""
+    member = any(s.get("mia_tpr") is not None for s in summary)
     head = [
         "target",
         "ε asked",
@@ -194,6 +207,7 @@ def frontier_markdown(
         "test acc",
         "PSNR dB",
         "SSIM",
+        *(["MIA TPR @ 1 % FPR", "label counts exact"] if member else []),
         "operating point",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -210,6 +224,7 @@ def frontier_markdown(
                     f"{s['test_acc']:.3f}",
                     "—" if s["psnr"] is None else f"{s['psnr']:.1f}",
                     "—" if s["ssim"] is None else f"{s['ssim']:.3f}",
+                    *([_pct(s.get(k)) for k in MEMBERSHIP] if member else []),
                     setting(
                         configs[(Target.parse(s["target"]).defense.name, s["epsilon_requested"])]
                     ),
@@ -219,5 +234,6 @@ def frontier_markdown(
         )
     for r in refs:
         row = [r.name, eps_text(r.epsilon_requested), eps_text(r.epsilon), "", f"{r.accuracy:.3f}"]
-        lines.append("| " + " | ".join(row + ["", "", r.setting]) + " |")
+        row += ["", ""] + (["", ""] if member else [])
+        lines.append("| " + " | ".join(row + [r.setting]) + " |")
     return "\n".join(lines) + "\n"

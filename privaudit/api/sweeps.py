@@ -34,6 +34,7 @@ from privaudit.api.executor import (
     commit_folder,
     remove_stale,
 )
+from privaudit.api.membership import mia
 from privaudit.api.pipeline import reconstruct
 from privaudit.core import limits
 from privaudit.core.accounting import noised as sigma_noised
@@ -62,6 +63,7 @@ __all__ = [
 ]
 
 RESULT_VERSION = 3  # bump when the content of a cached result changes
+MIA_MESSAGES = 8  # rounds of messages a sweep's membership inference scores, per target
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class Sweep:
     adversary that observes it (:func:`privaudit.api.pipeline.observe`).
     ``audit``: also run the white-box canary audit (:mod:`privaudit.experiments.audit`) of each
     noised target at its largest round, for an empirical ε lower bound.
+    ``membership``: also run message-level membership inference and label-count recovery
+    (:func:`privaudit.api.membership.mia`, its defaults) on each target's last
+    :data:`MIA_MESSAGES` rounds up to its largest attacked round, private or not: the axis
+    on which private and non-private runs separate at large batches.
     ``preset``: ``attack`` (``base`` is every run's setting) or ``utility``: each (defense, ε)
     trains at its operating point (:func:`privaudit.scenario.presets.apply`, with the user's
     ``explicit`` settings on top), ``rounds`` empty attacks each run's last round, ε = ∞ in
@@ -105,6 +111,7 @@ class Sweep:
     lpips: bool = False
     audit: bool = False
     audit_trials: int | None = None
+    membership: bool = False
     preset: str = "attack"
     explicit: dict[str, Any] = field(default_factory=dict)
 
@@ -384,6 +391,41 @@ def audit_run(
         )
 
 
+def membership_run(
+    sweep: Sweep,
+    cfg: RunConfig,
+    rdir: str,
+    wanted: list[tuple[str, int, str]],
+    progress: bool,
+    *_: Any,
+) -> None:
+    """A study's task: message-level membership inference on each (target, last round) in
+    ``wanted`` — the rounds up to it, :data:`MIA_MESSAGES` of them — on the run in ``rdir``,
+    its summary cached at its path (:func:`_memberships`)."""
+    for target, r, where in wanted:
+        path = Path(where)
+        if path.exists():
+            continue
+        first = max(1, r - MIA_MESSAGES + 1)
+        run = Run.create(cfg, Path(rdir))
+        found: dict[str, Any] = {"key": _membership_key(sweep, target, r), "error": None}
+        try:
+            res = mia(
+                run, target, first, messages=r - first + 1, threat=sweep.threat, progress=progress
+            )
+        except PrivauditError as e:  # e.g. every batch empty: no member to find; say why
+            found["error"] = str(e)
+        else:
+            found.update(
+                {k: res[k] for k in ("auc", "epsilon_lo", "label_counts_exact", "label_tv")},
+                tpr_at_1pct=res["tpr_at_fpr"]["0.01"]["tpr"],
+                tpr_at_01pct=res["tpr_at_fpr"]["0.001"]["tpr"],
+                violations=len(res["violations"]),
+                members=res["members"],
+            )
+        write_json(path, to_jsonable(found))
+
+
 def execute(
     sweep: Sweep,
     out: str | Path,
@@ -393,7 +435,8 @@ def execute(
 ) -> list[dict[str, Any]]:
     """Train what is missing, attack every cell not cached, and return one row per cell:
     the cached result plus ``dir`` (its folder), ``test_acc`` (the run's average model at
-    its last round) and, with ``sweep.audit``, ``audit_epsilon_lo``.
+    its last round) and, with ``sweep.audit``, ``audit_epsilon_lo``; with
+    ``sweep.membership``, ``mia_auc``, ``mia_tpr`` (at 1 % FPR) and ``label_counts_exact``.
 
     ``executor``: where the work runs (:mod:`privaudit.api.executor`; default
     :class:`~privaudit.api.executor.LocalExecutor`, here, one task after the other). Each
@@ -474,6 +517,21 @@ def execute(
                         gpus=gpus,
                     )
                 )
+        if sweep.membership:
+            wanted = [(t, r, str(p)) for t, r, p in _memberships(sweep, rdir, mine)]
+            wanted = [w for w in wanted if not Path(w[2]).exists()]
+            if wanted:
+                tasks.append(
+                    Task(
+                        f"membership {rdir}",
+                        membership_run,
+                        (sweep, cfg, str(rdir), wanted, inner),
+                        depends=depends,
+                        label=f"{defense} ε={_eps_tag(eps)} seed {seed}: membership",
+                        cell=False,
+                        gpus=gpus,
+                    )
+                )
         groups.append((cfg, rdir, mine, eps))
 
     failures: list[TaskFailed] = []
@@ -523,6 +581,14 @@ def execute(
             mine_rows.append(row)
         if sweep.audit and eps is not None:
             _annotate(sweep, rdir, mine, mine_rows)
+        if sweep.membership:
+            for target, _, path in _memberships(sweep, rdir, mine):
+                found = load_json(path)
+                for row in mine_rows:
+                    if row["target"] == target:
+                        row["mia_auc"] = found.get("auc")
+                        row["mia_tpr"] = found.get("tpr_at_1pct")
+                        row["label_counts_exact"] = found.get("label_counts_exact")
         rows += mine_rows
     return rows
 
@@ -548,6 +614,21 @@ def _audits(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int,
         r = max(c.round for c in cells if c.target == target)
         key = _audit_key(sweep, target, r)
         out.append((target, r, rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")))
+    return out
+
+
+def _membership_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
+    return {"target": target, "round": r, "messages": MIA_MESSAGES, "threat": sweep.threat}
+
+
+def _memberships(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
+    """The membership inferences of this run: each target up to its largest attacked round,
+    and where each is cached (beside the run)."""
+    out = []
+    for target in sorted({c.target for c in cells}):
+        r = max(c.round for c in cells if c.target == target)
+        key = _membership_key(sweep, target, r)
+        out.append((target, r, rdir.with_name(f"{rdir.name}.mia-{target}-{digest(key)}.json")))
     return out
 
 

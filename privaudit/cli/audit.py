@@ -63,7 +63,8 @@ def add_parser(sub: Any) -> None:
         "--canary-shape",
         default=None,
         metavar="SHAPE",
-        help="white-box: fix the canary's shape, dirac | opposite | example (no shape search)",
+        help="white-box: fix the canary's shape, dirac | opposite | example (no shape search); "
+        "real: a training example under its own label (the input-space audit)",
     )
     au.add_argument(
         "--span",
@@ -179,6 +180,12 @@ def _report(r: dict[str, Any]) -> str:
         f"δ = {r['delta']:g}",
         f"mechanism: {acc['mechanism']}; {acc['reason']}",
     ]
+    if r.get("beyond"):
+        last = r["round"] + span
+        lines.append(
+            f"observed: every message {r['threat']} receives in rounds {r['round']}..{last} "
+            f"(victim {r['distance']} hops away, no copy of its own message)"
+        )
     if not acc["formal"]:
         lines.append(f"ε upper = ∞: no formal DP ({acc['reason']})")
     lines.append(f"ε lower ≥ {lo:.3g} at confidence {r['confidence']:g} ({acc['adjacency']})")

@@ -106,6 +106,13 @@ def add_parser(sub: Any) -> None:
         "preset, off otherwise)",
     )
     c.add_argument(
+        "--membership",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="message-level membership inference and label counts on each target's last 8 "
+        "rounds (privaudit mia's defaults; default: on with the utility preset, off otherwise)",
+    )
+    c.add_argument(
         "--audit-trials",
         type=int,
         default=None,
@@ -176,6 +183,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         lpips=a.lpips,
         audit=frontier if a.audit is None else a.audit,
         audit_trials=a.audit_trials,
+        membership=frontier if a.membership is None else a.membership,
         preset=preset,
         explicit=explicit_settings(sweep_namespace(a), max(a.rounds) if a.rounds else None),
     ).validate()

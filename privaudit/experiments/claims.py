@@ -68,6 +68,7 @@ COLUMNS = (
     "accounted ε, run",
     "accounted ε, release",
     "audit ε ≥, release",
+    "real example ε ≥",
     "claim",
     "accounting",
 )
@@ -109,11 +110,11 @@ def run_config(base: RunConfig, defense: str) -> RunConfig:
 
 
 def _facts(privacy: Any) -> dict[str, Any]:
-    """A Privacy's fields as data (its σ(ε) rule, a function, is left out)."""
+    """A Privacy's fields as data (its σ(ε) rule and pairwise bound, functions, left out)."""
     return {
         f.name: getattr(privacy, f.name)
         for f in dataclasses.fields(privacy)
-        if f.name != "paper_epsilon"
+        if f.name not in ("paper_epsilon", "pairwise")
     }
 
 
@@ -205,7 +206,9 @@ def row(
     }
     t0 = time.perf_counter()
 
-    def run_audit(n: int, level: float = confidence, offset: int = 0) -> dict[str, Any]:
+    def run_audit(
+        n: int, level: float = confidence, offset: int = 0, shape: str | None = None
+    ) -> dict[str, Any]:
         res = audit(
             run,
             target,
@@ -216,10 +219,21 @@ def row(
             threat=THREAT,
             seed=seed + offset,
             progress=progress,
+            canary_shape=shape,
         )
         if res["interrupted"]:  # Ctrl-C between trials: the row is not finished
             raise KeyboardInterrupt
         return res
+
+    def recheck(res: dict[str, Any], shape: str | None = None) -> tuple[dict, dict | None]:
+        """``res``, or where it finds a bound violated, a second audit at the Bonferroni
+        level (and the first, as the screening)."""
+        if family == 1 or "violated" not in res["verdicts"].values():
+            return res, None
+        level = 1 - (1 - confidence) / family
+        again = bounds.trials_needed(run.cfg.delta, 1 - (1 - level) / 2, HELD_OUT)
+        first = {k: res[k] for k in ("epsilon_lo", "trials", "confidence", "verdicts")}
+        return run_audit(max(res["trials"], again), level, 1, shape), first
 
     need = bounds.trials_needed(run.cfg.delta, 1 - (1 - confidence) / 2, HELD_OUT)
     try:
@@ -231,12 +245,10 @@ def row(
                 res = run_audit(n)
         else:
             res = run_audit(trials)
-        first = None
-        if family > 1 and "violated" in res["verdicts"].values():
-            level = 1 - (1 - confidence) / family
-            again = bounds.trials_needed(run.cfg.delta, 1 - (1 - level) / 2, HELD_OUT)
-            first = {k: res[k] for k in ("epsilon_lo", "trials", "confidence", "verdicts")}
-            res = run_audit(max(res["trials"], again), level, offset=1)
+        res, first = recheck(res)
+        real = None
+        if rep["formal"]:  # the input-space audit: a real example, as many trials
+            real, real_first = recheck(run_audit(res["trials"], shape="real"), "real")
     except RunStopped:  # a stop request is not this row's failure
         raise
     except PrivauditError as e:
@@ -263,6 +275,17 @@ def row(
         },
         upper=res["upper"],
         verdicts=res["verdicts"],
+        real=None
+        if real is None
+        else {
+            "epsilon_lo": real["epsilon_lo"],
+            "trials": real["trials"],
+            "confidence": real["confidence"],
+            "screening": real_first,
+            "norm": real["canary"]["norm"],
+            "impact": real["canary"]["impact"],
+            "verdict": real["verdicts"]["accountant"],
+        },
         claim=_claim(res["upper"], res["verdicts"]),
         accounting={
             "epsilon": res["upper"]["accountant"],
@@ -366,6 +389,7 @@ def setting(
             "mode": "white-box",
             # the audit's default (privaudit/experiments/audit.py: candidates): in the key
             "canary": "search",
+            "real": "example",  # the input-space audit of every formal kind, beside it
             "round": ROUND,
             "threat": THREAT,
             "victim": 0,
@@ -557,7 +581,7 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
     ]
     if r["error"] is not None:
         ref = errors.ref(r["error"])
-        return [*first, "—", "—", run_eps, "—", f"no audit ({ref})", "—", "—"]
+        return [*first, "—", "—", run_eps, "—", f"no audit ({ref})", "—", "—", "—"]
     c, a = r["claim"], r["audit"]
     lo = sig(a["epsilon_lo"])
     notes = (["capped"] if a["capped"] else []) + (
@@ -572,6 +596,14 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
         verdict += f" ({' + '.join(c['refuted_by'])})"
     if not r.get("paper_claims", True):
         verdict = f"no claim in the paper; our reading of its count: {verdict}"
+    real = r.get("real")
+    found = "—"
+    if real is not None:
+        found = sig(real["epsilon_lo"])
+        if real["verdict"] == "violated":
+            found += " (**violated**)"
+        if real.get("screening"):
+            found += f" (rechecked at {real['confidence']:.4g})"
     return [
         *first,
         sig(c["count"]["epsilon"]),
@@ -579,6 +611,7 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
         run_eps,
         sig(r["accounting"]["epsilon"]),
         lo,
+        found,
         verdict,
         _verdict(r["accounting"]["verdict"]),
     ]
@@ -598,7 +631,12 @@ def headline(doc: dict[str, Any]) -> list[str]:
         [t for t in refuted if t not in readings],
         [t for t in refuted if t in readings],
     )
-    broken = [r["target"] for r in audited if r["accounting"]["verdict"] == "violated"]
+    broken = [
+        r["target"]
+        for r in audited
+        if r["accounting"]["verdict"] == "violated"
+        or (r.get("real") or {}).get("verdict") == "violated"
+    ]
     informal = [r["target"] for r in rows if not r["formal"]]
     claimed_inf = [r for r in rows if not r["formal"] and math.isfinite(r["epsilon_claimed"])]
     under = [
@@ -661,7 +699,8 @@ def describe(doc: dict[str, Any]) -> str:
         f"{s['rounds']} rounds, δ = {s['delta']:g}, {s['accountant']} accountant; {noise}"
         f"{f' (σ: {sig})' if sig else ''}. Adjacency: {s['adjacency']}; sampling: "
         f"{s['sampling']}; the run's ε is the worst agent's. Evidence: {a['mode']} canary "
-        f"audit{searched} of round {a['round']}, {a['threat']} threat (victim {a['victim']} "
+        f"audit{searched} and, for formal kinds, the same audit with a real example of "
+        f"round {a['round']}, {a['threat']} threat (victim {a['victim']} "
         f"→ its first receiver), {a['trials']} trials per row{budget}, confidence "
         f"{a['confidence']:g} per row{recheck}; per-release bounds at sample rate 1 (PRV)."
     )
@@ -683,6 +722,10 @@ LEGEND = [
     "(Clopper–Pearson, or Gaussian DP for Gaussian channels); capped: at the most the trial "
     "count can show, more trials raise it; rechecked: the bound of the second audit a "
     "violation triggers (see Setting).",
+    "- **real example ε ≥**: the same audit with a real training example under its own "
+    "label as the canary (the input-space audit: membership of real data, which no one "
+    "crafted to be found), for every kind with a formal guarantee; as many trials; "
+    "violated = above the accounted ε for one release.",
     "- **claim**: the lower bound against the claimed ε for one release (count and rule; "
     "the more severe verdict); violated = the evidence refutes the claim; no claim = the "
     "paper promises nothing finite.",
