@@ -44,8 +44,12 @@ neighbour: multiplier σ over s, one release per round — still sets σ from ``
 ``enforce`` = True (not the paper's choice, which is False) clips every per-example gradient
 at G before the mean, so the bound holds: y^0 is then a Gaussian mechanism of add/remove
 sensitivity ηG/B, formal, with multiplier σs/(ηG/B). y^0 is the one release per round that
-every neighbour sees; later gossip steps are post-processing. The paper's pairwise network
-DP amplification by those steps (for non-neighbours) is not modelled.
+every neighbour sees; later gossip steps are post-processing.
+
+Pairwise network DP (the paper's amplification by gossip, for observers that are not the
+agent's neighbours): :func:`pairwise_share`, the per-round Rényi bound of the paper's
+Theorem 1, stated in ``privacy()`` as :attr:`Privacy.pairwise` and converted to ε by
+:func:`privaudit.core.accounting.pairwise_epsilon`.
 
 Choices the sources leave open, as parameters: ``lr`` η = 0.05; ``grad_bound`` G = 1.0;
 ``chebyshev`` = True (the paper's accelerated gossip); ``gossip_steps`` K = None, meaning
@@ -59,8 +63,12 @@ paper takes K from the spectral gap; the constant 1 is this toolkit's choice); �
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+import torch
 from torch import Tensor
 
 from privaudit.core.context import Context, State
@@ -68,6 +76,7 @@ from privaudit.core.errors import PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
 from privaudit.core.privacy import Privacy
+from privaudit.core.recursion import Recursion, gossip_polynomials, muffliato
 from privaudit.core.threat import View
 from privaudit.defenses.base import (
     Defense,
@@ -159,6 +168,56 @@ def gossip(net: Network, y0: Tensor, steps: int, omega: float | None) -> Tensor:
     return cur
 
 
+def pairwise_share(
+    W: Tensor,
+    steps: int,
+    omega: float | None,
+    victim: int,
+    observers: Collection[int],
+    *,
+    senders: str = "heard",
+) -> float:
+    """S_{v→A}: the pairwise network-DP share of Muffliato's averaging (Cyffers, Even, Bellet
+    & Massoulié, NeurIPS 2022, Theorem 1, pairwise Rényi DP; here as the authors state it
+    for gossip with polynomials P_k): after K gossip steps from y^0 = x + N(0, σ²I), agent v
+    is (α, α Δ² S/(2σ²))-pairwise network DP towards u with
+
+        S = Σ_{k=0}^{K-1} Σ_{w ∈ N_u} (P_k(W))_{wv}² / ‖(P_k(W))_w‖²,
+
+    N_u the agents u hears (step k+1 sends y^k_w = (P_k(W) y^0)_w, whose v-coefficient over
+    its noise std is the k-th term). S = 1 + … for a neighbour (the k = 0 term is y^0_v
+    itself), S ≪ 1 for a far agent. Multiplied by (σ/Δ)⁻² = z⁻² it is one round's Rényi
+    bound; rounds compose additively (the paper's Muffliato-GD/SGD accounting).
+
+    The choices the theorem leaves open, as parameters: the polynomials are the ones the
+    run gossips with (``omega``: Chebyshev; None: P_k = W^k, the plain form); a coalition
+    A of several ``observers`` (not in the paper, which is pairwise) sums over the distinct
+    agents it hears, ``senders`` = "heard": N(A) ∖ A (its members' own values are functions
+    of what they hear and their own data); ``senders`` = "all-copies" counts a sender once
+    per member that hears it (looser)."""
+    if senders not in ("heard", "all-copies"):
+        raise PrivauditError(f"senders must be 'heard' or 'all-copies', got {senders!r}")
+    Wd = torch.as_tensor(W).detach().cpu().to(torch.float64).numpy()
+    n = Wd.shape[0]
+    members = sorted({int(a) for a in observers})
+    if not members or not all(0 <= a < n for a in members):
+        raise PrivauditError(f"observers must be agents in 0..{n - 1}, got {members}")
+    if victim in members:
+        raise PrivauditError(f"agent {victim} is one of the observers; choose another victim")
+    heard: list[int] = []
+    for m in members:
+        for w in np.flatnonzero(Wd[m]).tolist():
+            if w != m and w not in members:
+                heard.append(w)
+    if senders == "heard":
+        heard = sorted(set(heard))
+    share = 0.0
+    for P in gossip_polynomials(Wd, steps - 1, omega):
+        rows = P[heard]
+        share += float(((rows[:, victim] ** 2) / (rows**2).sum(1)).sum()) if heard else 0.0
+    return share
+
+
 @register
 class Muffliato(Defense):
     name = "muffliato"
@@ -213,8 +272,22 @@ class Muffliato(Defense):
             "direct neighbour gets the local Gaussian bound at multiplier σ over the step's "
             "sensitivity, one release per round (authors' code: ERsampled.eps_random)"
         )
+        pairwise = None
+        if agent is not None:
+            K = num_steps(p.gossip_steps, p.chebyshev, W)
+            omega = chebyshev_omega(gap_of(W)) if p.chebyshev and K > 1 else None
+
+            def pairwise(observers: Collection[int]) -> float:
+                return pairwise_share(W, K, omega, agent, observers)
+
         return one_release_per_round(
-            self.name, p.sigma, p.multiplier, paper=paper, reason=reason, clip=clip
+            self.name,
+            p.sigma,
+            p.multiplier,
+            paper=paper,
+            reason=reason,
+            clip=clip,
+            pairwise=pairwise,
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:
@@ -248,3 +321,15 @@ class Muffliato(Defense):
             meta["approx"] = f"x_(t-1) mixes unseen gossip values of agents {unseen}"
         target = (prev - y0) / p["lr"]
         return self.make_observation(view, prev, target, clip=clip, noise_std=std, meta=meta)
+
+    def recursion(self, p: Any, W: Tensor, batch_size: int) -> Recursion:
+        """The local step, the noise once, then the K gossip steps as a polynomial in W
+        (:func:`~privaudit.core.recursion.muffliato`): y^k_t = P_k(W)(x_{t-1} − η g_t + z_t),
+        z ~ N(0, (σs)²) per agent, round and coordinate, every y^{k-1} (``model@k``) a
+        message. A coalition hearing agent j's K gossip values hears combinations of the
+        y^0 of every agent within K − 1 hops of j, so it reaches past its neighbours; a
+        recovered g_v^t keeps z_v^t/η (std σs/η, as :meth:`observe` reports)."""
+        K = num_steps(p.gossip_steps, p.chebyshev, W)
+        omega = chebyshev_omega(gap_of(W)) if p.chebyshev and K > 1 else None
+        clip = p.grad_bound if p.enforce else None
+        return muffliato(W, p.lr, K, omega, noise_std=p.noise_std(batch_size), clip=clip)

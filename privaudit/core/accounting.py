@@ -187,6 +187,34 @@ def kind_epsilon(
     return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant, fallback=True)
 
 
+def pairwise_epsilon(
+    privacy: Privacy,
+    observers: Sequence[int],
+    delta: float,
+    rounds: int = 1,
+    claimed: bool = False,
+) -> float:
+    """ε of the pairwise network-DP bound (:attr:`Privacy.pairwise`) from this agent to the
+    ``observers`` over ``rounds`` rounds: Rényi divergence α·rounds·S/(2z²) at every order α
+    (one round's bound, composed additively), converted to (ε, δ) by opacus' RDP conversion —
+    which is what opacus' RDP accountant computes for ``rounds`` Gaussian releases at
+    multiplier z/√S and sample rate 1 (the bound is Rényi, so no tighter PLD accountant
+    applies). ∞ without a formal guarantee (or no pairwise bound), 0 when S = 0 (nothing of
+    the agent reaches the observers). ``claimed``: at the paper's multiplier instead."""
+    if privacy.pairwise is None:
+        return math.inf
+    if claimed:
+        z = privacy.claimed_multiplier
+    else:
+        z = privacy.noise_multiplier if privacy.formal else 0.0
+    if z <= 0:
+        return math.inf
+    share = float(privacy.pairwise(observers))
+    if share <= 0:
+        return 0.0
+    return epsilon_for_sigma(z / math.sqrt(share), delta, 1.0, rounds, 1, "rdp")
+
+
 def sample_rates(shard_sizes: Sequence[int], batch_size: int) -> list[float]:
     """Each agent's Poisson sampling rate q_i = min(1, B / n_i), as the engine draws it."""
     return [rate(batch_size, n) for n in shard_sizes]

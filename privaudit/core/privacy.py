@@ -4,7 +4,7 @@ multiplier, releases per round), beside what its paper claims."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +39,13 @@ class Privacy:
     fixes it (the white-box audit restores the state before the round) — has the
     one-release ε. The rule: a release is accounted over the run only if its evaluation
     point, mixing weights and noise scale are functions of formal releases and public data.
+
+    ``pairwise`` (observers ↦ S ≥ 0): a pairwise network-DP bound (Cyffers et al., NeurIPS
+    2022, Muffliato): one round's Rényi divergence of order α between what the
+    ``observers`` receive with and without one example of this agent is at most
+    α S / (2 z²), z = ``noise_multiplier`` (S = 1 is one local release; agents far from the
+    observers get S ≪ 1). None: the defense states no such bound. It is converted to ε by
+    :func:`privaudit.core.accounting.pairwise_epsilon`.
     """
 
     mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
@@ -55,6 +62,7 @@ class Privacy:
     paper_claims: bool = True
     paper_epsilon: Callable[[float, float], float] | None = None
     caveats: tuple[str, ...] = ()
+    pairwise: Callable[[Collection[int]], float] | None = None
 
 
 def no_noise(who: str, why: str | None = "σ = 0") -> Privacy:

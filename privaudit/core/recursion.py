@@ -24,8 +24,9 @@ is evaluated (a linear functional of the states, so it can be estimated too), an
 Observation fields an update's Observation takes (``clip``).
 
 Builders: :func:`averaging` (x^t = W x^{t-1}, El Mrini et al.'s first setting),
-:func:`dpsgd` (this project's adapt-then-combine D-PSGD, ``dsgd`` and ``dp-dpsgd``) and
-:func:`tracking` (gradient tracking, ``dsgt``).
+:func:`dpsgd` (this project's adapt-then-combine D-PSGD, ``dsgd`` and ``dp-dpsgd``),
+:func:`tracking` (gradient tracking, ``dsgt``) and :func:`muffliato` (a local step, noise,
+then K polynomial gossip steps, ``muffliato``).
 """
 
 from __future__ import annotations
@@ -272,4 +273,94 @@ def tracking(W: Matrix, lr: float) -> Recursion:
         name="gradient tracking",
         carries={"model": "x", "gt": "c"},
         point=point,
+    )
+
+
+def gossip_polynomials(W: Matrix, steps: int, omega: float | None = None) -> list[np.ndarray]:
+    """P_0(W), …, P_steps(W) (dense float64): the gossip polynomials of Muffliato's averaging
+    (Cyffers et al., NeurIPS 2022, Algorithm 1): P_0 = I, P_1 = W and, with the Chebyshev
+    weight ``omega`` ω, P_k = ω W P_{k-1} + (1 − ω) P_{k-2} (k ≥ 2); ``omega`` None is plain
+    gossip, P_k = W^k. After k gossip steps from y^0 every agent holds y^k = P_k(W) y^0."""
+    Wd = mixing_matrix(W).toarray()
+    if steps < 0:
+        raise PrivauditError(f"gossip steps must be ≥ 0, got {steps}")
+    w = 1.0 if omega is None else float(omega)
+    out = [np.eye(Wd.shape[0])]
+    if steps >= 1:
+        out.append(Wd.copy())
+    for _ in range(2, steps + 1):
+        out.append(w * (Wd @ out[-1]) + (1 - w) * out[-2])
+    return out
+
+
+def muffliato(
+    W: Matrix,
+    lr: float,
+    steps: int,
+    omega: float | None = None,
+    noise_std: float = 0.0,
+    clip: float | None = None,
+) -> Recursion:
+    """Muffliato-SGD as ``defenses/muffliato.py`` runs it (Cyffers et al., NeurIPS 2022): per
+    round t a local step, Gaussian noise once, then K = ``steps`` gossip steps,
+
+        y^0_t = x_{t-1} − η g_t + z_t,   y^k_t = P_k(W) y^0_t (k = 1..K−1),   x_t = y^K_t,
+
+    with P_k the gossip polynomials (:func:`gossip_polynomials`; Chebyshev weight ``omega``,
+    None: plain) and x_{t-1} = ω W y^{K-1}_{t-1} + (1 − ω) y^{K-2}_{t-1} (= W y^{K-1} for
+    plain gossip or K = 1; x_0 at t = 1). Gossip step k sends y^{k-1}, so the state of
+    round t holds the K messages of that round: component ``x`` is y^0 (the ``model``
+    message, its initial state the public x_0) and ``y{k}`` is y^k (``model@{k+1}``):
+
+        s_t = [P_0; …; P_{K-1}] (E_t s_{t-1} − η g_t + z_t),
+
+    E_t s_{t-1} = x_{t-1}. ``("g", k, t)`` is k's round-t batch-mean gradient at x^k_{t-1}
+    (``point``), per-example clipped at ``clip`` when given (``enforce``); ``noise_std`` > 0
+    adds the input ``z`` ~ N(0, noise_std²) on y^0 (σs, Muffliato's noise), so a recovered
+    g carries the error z/η, of std noise_std/η, as :meth:`Muffliato.observe` reports."""
+    Wm = mixing_matrix(W)
+    n = Wm.shape[0]
+    if steps < 1:
+        raise PrivauditError(f"Muffliato needs at least one gossip step, got {steps}")
+    polys = gossip_polynomials(Wm, steps - 1, omega)
+    stack = sp.csr_matrix(np.vstack(polys))  # (nK × n): y^k = P_k y^0
+    eye = sp.identity(n, format="csr")
+    zero = sp.csr_matrix((n, n))
+    w = 1.0 if omega is None or steps == 1 else float(omega)
+    state = ("x", *(f"y{k}" for k in range(1, steps)))
+    first = sp.hstack([eye] + [zero] * (steps - 1), format="csr")
+    if steps == 1:
+        last = Wm
+    else:  # x_{t-1} from the last two gossip values of round t − 1
+        blocks = [zero] * steps
+        blocks[-1] = w * Wm
+        blocks[-2] = blocks[-2] + (1 - w) * eye
+        last = sp.hstack(blocks, format="csr")
+    noisy = noise_std > 0
+    step = sp.hstack([-lr * eye, eye], format="csr") if noisy else -lr * eye
+    A1, At, B = stack @ first, stack @ last, stack @ step
+    Wd = Wm.toarray()
+
+    def point(t: int, k: int) -> dict[StateKey, float]:
+        if t == 1:
+            return {("x", k, 0): 1.0}
+        out: dict[StateKey, float] = {
+            (state[-1], j, t - 1): w * float(Wd[k, j]) for j in np.flatnonzero(Wd[k]).tolist()
+        }
+        if steps > 1 and w != 1.0:
+            key = (state[-2], k, t - 1)
+            out[key] = out.get(key, 0.0) + (1 - w)
+        return out
+
+    return Recursion(
+        n=n,
+        transition=lambda t: (A1 if t == 1 else At, B),
+        state=state,
+        inputs=("g", "z") if noisy else ("g",),
+        noise={"z": float(noise_std)} if noisy else {},
+        public=frozenset({"x0"}),
+        name="muffliato",
+        carries={("model" if k == 0 else f"model@{k + 1}"): c for k, c in enumerate(state)},
+        point=point,
+        facts={} if clip is None else {"clip": float(clip)},
     )

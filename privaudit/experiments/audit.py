@@ -38,6 +38,17 @@ compute (``defense.observe``):
   a mechanism whose later releases are post-processing of public values plus fresh noise
   cannot exceed it. Only Clopper–Pearson applies (the stacked scores are no exact
   Gaussian shift).
+- **beyond the neighbourhood** (``attackers`` that receive no copy of the ``victim``'s
+  message, e.g. an agent d ≥ 2 hops away): the canary joins the victim's round-t batch as
+  above, and the Observation is every message the coalition *receives* in rounds t..t+span
+  (its raw payloads, stacked), scored by the projection on their mean shift as for a span.
+  The canary's effect needs hops to arrive (D-PSGD: one per round, so span ≥ d − 1;
+  Muffliato: K − 1 per round within the round's gossip), and an audit whose shift is zero
+  everywhere is refused with the fix (raise ``span``). Upper bounds: the victim's releases
+  of rounds t..t+span composed (everything the coalition receives is a function of them,
+  of other agents' data and of fresh noise), and, where the defense states one
+  (:attr:`Privacy.pairwise`, Muffliato), its pairwise network-DP bound over the same rounds
+  (:func:`privaudit.core.accounting.pairwise_epsilon`). Only Clopper–Pearson applies.
 - **one run** (:func:`one_run`, Steinke, Nasr & Jagielski 2023): m Dirac canary gradients on
   distinct coordinates, each included with probability ½; an included canary joins the
   victim's batch in each round with the run's sampling rate q (Poisson, as accounted). One
@@ -68,22 +79,24 @@ import torch
 from torch import Tensor
 
 from privaudit.core import sampling, text
-from privaudit.core.accounting import account
+from privaudit.core.accounting import account, pairwise_epsilon
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
-from privaudit.core.threat import Public
+from privaudit.core.threat import Public, get_threat, victim_threat
 from privaudit.eval import bounds
 from privaudit.eval.canaries import (
     CANARY_NORM,
     DOMINATE,
+    EXAMPLES,
     Canary,
     candidates,
     check_canary,
     make_canaries,
 )
 from privaudit.grads import clip_rows
-from privaudit.sim.plan import locate, receiver
+from privaudit.scenario.topology import distances
+from privaudit.sim.plan import candidate_threats, locate, receiver
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -282,15 +295,19 @@ class _Recorder(dict):
 @dataclass
 class Setting:
     """The audited message: ``target``'s round-``t`` message ``src → dst`` as ``threat`` sees
-    it, and the mechanism facts of the victim's data."""
+    it, and the mechanism facts of the victim's data. ``beyond``: the adversary receives no
+    copy of it (``dst`` None); what it receives over the span is observed instead, the victim
+    ``distance`` hops from the nearest attacker."""
 
     run: Run
     target: Target
     t: int
     threat: Any
     src: int
-    dst: int
+    dst: int | None
     privacy: Any
+    beyond: bool = False
+    distance: int = 1
 
     @property
     def defense(self) -> Any:
@@ -314,9 +331,13 @@ def setting(
 ) -> Setting:
     """The audited message: the one an attack on ``target``'s round ``t`` observes, by the
     planner's defaults (:func:`privaudit.sim.plan.locate`), on a run that shows ``span``
-    rounds more."""
+    rounds more. ``attackers`` that receive no copy of ``victim``'s message (a victim beyond
+    their neighbourhood) give a ``beyond`` setting: what they receive is audited."""
     tgt = Target.parse(target)
     tgt.check_run(run, t, span)
+    far = _beyond(run, tgt, t, threat, link, attackers, victim)
+    if far is not None:
+        return far
     ((p, _),) = locate(
         run,
         target,
@@ -328,6 +349,36 @@ def setting(
         progress=progress,
     )
     return Setting(run, tgt, t, p.threat, p.src, p.dst, tgt.privacy(run, p.src))
+
+
+def _beyond(
+    run: Run,
+    tgt: Target,
+    t: int,
+    threat: str | None,
+    link: tuple[int, int] | None,
+    attackers: list[int] | None,
+    victim: int | None,
+) -> Setting | None:
+    """The ``beyond`` setting when named ``attackers`` (a neighbor or a coalition) receive
+    no copy of the named ``victim``'s round-``t`` message; None otherwise (the planner
+    decides, and explains any other failure)."""
+    if link is not None or not attackers or victim is None or victim in attackers:
+        return None
+    name = candidate_threats(threat, attackers)[0]
+    if not get_threat(name).uses_attackers:
+        return None
+    adj = run.ctx.adj.cpu()
+    receivers = tgt.defense.receivers(tgt.kind, t, victim, adj)
+    th = victim_threat(name, victim, receivers, attackers)
+    if any(th.sees(victim, b) for b in receivers):
+        return None
+    hops = distances(adj)[sorted(th.agents), victim]
+    if bool((hops < 0).all()):
+        raise Unobservable(f"agent {victim} cannot be reached from agents {sorted(th.agents)}")
+    d = int(hops[hops >= 0].min())
+    privacy = tgt.privacy(run, victim)
+    return Setting(run, tgt, t, th, victim, None, privacy, beyond=True, distance=d)
 
 
 def _receiver(s: Setting, r: int) -> int:
@@ -374,7 +425,10 @@ class _Rerun:
         self.s, self.seed, self.names = s, seed, ctx.spec.names
         self.observed = list(range(t, t + span + 1))
         n = run.cfg.agents
-        rounds = {r for o in self.observed for r in s.defense.rounds_needed(s.kind, o, n)}
+        if s.beyond:  # what the coalition receives in rounds t..t+span, nothing before
+            rounds = set(self.observed)
+        else:
+            rounds = {r for o in self.observed for r in s.defense.rounds_needed(s.kind, o, n)}
         self.last = max(rounds)
         links = s.threat.links(run.edges())
         earlier = sorted(r for r in rounds if r < t)
@@ -391,10 +445,12 @@ class _Rerun:
         self.net = SimNetwork(ctx.adj, ctx.W, self.tap).to(ctx.device)
         self.loop = run.loop.with_ctx(self.ctx)
         self.public = run.public()
-        self.receivers = [s.dst] + [_receiver(s, r) for r in self.observed[1:]]
+        self.receivers = [] if s.beyond else [s.dst] + [_receiver(s, r) for r in self.observed[1:]]
         # the victim's releases the Observations combine, and whether they are exactly (an
         # affine function of) them: only then are the scores Gaussian and the GDP estimate sound
         self.copies, self.exact = 1, False
+        # each observed round's share of the flat observation (its number of coordinates)
+        self.blocks: list[int] = []
         # the messages of the last round the Observations read: a trial ends once they crossed
         self.needed: set[tuple[int, int, str]] | None = None
         self(-1, None, record=True)
@@ -411,6 +467,8 @@ class _Rerun:
             state = self.loop.step(state, r, self.net, self.batches[r], stop_after=stop).state
             self.grads.stop()
         msgs = {**self.fixed, **{k: m.payload for k, m in self.tap.messages.items()}}
+        if s.beyond:
+            return self._received(msgs, record)
         view = s.threat.view(msgs, self.public)
         if record:
             view.messages = _Recorder(view.messages)
@@ -423,7 +481,34 @@ class _Rerun:
             self.exact = all(bool(o.meta.get("exact", False)) for o in obs)
             used = view.messages.used & set(self.tap.messages)  # looked up and on the wire
             self.needed = {(a, b, k) for (r, a, b, k) in used if r == self.last}
+            self.blocks = [sum(int(v.numel()) for v in o.target.values()) for o in obs]
         return torch.cat([_flat(o, self.names) for o in obs])
+
+    def _received(self, msgs: dict, record: bool) -> Tensor:
+        """Every message a coalition member receives from a non-member in the observed
+        rounds, flat and stacked in key order (round, sender, receiver, kind). Recording
+        counts the victim's releases of those rounds (``copies``: everything received is a
+        function of them, of other agents' data and of fresh noise)."""
+        s, members = self.s, self.s.threat.agents
+        keys = sorted(
+            k for k in msgs if k[0] in self.observed and k[2] in members and k[1] not in members
+        )
+        if record:
+            releases = max(int(s.privacy.releases), 1)
+            self.copies, self.exact = releases * len(self.observed), False
+            self.blocks = [
+                sum(int(msgs[k].numel()) for k in keys if k[0] == r) for r in self.observed
+            ]
+        if not keys:
+            raise Unobservable(
+                f"{s.threat.who()} receive no message in rounds {self.observed[0]}.."
+                f"{self.observed[-1]}; choose attackers with neighbours outside them"
+            )
+        return torch.cat([msgs[k].reshape(-1).double() for k in keys])
+
+    def per_round(self, shift: Tensor) -> list[float]:
+        """The L2 norm of ``shift`` (a flat observation) in each observed round."""
+        return [float(b.norm()) for b in torch.split(shift, self.blocks)]
 
     def shift(self, canary: Canary, outs: list[Tensor]) -> Tensor:
         """The canary's mean shift of the observed targets: trials on the same noise as
@@ -463,8 +548,14 @@ def white_box(
     k = search_size(len(cands), trials, delta, confidence)
     cands = cands[:k]
     t0 = time.perf_counter()
-    outs = [rerun(-2 - p, None) for p in range(SHIFT_PAIRS if span else 1)]
+    outs = [rerun(-2 - p, None) for p in range(SHIFT_PAIRS if span or s.beyond else 1)]
     shifts = [rerun.shift(c, outs) for c in cands]
+    if s.beyond and not any(float(d.norm()) > 0 for d in shifts):
+        raise PrivauditError(
+            f"the canary in agent {s.src}'s round-{s.t} batch does not reach "
+            f"{s.threat.who()} by round {s.t + span} (agent {s.src} is {s.distance} hops "
+            f"away); raise --span (try {max(s.distance - 1, span + 1)})"
+        )
     dirs = [d / d.norm() if float(d.norm()) > 0 else d for d in shifts]
     gaussian = s.privacy.mechanism == "gaussian" and rerun.exact and span == 0
     plan = _Plan.of(k, trials, confidence, gaussian, delta)
@@ -489,10 +580,10 @@ def white_box(
     best, winner = max(found, key=lambda f: f[0]["epsilon_lo"])
     entries = []
     for j, c in enumerate(cands):
-        blocks = shifts[j].view(span + 1, -1).norm(dim=1).tolist()
-        norm = rerun.grads.example_norm if c.kind == "example" else c.norm
+        blocks = rerun.per_round(shifts[j])
+        norm = rerun.grads.example_norm if c.kind in EXAMPLES else c.norm
         e: dict[str, Any] = {"kind": c.kind, "norm": norm, "impact": blocks[0]}
-        if span:
+        if span or s.beyond:
             e["shift"] = blocks  # per observed round: the canary's change of that release
         e["pilot"], e["final"] = pilots[j], final if j == chosen else None
         e["epsilon_lo"] = max(_lo(pilots[j]), _lo(e["final"]), 0.0)
@@ -509,6 +600,10 @@ def white_box(
         "threat": s.threat.describe(),
         "victim": s.src,
         "receiver": s.dst,
+        "beyond": s.beyond,
+        "distance": s.distance,
+        # the attacking agents (the pairwise bound's observers); none for a link or global
+        "attackers": sorted(s.threat.agents) if s.threat.uses_attackers else [],
         "copies": rerun.copies,
         "canary": {key: entries[winner][key] for key in ("kind", "norm", "impact")},
         "search": {
@@ -648,6 +743,11 @@ def one_run(
     delta = run.cfg.delta
     check_trials(canaries, delta, confidence, "one-run")
     s = setting(run, target, 1, threat, link, attackers, victim, progress=progress)
+    if s.beyond:
+        raise PrivauditError(
+            f"{s.threat.who()} receive no message of agent {s.src}, and the one-run audit "
+            "scores the victim's own messages; use --mode white-box (with --span)"
+        )
     ctx, defense = run.ctx, s.defense
     norm, impact = _one_run_canary(s.privacy, run.cfg.batch_size, canary_norm)
     D = ctx.spec.numel
@@ -784,6 +884,15 @@ def audit(
         "accountant": acc[unit],
         "paper's count": acc[f"{unit}_claimed"],
     }
+    observers = res.get("attackers", [])
+    if privacy.pairwise is not None and mode == "white-box" and observers:
+        # the pairwise network-DP bound towards the attackers, over the rounds observed
+        rounds = res["span"] + 1
+        uppers["pairwise"] = pairwise_epsilon(privacy, observers, delta, rounds)
+        uppers["pairwise, paper's count"] = pairwise_epsilon(
+            privacy, observers, delta, rounds, claimed=True
+        )
+        acc["pairwise_share"] = float(privacy.pairwise(observers))
     lower = res["epsilon_lo"]
     verdicts = {k: verdict(lower, u) for k, u in uppers.items()}
     if rule is not None and mode == "white-box" and not res["span"]:  # the rules are per round
