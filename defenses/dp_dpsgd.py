@@ -62,6 +62,7 @@ class DPDPSGD(Defense):
         "half-model": "x̃_i = x_i − η ĝ_i: half-step with a per-example clipped, noised gradient",
     }
     Params = DPDPSGDParams
+    union_exact = True  # checked copy by copy in tests/test_mia_models.py
 
     def round(
         self,

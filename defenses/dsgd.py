@@ -30,6 +30,7 @@ class DSGD(Defense):
     name = "dsgd"
     kinds = {"half-model": "x̃_i = x_i − η∇F_i(x_i): the half-step model, gossiped in the clear"}
     Params = DSGDParams
+    union_exact = True  # checked copy by copy in tests/test_mia_models.py
 
     def round(
         self,

@@ -48,7 +48,7 @@ def test_a_correct_mechanism_stays_inside_its_dp_bound(tmp_path, capsys, sigma):
 def test_bad_input_is_one_line(tmp_path, capsys):
     for argv, needle in (
         (["--target", "nd-cg", "--scorer", "magic"], "--scorer must be one of"),
-        (["--target", "nd-cg", "--attack", "lira"], "model-level attacks"),
+        (["--target", "nd-cg", "--attack", "magic"], "--attack must be grad"),
         (["--target", "nd-cg", "--messages", "0"], "--messages"),
     ):
         code, _, err = run_cli(capsys, "mia", *argv, "--out", str(tmp_path / "x"))

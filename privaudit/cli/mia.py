@@ -23,6 +23,7 @@ from privaudit.core import limits
 from privaudit.core.threat import threat_help
 
 SCORERS = ("decompose", "lr", "lr-iso", "inner", "cosine")
+MODEL_ATTACKS = ("loss", "lira", "rmia")  # model-level (privaudit.api.references)
 
 
 def add_parser(sub: Any) -> None:
@@ -38,19 +39,51 @@ def add_parser(sub: Any) -> None:
         ),
     )
     m.add_argument("--target", required=True, help="e.g. dsgd-half-model (privaudit targets)")
-    m.add_argument("--round", type=int, default=1, help="the first observed round (default 1)")
     m.add_argument(
-        "--messages", type=int, default=8, help="rounds observed from --round on (default 8)"
+        "--round",
+        type=int,
+        default=None,
+        help="grad: the first observed round (default 1); loss/lira/rmia: the round of the "
+        "attacked model message (default the run's last)",
+    )
+    m.add_argument(
+        "--messages",
+        type=int,
+        default=None,
+        help="grad only: rounds observed from --round on (default 8)",
     )
     m.add_argument(
         "--attack",
         default="grad",
-        help="grad (default): message-level, one observed message at a time",
+        help="grad (default): message-level, one observed message at a time; loss | lira | "
+        "rmia: model-level, on the victim's model message or the final average model, with "
+        "reference runs for lira and rmia (docs/membership.md)",
     )
     m.add_argument(
         "--scorer",
-        default="decompose",
-        help=f"{' | '.join(SCORERS)} (default decompose; docs/membership.md)",
+        default=None,
+        help=f"grad only: {' | '.join(SCORERS)} (default decompose; docs/membership.md)",
+    )
+    m.add_argument(
+        "--references",
+        type=int,
+        default=8,
+        help="lira/rmia: reference runs K, even (complementary pairs; default 8), simulated "
+        "as one batched run and cached in the run folder",
+    )
+    m.add_argument(
+        "--on",
+        default=None,
+        help="loss/lira/rmia: message (the victim's model as a neighbour receives it; the "
+        "default for *-model and *-half-model targets) | final (the run's final average model; "
+        "the default for other targets)",
+    )
+    m.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        help="loss/lira/rmia: members scored, and as many non-members (default: as many as "
+        "the victim's shard and the test split allow)",
     )
     m.add_argument(
         "--threat", default=None, help=f"{threat_help()} (default: the weakest that observes it)"
@@ -64,7 +97,9 @@ def add_parser(sub: Any) -> None:
         help="public test-split examples the attacker calibrates with (default 256)",
     )
     m.add_argument("--confidence", type=float, default=0.95, help="of every interval and bound")
-    m.add_argument("--mia-seed", type=int, default=0, help="draws the non-members")
+    m.add_argument(
+        "--mia-seed", type=int, default=0, help="draws the candidates and the reference runs"
+    )
     m.add_argument("--run", default=None, help="an existing run directory (else one is trained)")
     m.add_argument("--out", default=None, help="output folder (default privaudit-out/mia-T)")
     add_overwrite(m)
@@ -85,11 +120,16 @@ def cmd_mia(a: argparse.Namespace) -> int:
     from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
+    if a.attack in MODEL_ATTACKS:
+        return cmd_model_mia(a)
     if a.attack != "grad":
         raise PrivauditError(
-            f"--attack {a.attack!r}: the message-level attack is grad; model-level attacks "
-            "(loss, lira, rmia) are not built yet"
+            f"--attack must be grad (message-level) or one of {', '.join(MODEL_ATTACKS)} "
+            f"(model-level), got {a.attack!r}"
         )
+    a.round = 1 if a.round is None else a.round
+    a.messages = 8 if a.messages is None else a.messages
+    a.scorer = a.scorer or "decompose"
     if a.scorer not in SCORERS:
         raise PrivauditError(f"--scorer must be one of {', '.join(SCORERS)}, got {a.scorer!r}")
     check_threat(a.threat, a.attacker)
@@ -156,6 +196,125 @@ def cmd_mia(a: argparse.Namespace) -> int:
         + (f" (≤ {eps:.3g} stated)" if eps is not None and lo <= eps else "")
         + f"; label counts exact {100 * r['label_counts_exact']:.1f} %, "
         f"TV to the batch's label histogram {r['label_tv']:.3f}"
+    )
+    print(f"wrote {out / 'result.json'} and {r['figure']}")
+    return 0
+
+
+def cmd_model_mia(a: argparse.Namespace) -> int:
+    """``privaudit mia --attack loss|lira|rmia``: model-level membership inference
+    (:func:`privaudit.api.references.model_mia`)."""
+    from privaudit.api.references import model_mia
+    from privaudit.core.errors import PrivauditError
+    from privaudit.core.files import to_jsonable
+    from privaudit.core.threat import parse_agents
+    from privaudit.sim.run import Run
+    from privaudit.sim.targets import Target
+
+    for flag, value in (("--scorer", a.scorer), ("--messages", a.messages)):
+        if value is not None:
+            raise PrivauditError(
+                f"{flag} is for the message-level attack (--attack grad); drop it with "
+                f"--attack {a.attack}"
+            )
+    if a.references < 2 or a.references % 2:
+        raise PrivauditError(
+            f"--references {a.references}: reference runs come in complementary pairs (each "
+            "candidate IN in half of them); pass an even number ≥ 2, e.g. --references 8"
+        )
+    limits.check_int("--references", a.references, 2, 1024)
+    if a.on not in (None, "message", "final"):
+        raise PrivauditError(f"--on must be message or final, got {a.on!r}")
+    check_threat(a.threat, a.attacker)
+    target = Target.parse(a.target)
+    if a.round is not None:
+        limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
+    if a.candidates is not None:
+        limits.check_int("--candidates", a.candidates, 1, 10**6)
+    limits.check_int("--population", a.population, 2, 10**6)
+    limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
+    limits.check_seed("--mia-seed", a.mia_seed)
+    out = check_out(a.out or f"privaudit-out/mia-{a.target}-models", "mia", a.overwrite)
+    if a.run:
+        check_no_run_flags(a, a.run)
+        run = open_run(a)
+    else:
+        agents = setting(a, "agents")
+        rounds = a.rounds
+        if rounds is None:
+            rounds = target.rounds_to_train(a.round or 1, agents)
+        cfg = checked_params(config_from_args(a, target.defense.name, rounds))
+        mark_out(out, "mia")
+        run = Run.create(cfg, out / "run")
+    n = run.cfg.agents
+    victims = parse_agents(a.victim, n) if a.victim else None
+    if victims is not None and len(victims) != 1:
+        raise PrivauditError(
+            f"--victim {a.victim}: a model-level attack has one victim; name one agent"
+        )
+    mark_out(out, "mia")
+    r = model_mia(
+        run,
+        a.target,
+        attack=a.attack,
+        references=a.references,
+        round=a.round,
+        on=a.on,
+        threat=a.threat,
+        attackers=parse_agents(a.attacker, n) if a.attacker else None,
+        victim=victims[0] if victims else None,
+        candidates=a.candidates,
+        population=a.population,
+        confidence=a.confidence,
+        seed=a.mia_seed,
+        out=out,
+        progress=not a.no_progress,
+    )
+    if a.json:
+        print(json.dumps(to_jsonable(r), indent=2))
+        return 0
+    print(run_epsilon_line(run.resolved))
+    what = (
+        f"agent {r['victim']}'s {a.target} message of round {r['round']} as agent "
+        f"{r['receiver']} receives it"
+        if r["on"] == "message"
+        else f"the final average model (round {r['round']})"
+    )
+    refs = r["references"]
+    drawn = (
+        "no reference runs"
+        if refs is None
+        else f"{refs['count']} reference runs ("
+        + ("read from the cache" if not refs["trained"] else f"trained in {refs['seconds']:.1f} s")
+        + ")"
+    )
+    pts = r["tpr_at_fpr"]
+    others = ", ".join(
+        f"{name} {s['auc']:.3f}" for name, s in r["scores"].items() if name != r["score"]
+    )
+    print(
+        f"{r['score']} on {what}, {drawn}: {r['members']} members of agent {r['victim']}'s "
+        f"shard vs {r['nonmembers']} test-split non-members: AUC {r['auc']:.3f}; TPR "
+        f"{_rate(pts['0.001'])} at 0.1 % FPR, {_rate(pts['0.01'])} at 1 % FPR "
+        f"({100 * r['confidence']:g} % intervals)" + (f"; AUC of {others}" if others else "")
+    )
+    eps = r["epsilon"]
+    if eps is None:
+        print(f"DP bound: none ({r['epsilon_reason']})")
+    else:
+        verdict = (
+            f"{len(r['violations'])} ROC point(s) above it: the model leaks more than its stated ε"
+            if r["violations"]
+            else "no ROC point above it"
+        )
+        print(
+            f"DP bound over {r['epsilon_rounds']} rounds: ε = {eps:.3g}, δ = {r['delta']:g}: "
+            f"{verdict}"
+        )
+    lo = r["epsilon_lo"]
+    print(
+        f"ε lower bound from these examples: {lo:.3g}"
+        + (f" (≤ {eps:.3g} stated)" if eps is not None and lo <= eps else "")
     )
     print(f"wrote {out / 'result.json'} and {r['figure']}")
     return 0

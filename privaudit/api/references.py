@@ -1,0 +1,599 @@
+"""Model-level membership inference with reference ("shadow") runs of the tool's own simulator.
+
+The message-level attack (:mod:`privaudit.api.membership`) asks who is in the batch behind one
+message; this module asks who is in the victim's *training set*, from a model:
+
+- the **attacked model**: the victim's ``model`` / ``half-model`` message of round R as a
+  neighbour receives it (``on="message"``; the planner's receiver, :mod:`privaudit.sim.plan`),
+  or the run's final average model (``on="final"``: the mean of every agent's model after the
+  last round, what a decentralized run hands out; the default where the target's kind is not
+  a model);
+- **candidates**: ``m`` members, examples of the victim's shard (``run.ctx.parts[victim]``),
+  and ``m`` non-members from the run's test split (a held-out tenth of the training split
+  when the run is evaluated on ``eval_split="validation"``), one of each member's label:
+  never trained on, and with the members' label histogram (shards are label-skewed);
+- **population** ``z``: further test-split examples, never a candidate and never trained on
+  by any run (RMIA's reference population);
+- **reference runs** (shadow models): ``K`` runs of the same defense at the same operating
+  point — the target's RunConfig and resolved parameters (σ included), its graph, its public
+  initial model x_0 and the other agents' shards — that differ in two things only: their
+  agents' generators (batches and noise) are seeded by :func:`reference_seed`, and the
+  victim's shard is its non-candidate examples (always in) plus one half of the 2m
+  candidates. The halves come in complementary pairs (run 2j takes a random half, run 2j+1
+  the other half), so every candidate is IN in exactly K/2 runs and the victim's shard keeps
+  its size (and its Poisson rate q = B/n);
+- **scores**: LOSS (Yeom et al. 2018: −cross-entropy of the attacked model), LiRA online and
+  offline (Carlini et al. 2022, Alg. 1 and §VI.C: Gaussians on the logit-scaled confidence φ
+  of the IN and OUT reference models) and RMIA (Zarifzadeh et al. 2024, Eqs. 3–5: the
+  target/reference probability ratio of x against the population z), the score math of
+  :mod:`privaudit.eval.membership`.
+
+The K reference runs are **one** simulation of K·N agents on the disjoint union of K copies
+of the graph (block-diagonal adjacency and mixing matrix W): a defense computes over stacked
+agents and talks only along links, so copy c's agents see only copy c, and with copy c's
+agents seeded as a run of seed s_c each copy is exactly that run (a defense with
+``union_exact``: its round reads nothing else of the whole graph; tests/test_mia_models.py
+checks a copy against the tool's own run). One vmap over K·N (model, batch) pairs per round
+saves K − 1 rounds' overhead (on a CPU the gradients still cost about K times one run's).
+A defense without ``union_exact`` (its round reads the number of agents or the spectrum of
+W) simulates its references one copy at a time: exact, not batched.
+
+Reference runs are cached under ``<run>/references/<key>/`` (the key: the run's identity,
+K, the seed, the victim, the attacked model and the candidates): a second call with the same
+settings reads them back instead of training again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+from torch.func import functional_call
+
+from privaudit.core import text
+from privaudit.core.accounting import account
+from privaudit.core.context import Context, agent_seed
+from privaudit.core.errors import PrivauditError, Unobservable
+from privaudit.core.files import atomic_write, digest, to_jsonable, write_json
+from privaudit.core.messages import CaptureSpec, Tap
+from privaudit.core.network import SimNetwork
+from privaudit.eval import membership as M
+from privaudit.sim.loop import RoundLoop, calling
+from privaudit.sim.plan import candidate_threats, default_victim, first_observable, sightings
+from privaudit.sim.run import Run
+from privaudit.sim.targets import Target
+
+ATTACKS = ("loss", "lira", "rmia")  # what ``privaudit mia --attack`` runs at model level
+SCORES = ("loss", "lira-online", "lira-offline", "rmia")  # every score a model-level call reports
+HEADLINE = {"loss": "loss", "lira": "lira-online", "rmia": "rmia"}
+MODEL_KINDS = ("model", "half-model")  # message kinds that carry an agent's model
+ON = ("message", "final")
+FPRS = (0.001, 0.01)
+GLOBAL_VARIANCE_BELOW = 64  # LiRA pools σ² over candidates below this many references (§VI.B)
+CACHE_VERSION = 1
+
+
+# -- candidates -------------------------------------------------------------------------------
+@dataclass
+class Candidates:
+    """Who is scored. Indices point into the *extended* training set ``train_x ++ test_x``
+    (an index ≥ ``n_train`` is test-split example ``index − n_train``)."""
+
+    members: Tensor  # m examples of the victim's shard
+    nonmembers: Tensor  # m test-split examples (extended indices)
+    known: Tensor  # the rest of the victim's shard: in every reference run
+    population: Tensor  # RMIA's z: test-split examples no run trains on (extended indices)
+    n_train: int
+
+    @property
+    def pool(self) -> Tensor:
+        """Members then non-members: the 2m candidates in score order."""
+        return torch.cat([self.members, self.nonmembers])
+
+    @property
+    def member(self) -> np.ndarray:
+        m = len(self.members)
+        return np.concatenate([np.ones(m, bool), np.zeros(len(self.nonmembers), bool)])
+
+
+def draw_candidates(
+    run: Run, victim: int, count: int | None = None, population: int = 256, seed: int = 0
+) -> Candidates:
+    """``m`` members of the victim's shard and ``m`` test-split non-members **of the same
+    labels** (one of each member's class, so that a label-skewed shard does not tell members
+    from non-members by their labels alone), drawn by a generator seeded ``seed``; then up to
+    ``population`` further test-split examples as RMIA's z. ``m`` is ``count``, at most what
+    the test split can match after keeping half of it (or ``population``) for z; default
+    that most."""
+    gen = torch.Generator().manual_seed(seed + 104729)
+    shard = run.ctx.parts[victim].cpu()
+    test_y, n_train = run.data.test_y, len(run.data.train_y)
+    n_test = len(test_y)
+    z_want = min(population, n_test // 2)
+    test = torch.randperm(n_test, generator=gen)
+    pool_test, z_test = test[: n_test - z_want], test[n_test - z_want :]
+    perm = shard[torch.randperm(len(shard), generator=gen)]
+    labels = run.data.train_y[perm]
+    free = {int(c): pool_test[test_y[pool_test] == c].tolist() for c in labels.unique()}
+    members, nonmembers = [], []
+    for i, c in zip(perm.tolist(), labels.tolist(), strict=True):
+        if free[c]:
+            members.append(i)
+            nonmembers.append(free[c].pop(0))
+    most = len(members)
+    m = most if count is None else count
+    if not 1 <= m <= most:
+        raise PrivauditError(
+            f"--candidates {m}: the victim's shard ({len(shard)} examples) and the test split "
+            f"({n_test}, less {z_want} population examples) give at most {most} members with "
+            f"a non-member of the same label; pass --candidates 1..{most}"
+        )
+    members_t = torch.tensor(members[:m], dtype=torch.long)
+    used = torch.tensor(nonmembers[m:] + nonmembers[:0], dtype=torch.long)  # unused matches
+    left = torch.cat([used, pool_test[~torch.isin(pool_test, torch.tensor(nonmembers))], z_test])
+    return Candidates(
+        members=members_t.sort().values,
+        nonmembers=(torch.tensor(nonmembers[:m], dtype=torch.long) + n_train).sort().values,
+        known=shard[~torch.isin(shard, members_t)].sort().values,
+        population=(left[-min(population, len(left)) :] + n_train).sort().values,
+        n_train=n_train,
+    )
+
+
+def reference_seed(run_seed: int, seed: int, copy: int) -> int:
+    """Reference run ``copy``'s seed: 31 bits of SHA-256, apart from the run's own seed."""
+    h = hashlib.sha256(f"privaudit:reference:{run_seed}:{seed}:{copy}".encode()).digest()
+    return int.from_bytes(h[:4], "little") >> 1
+
+
+def reference_shards(candidates: Candidates, k: int, seed: int) -> np.ndarray:
+    """``(k, 2m)`` booleans: candidate j is in reference run c's victim shard. Runs come in
+    complementary pairs (a random half, then the other half): each candidate is IN in
+    exactly k/2 runs and every run's shard has the victim's size."""
+    if k < 2 or k % 2:
+        raise PrivauditError(
+            f"--references {k}: reference runs come in complementary pairs (each candidate IN "
+            "in half of them); pass an even number ≥ 2, e.g. --references 8"
+        )
+    rng = np.random.default_rng(seed + 1299709)
+    n = len(candidates.pool)
+    inside = np.zeros((k, n), bool)
+    for j in range(k // 2):
+        half = rng.permutation(n)[: n // 2]
+        inside[2 * j, half] = True
+        inside[2 * j + 1] = ~inside[2 * j]
+    return inside
+
+
+# -- the batched simulator --------------------------------------------------------------------
+def _block_diagonal(m: Tensor, copies: int) -> Tensor:
+    return torch.block_diag(*([m] * copies))
+
+
+def simulate_copies(
+    run: Run,
+    victim: int,
+    shards: list[Tensor],
+    seeds: list[int],
+    until: int,
+    *,
+    kind: str | None = None,
+    receiver: int | None = None,
+    progress: bool = False,
+) -> Tensor:
+    """Simulate ``len(shards)`` runs of ``run``'s defense at its operating point as ONE run of
+    C·N agents on the disjoint union of C copies of its graph; copy c's victim holds
+    ``shards[c]`` (indices into ``train_x ++ test_x``, sorted), its agents are seeded as a
+    run of seed ``seeds[c]`` (:func:`~privaudit.core.context.agent_seed`), and every other
+    agent holds its shard of ``run``. Returns ``(C, D)``: each copy's victim's ``kind``
+    message of round ``until`` to ``receiver`` when ``kind`` is given, else each copy's
+    average model after round ``until``.
+
+    Exact per copy for a defense with ``union_exact`` (module docstring); seeded with
+    ``run.cfg.seed`` and the victim's own shard, a copy is the target run itself."""
+    ctx, n = run.ctx, run.cfg.agents
+    if ctx.n_held != n:
+        raise PrivauditError("reference runs need a run that holds every agent (not a rank's)")
+    copies = len(shards)
+    if len(seeds) != copies or copies < 1:
+        raise PrivauditError("simulate_copies needs one seed per shard, and at least one shard")
+    dev = ctx.device
+    mean = torch.tensor(run.data.mean, dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(run.data.std, dtype=torch.float32).view(-1, 1, 1)
+    test_x = ((run.data.test_x - mean) / std).to(dev)
+    parts = [
+        (shards[c].to(dev) if a == victim else ctx.parts[a])
+        for c in range(copies)
+        for a in range(n)
+    ]
+    agents = list(range(copies * n))
+    gens = [
+        torch.Generator(device=dev).manual_seed(agent_seed(seeds[c], a))
+        for c in range(copies)
+        for a in range(n)
+    ]
+    union = Context(
+        model=ctx.model,
+        spec=ctx.spec,
+        grads=ctx.grads,
+        x0=ctx.x0,
+        train_x=torch.cat([ctx.train_x, test_x]),
+        train_y=torch.cat([ctx.train_y, run.data.test_y.to(dev)]),
+        parts=parts,
+        adj=_block_diagonal(ctx.adj, copies),
+        W=_block_diagonal(ctx.W, copies),
+        batch_size=ctx.batch_size,
+        generators=gens,
+        device=dev,
+        holdout=list(ctx.holdout) * copies if ctx.holdout else [],
+        val_x=ctx.val_x,
+        val_y=ctx.val_y,
+        agents=agents,
+    )
+    links = [] if kind is None else [(c * n + victim, c * n + receiver) for c in range(copies)]
+    tap = Tap(CaptureSpec.of(rounds=[until], links=links, kinds=[kind] if kind else []))
+    net = SimNetwork(union.adj, union.W, tap).to(dev)
+    loop = RoundLoop(run.defense, run.params, union, run.cfg.seed, run.dir)
+    with calling(run.defense, "init", 0):
+        state = run.defense.init(union, run.params)
+    bar, task = text.progress(until, f"{copies} reference run(s)", progress)
+    with bar:
+        for t in range(1, until + 1):
+            _, batch = loop.sample()
+            step = loop.step(state, t, net, batch)
+            state = step.state  # never ended early: no stop_after
+            bar.advance(task)
+    if kind is None:
+        return state["x"].detach().view(copies, n, -1).mean(1).float().cpu()
+    rows = []
+    for c in range(copies):
+        key = (until, c * n + victim, c * n + receiver, kind)
+        if key not in tap.messages:
+            raise PrivauditError(
+                f"{run.defense.name} sent no {kind!r} message {victim}→{receiver} in round "
+                f"{until}; pick a round and receiver where it does (privaudit targets)"
+            )
+        rows.append(tap.messages[key].payload.float())
+    return torch.stack(rows)
+
+
+# -- reference runs, cached -------------------------------------------------------------------
+@dataclass
+class References:
+    """K reference runs' attacked models and which candidates each one trained on."""
+
+    models: Tensor  # (K, D)
+    inside: np.ndarray  # (K, 2m) bool
+    seeds: list[int]
+    path: Path
+    trained: bool  # this call trained them (False: read back from the cache)
+    seconds: float  # time this call spent on them
+
+
+def reference_models(
+    run: Run,
+    victim: int,
+    candidates: Candidates,
+    k: int,
+    *,
+    until: int,
+    kind: str | None = None,
+    receiver: int | None = None,
+    seed: int = 0,
+    batch: int | None = None,
+    progress: bool = False,
+) -> References:
+    """The K reference runs of the module docstring, from the cache under
+    ``<run>/references/`` when it holds them, else simulated ``batch`` copies at a time
+    (default: all K at once for a defense with ``union_exact``, one at a time otherwise)
+    and written there."""
+    inside = reference_shards(candidates, k, seed)
+    seeds = [reference_seed(run.cfg.seed, seed, c) for c in range(k)]
+    key = {
+        "version": CACHE_VERSION,
+        "run": run.cfg.identity(),
+        "references": k,
+        "seed": seed,
+        "victim": victim,
+        "until": until,
+        "kind": kind,
+        "receiver": receiver,
+        "candidates": digest([candidates.pool.tolist(), candidates.known.tolist()], 16),
+    }
+    folder = run.dir.path / "references" / digest(key, 16)
+    blob, meta = folder / "models.safetensors", folder / "key.json"
+    started = time.perf_counter()
+    if blob.is_file() and meta.is_file():
+        got = load_file(str(blob))
+        if got["models"].shape[0] == k and np.array_equal(got["inside"].numpy(), inside):
+            return References(
+                got["models"], inside, seeds, folder, False, time.perf_counter() - started
+            )
+    pool = candidates.pool
+    shards = [torch.cat([candidates.known, pool[inside[c]]]).sort().values for c in range(k)]
+    step = batch or (k if run.defense.union_exact else 1)
+    models = torch.cat(
+        [
+            simulate_copies(
+                run,
+                victim,
+                shards[i : i + step],
+                seeds[i : i + step],
+                until,
+                kind=kind,
+                receiver=receiver,
+                progress=progress,
+            )
+            for i in range(0, k, step)
+        ]
+    )
+    tensors = {"models": models.contiguous(), "inside": torch.from_numpy(inside)}
+    atomic_write(blob, lambda tmp: save_file(tensors, tmp))
+    write_json(meta, to_jsonable({**key, "seeds": seeds}))
+    return References(models, inside, seeds, folder, True, time.perf_counter() - started)
+
+
+# -- scoring ----------------------------------------------------------------------------------
+def model_logits(run: Run, flats: Tensor, index: Tensor, chunk: int = 1024) -> Tensor:
+    """``(M, n, classes)`` logits of each flat model of ``flats`` on the examples ``index``
+    of ``train_x ++ test_x`` (normalised as the run trains)."""
+    ctx, n_train = run.ctx, len(run.data.train_y)
+    mean = torch.tensor(run.data.mean, dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(run.data.std, dtype=torch.float32).view(-1, 1, 1)
+    index = index.cpu()
+    train = index < n_train
+    x = torch.empty((len(index), *ctx.train_x.shape[1:]), dtype=ctx.train_x.dtype)
+    x[train] = ctx.train_x[index[train].to(ctx.device)].cpu()
+    x[~train] = (run.data.test_x[index[~train] - n_train] - mean) / std
+    out = []
+    with torch.no_grad():
+        for flat in flats:
+            params = ctx.spec.unflatten(flat.to(ctx.device, ctx.x0.dtype))
+            rows = [
+                functional_call(ctx.model, params, (x[i : i + chunk].to(ctx.device),)).cpu()
+                for i in range(0, len(x), chunk)
+            ]
+            out.append(torch.cat(rows))
+    return torch.stack(out).double()
+
+
+def labels_of(run: Run, index: Tensor) -> Tensor:
+    n_train = len(run.data.train_y)
+    index = index.cpu()
+    return torch.where(
+        index < n_train,
+        run.data.train_y[index.clamp(max=n_train - 1)],
+        run.data.test_y[(index - n_train).clamp(min=0)],
+    )
+
+
+def model_scores(
+    run: Run, target: Tensor, candidates: Candidates, refs: References | None
+) -> dict[str, np.ndarray]:
+    """Every candidate's score under each attack of :data:`SCORES` (only ``loss`` without
+    reference runs), higher = more likely a member; the paper behind each is named in the
+    module docstring and at its function in :mod:`privaudit.eval.membership`."""
+    pool, z = candidates.pool, candidates.population
+    y, yz = labels_of(run, pool), labels_of(run, z)
+    lt = model_logits(run, target[None], torch.cat([pool, z]))[0]
+    lx, lz = lt[: len(pool)], lt[len(pool) :]
+    out = {"loss": M.loss_score(torch.nn.functional.cross_entropy(lx, y, reduction="none"))}
+    if refs is None:
+        return out
+    lr = model_logits(run, refs.models, torch.cat([pool, z]))  # (K, n + |z|, classes)
+    phi_t = M.logit_confidence(lx, y)
+    phi = np.stack([M.logit_confidence(lr[c, : len(pool)], y) for c in range(len(lr))], 1)
+    inside = refs.inside.T  # (n, K)
+    gv = len(lr) < GLOBAL_VARIANCE_BELOW
+    out["lira-online"] = M.lira_online(
+        phi_t, np.where(inside, phi, np.nan), np.where(inside, np.nan, phi), global_variance=gv
+    )
+    out["lira-offline"] = M.lira_offline(phi_t, np.where(inside, np.nan, phi), global_variance=gv)
+
+    def prob(logits: Tensor, labels: Tensor) -> np.ndarray:
+        p = torch.softmax(logits, -1).gather(-1, labels[..., None].expand(*logits.shape[:-1], 1))
+        return p.squeeze(-1).numpy()
+
+    if len(z):
+        px = prob(lr[:, : len(pool)], y.expand(len(lr), -1)).T  # (n, K)
+        pz = prob(lr[:, len(pool) :], yz.expand(len(lr), -1)).T
+        out["rmia"] = M.rmia(prob(lx, y), px, prob(lz, yz), pz)
+    return out
+
+
+# -- the attack --------------------------------------------------------------------------------
+def observed_model(
+    run: Run,
+    tgt: Target,
+    t: int,
+    *,
+    threat: str | None,
+    attackers: list[int] | None,
+    victim: int | None,
+) -> tuple[Tensor, int, int, str]:
+    """The victim's ``tgt`` message of round ``t`` as the planner's adversary receives it
+    (:func:`privaudit.sim.plan.sightings`): the flat model, victim, receiver and adversary."""
+    victims = None if victim is None else [victim]
+    plan = first_observable(
+        tgt.name,
+        t,
+        candidate_threats(threat, attackers),
+        lambda name: sightings(run, tgt, t, name, attackers=attackers, victims=victims),
+    )
+    s = plan[0]
+    key = (t, s.src, s.dst, tgt.kind)
+    got = run.messages(CaptureSpec.of(rounds=[t], links=[(s.src, s.dst)], kinds=[tgt.kind]))
+    if key not in got:
+        raise Unobservable(f"{tgt.name}: no message {s.src}→{s.dst} in round {t}")
+    return got[key].float(), s.src, s.dst, s.threat.describe()
+
+
+def model_mia(
+    run: Run,
+    target: str,
+    *,
+    attack: str = "lira",
+    references: int = 8,
+    round: int | None = None,
+    on: str | None = None,
+    threat: str | None = None,
+    attackers: list[int] | None = None,
+    victim: int | None = None,
+    candidates: int | None = None,
+    population: int = 256,
+    confidence: float = 0.95,
+    seed: int = 0,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Model-level membership inference on ``run`` (module docstring): ``attack`` is the
+    headline (``loss`` needs no reference runs; ``lira`` and ``rmia`` train ``references``
+    of them, cached, and report every score of :data:`SCORES`). ``on``: ``message`` (the
+    victim's ``target`` message of ``round``, default the last round) or ``final`` (the
+    run's final average model; the default where the target's kind is not a model). Writes
+    ``result.json`` and ``roc.png`` to ``out`` when given. Returns the result."""
+    if attack not in ATTACKS:
+        raise PrivauditError(
+            f"--attack must be grad or one of {', '.join(ATTACKS)}, got {attack!r}"
+        )
+    tgt = Target.parse(target)
+    tgt.check_run(run, 1)
+    on = on or ("message" if tgt.kind in MODEL_KINDS else "final")
+    if on not in ON:
+        raise PrivauditError(f"--on must be one of {', '.join(ON)}, got {on!r}")
+    if on == "message" and tgt.kind not in MODEL_KINDS:
+        raise PrivauditError(
+            f"--on message needs a message that carries a model; {target} sends "
+            f"{tgt.kind!r}: use --on final (the run's final average model) or a "
+            f"{tgt.defense.name}-model / -half-model target"
+        )
+    T = run.cfg.rounds
+    if on == "final":
+        if round is not None and round != T:
+            raise PrivauditError(
+                f"--round {round} with --on final: the final model is of round {T}; drop "
+                "--round, or attack a message with --on message"
+            )
+        t = T
+    else:
+        t = T if round is None else round
+        tgt.check_run(run, t)
+    if on == "message":
+        flat, v, dst, seen_by = observed_model(
+            run, tgt, t, threat=threat, attackers=attackers, victim=victim
+        )
+    else:
+        v = default_victim(run.cfg.agents, attackers or []) if victim is None else victim
+        if not 0 <= v < run.cfg.agents:
+            raise PrivauditError(f"--victim {v} is not an agent (0..{run.cfg.agents - 1})")
+        flat = run.train(progress=progress)["x"].mean(0).float().cpu()
+        dst, seen_by = None, "anyone: the final average model is the run's output"
+    cands = draw_candidates(run, v, candidates, population, seed)
+    refs = None
+    if attack != "loss":
+        refs = reference_models(
+            run,
+            v,
+            cands,
+            references,
+            until=t,
+            kind=tgt.kind if on == "message" else None,
+            receiver=dst,
+            seed=seed,
+            progress=progress,
+        )
+    scores = model_scores(run, flat, cands, refs)
+    member = cands.member
+    delta = run.cfg.delta
+    if on == "final":
+        bound = float(run.resolved["agents"][v]["epsilon"])
+        reason = run.resolved.get("epsilon_reason") or "no formal guarantee"
+    else:
+        privacy = tgt.privacy(run, v)
+        q = run.resolved["agents"][v]["sample_rate"]
+        bound = float(account(privacy, delta, q, t, run.cfg.accountant)["run"])
+        reason = privacy.reason
+    finite = math.isfinite(bound)
+    table: dict[str, Any] = {}
+    curves = {}
+    for name, s in scores.items():
+        s_in, s_out = s[member], s[~member]
+        table[name] = {
+            "auc": M.auc(s_in, s_out),
+            "tpr_at_fpr": {
+                f"{f:g}": _point(M.tpr_at_fpr(s_in, s_out, f, confidence)) for f in FPRS
+            },
+        }
+        curves[f"{name} (AUC {table[name]['auc']:.3f})"] = M.roc(s_in, s_out)
+    head = HEADLINE[attack]
+    s = scores[head]
+    s_in, s_out = s[member], s[~member]
+    found = (
+        [_point(x) for x in M.violations(s_in, s_out, bound, delta, confidence)] if finite else []
+    )
+    result: dict[str, Any] = {
+        "target": target,
+        "attack": attack,
+        "score": head,
+        "on": on,
+        "round": t,
+        "victim": v,
+        "receiver": dst,
+        "threat": seen_by,
+        "members": int(member.sum()),
+        "nonmembers": int((~member).sum()),
+        "auc": table[head]["auc"],
+        "tpr_at_fpr": table[head]["tpr_at_fpr"],
+        "scores": table,
+        "epsilon": bound if finite else None,
+        "epsilon_reason": None if finite else reason,
+        "epsilon_rounds": t,
+        "delta": delta,
+        "violations": found,
+        "epsilon_lo": M.epsilon_lower_bound(s_in, s_out, delta, confidence, seed=seed),
+        "confidence": confidence,
+        "split": {
+            "victim": v,
+            "members": cands.members.tolist(),
+            "nonmembers_test": (cands.nonmembers - cands.n_train).tolist(),
+            "known_members": len(cands.known),
+            "population": len(cands.population),
+            "other_agents": "their shards of the run, in the target and every reference run",
+        },
+        "references": None
+        if refs is None
+        else {
+            "count": references,
+            "seeds": refs.seeds,
+            "inside": [np.flatnonzero(row).tolist() for row in refs.inside],
+            "batched": run.defense.union_exact,
+            "trained": refs.trained,
+            "seconds": refs.seconds,
+            "path": str(refs.path),
+        },
+        "run": str(run.dir.path),
+    }
+    if out is not None:
+        out = Path(out)
+        write_json(out / "result.json", to_jsonable(result))
+        where = f"round {t}" if on == "message" else "final average model"
+        M.plot_roc(
+            curves,
+            out / "roc.png",
+            bound=(bound, delta) if finite else None,
+            title=f"{target} · {where} · {references if refs else 0} references",
+        )
+        result["figure"] = str(out / "roc.png")
+    return result
+
+
+def _point(obj: Any) -> dict[str, float]:
+    return {k: float(getattr(obj, k)) for k in obj.__dataclass_fields__}
