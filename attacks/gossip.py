@@ -166,6 +166,8 @@ class LinearSystem:
     noise:     keys of M's columns (unknown noise inputs).
     M:         (R × Z) CSR, noise coefficients times the noise std: the rows' noise
                covariance is M Mᵀ.
+    tied:      variable → the unknown it is assumed equal to (:func:`tie`: El Mrini et al.'s
+               constant-gradient approximation); empty for the exact system.
     """
 
     recursion: Recursion
@@ -178,12 +180,15 @@ class LinearSystem:
     C: sp.csr_matrix
     noise: list[Key]
     M: sp.csr_matrix
+    tied: dict[Key, Key] = field(default_factory=dict)
     _where: dict[Key, tuple[str, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for role, keys in (("unknown", self.unknowns), ("known", self.known)):
             self._where.update({k: (role, i) for i, k in enumerate(keys)})
         self._where.update({k: ("noise", i) for i, k in enumerate(self.noise)})
+        # a tied variable is read as its representative's column (:func:`tie`)
+        self._where.update({k: self._where[r] for k, r in self.tied.items()})
 
     def role(self, key: Key) -> str:
         """``unknown``, ``known``, ``noise`` or ``absent`` (a noise input of std 0, a round
@@ -280,6 +285,7 @@ def knowledge(
     messages: Sequence[Message],
     rounds: int | None = None,
     known: Callable[[Key], bool] | None = None,
+    tied: Collection[int] | None = None,
 ) -> LinearSystem:
     """The coalition's linear system from the recorded ``messages`` (:func:`gossip_messages`).
 
@@ -287,7 +293,8 @@ def knowledge(
     its row of Φ_t. A variable is known when ``known(key)`` (default: its agent is a member,
     or its kind is in ``rec.public``); else noise when its kind is in ``rec.noise`` (std > 0;
     std 0: left out), else unknown. Rows that involve no unknown and no noise carry no
-    information and are dropped."""
+    information and are dropped. ``tied``: agents whose update (``rec.update``) is assumed
+    the same in every round — El Mrini et al.'s approximation, :func:`tie`; None: exact."""
     n = rec.n
     members = _members(coalition, n)
     msgs = list(messages)
@@ -332,7 +339,7 @@ def knowledge(
     def block(r: str, s: np.ndarray | float = 1.0) -> sp.csr_matrix:
         return sp.csr_matrix(coef[:, part[r]] * s)
 
-    return LinearSystem(
+    system = LinearSystem(
         recursion=rec,
         rounds=rounds,
         coalition=tuple(members),
@@ -343,6 +350,68 @@ def knowledge(
         C=block("known"),
         noise=[keys[i] for i in part["noise"]],
         M=block("noise", scale[part["noise"]]),
+    )
+    return system if tied is None else tie(system, tied)
+
+
+def tie(system: LinearSystem, agents: Collection[int], kind: str | None = None) -> LinearSystem:
+    """El Mrini, Cyffers & Bellet's gradient-similarity approximation (ICML 2024, §5, D-GD):
+    each of ``agents``' unknown inputs of ``kind`` (default the recursion's update, ``g``) is
+    taken to be the same in every round of the system, g_k^t = g_k (t = 1..T), so its T
+    columns of K merge into one, keyed by its first round (the others alias to it:
+    :attr:`LinearSystem.tied`, so ``role``, ``index`` and ``functional`` read any round's key
+    as the tied unknown).
+
+    Why: under D-PSGD each round adds one fresh unknown per agent, and a coalition can never
+    separate a non-neighbour's (README, "the gossip algebra"); with one unknown per agent
+    the neighbours' messages x̃_j^t = −η Σ_{s<t} (W^s)_j g + (the coalition's part) give, on
+    a connected graph, up to n equations per coordinate over T ≥ n rounds: the Krylov rows
+    e_jᵀ Σ_{s<t} W^s, which reach every agent a walk from the coalition's neighbours reaches.
+
+    The error it makes: the system is solved as if K_tied ḡ = K g, while in a run the
+    gradients drift with the models, g_k^t = g_k^1 + δ_k^t with ‖δ_k^t‖ ≤ L ‖x_k^{t-1} − x_0‖
+    ≤ L η (t − 1) G (L the loss's smoothness, G a gradient bound). The estimate of g_v^1 is
+    rᵀ y with Kᵀ_tied r = e_v, so its error is Σ_{k,t} (rᵀ K)_{(k,t)} δ_k^t: first order in
+    η (the rows carry η, r carries 1/η, δ carries η), times the estimator's gain ‖r‖, which
+    grows geometrically with the victim's distance. Exact when every agent's gradient is
+    constant (η → 0, or a loss linear in the model); never exact under fresh Poisson batches,
+    where δ is the batch noise itself (O(1), not O(η)) — :func:`privaudit.api.gossip.
+    observe_beyond` refuses it there. The coalition's own inputs stay per round (it knows or
+    solves them exactly)."""
+    rec = system.recursion
+    kind = rec.update if kind is None else kind
+    group = {int(a) for a in agents}
+    first: dict[int, int] = {}  # agent → column of its first unknown of kind
+    alias: dict[Key, Key] = dict(system.tied)
+    merge = np.arange(len(system.unknowns))  # old column → new column (before compaction)
+    for i, key in enumerate(system.unknowns):
+        if key[0] != kind or key[1] not in group:
+            continue
+        if key[1] in first:
+            j = first[key[1]]
+            merge[i] = j
+            alias[key] = system.unknowns[j]
+        else:
+            first[key[1]] = i
+    keep = np.flatnonzero(merge == np.arange(len(system.unknowns)))
+    new = np.full(len(system.unknowns), -1)
+    new[keep] = np.arange(keep.size)
+    P = sp.csr_matrix(
+        (np.ones(len(merge)), (np.arange(len(merge)), new[merge])),
+        shape=(len(system.unknowns), keep.size),
+    )
+    return LinearSystem(
+        recursion=rec,
+        rounds=system.rounds,
+        coalition=system.coalition,
+        rows=list(system.rows),
+        unknowns=[system.unknowns[i] for i in keep.tolist()],
+        K=sp.csr_matrix(system.K @ P),
+        known=list(system.known),
+        C=system.C,
+        noise=list(system.noise),
+        M=system.M,
+        tied=alias,
     )
 
 
@@ -546,7 +615,11 @@ def _field_rows(system: LinearSystem, p: int) -> np.ndarray:
         phi = new
         take(t)
     col = {k: i for i, k in enumerate(keys)}
-    return rows[:, [col[k] for k in system.unknowns]]
+    out = rows[:, [col[k] for k in system.unknowns]]
+    for key, rep in system.tied.items():  # a tied variable's column adds to its unknown's
+        i = system.index(rep)
+        out[:, i] = (out[:, i] + rows[:, col[key]]) % p
+    return out
 
 
 def rref_mod(M: np.ndarray, p: int = PRIME) -> tuple[np.ndarray, list[int]]:

@@ -20,9 +20,11 @@ Which defenses it reaches past the neighbourhood is a property of their recursio
 unknown update: in the coordinates of the half-steps x̃ the coalition observes exactly the
 x̃ of its members and their neighbours, so g_v^t = (Σ_j w_vj x̃_j^{t-1} − x̃_v^t)/η is
 identifiable iff v is heard and, for t ≥ 2, so are all of v's neighbours — the exact case of
-``observe``, and never a non-neighbour, however many rounds are recorded. (El Mrini et al.'s
-D-GD attack goes further by assuming each agent's gradient constant over the rounds, an
-approximation this exact model does not make: each round's Poisson batch is new.) Gradient
+``observe``, and never a non-neighbour, however many rounds are recorded. El Mrini et al.'s
+D-GD attack goes further by assuming each agent's gradient constant over the rounds
+(``tie=True``, :func:`privaudit.attacks.gossip.tie`): an approximation, first order in the
+step size, and only offered for full-batch runs (q = 1: every round's batch is the whole
+shard), since a fresh Poisson batch each round makes it wrong by the batch noise. Gradient
 tracking (``dsgt``) sends two values (θ, γ) per agent and round with one fresh unknown, and
 there a single attacker on a ring of 5 recovers both agents two hops away, exactly
 (:func:`privaudit.core.recursion.tracking`).
@@ -47,6 +49,7 @@ from privaudit.attacks.gossip import (
     knowledge,
     state_functional,
 )
+from privaudit.core.accounting import sample_rates
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec
 from privaudit.core.observation import Observation
@@ -68,6 +71,7 @@ def observe_beyond(
     *,
     rounds_back: int | None = None,
     rounds_ahead: int | None = None,
+    tie: bool = False,
     progress: bool = True,
 ) -> list[Observation]:
     """One Observation per victim of its round-``round`` update, reconstructed by the
@@ -79,7 +83,12 @@ def observe_beyond(
     state unknown), default every round from 1 (x_0 public). ``rounds_ahead``: use rounds up
     to round + rounds_ahead (capped at the run's last), default the victims' largest hop
     distance from the coalition (an update two hops out reaches the coalition's neighbours a
-    round later, and is separated from the next updates a round after that).
+    round later, and is separated from the next updates a round after that); with ``tie``,
+    every round to the run's last. ``tie``: El Mrini et al.'s gradient-similarity
+    approximation — every non-member's update is taken to be the same in every round used
+    (:func:`~privaudit.attacks.gossip.tie`, its error stated there), which reaches agents
+    beyond the neighbourhood under D-PSGD; refused unless every agent's batch is its whole
+    shard (``--batch-size`` ≥ each shard: full-batch D-GD), ``meta["exact"]`` is then False.
 
     Identifiability is decided on the recursion alone, before anything is captured; a
     victim whose update (or whose model at its evaluation point) lies outside the knowledge
@@ -105,6 +114,8 @@ def observe_beyond(
     if len(members) == n:
         raise PrivauditError("every agent is an attacker; leave at least one victim outside")
     victims = list(victims) if victims else [default_victim(n, members)]
+    if tie:
+        _full_batch(run)
     rec = tgt.defense.recursion(run.params, run.ctx.W.cpu(), run.cfg.batch_size)
     if rec is None:
         raise Unobservable(
@@ -132,18 +143,23 @@ def observe_beyond(
     if rounds_back is not None and rounds_back < 1:
         raise PrivauditError(f"rounds_back must be at least 1, got {rounds_back}")
     first = 0 if rounds_back is None else max(0, round - rounds_back)
-    ahead = max(hops[v] for v in victims) if rounds_ahead is None else rounds_ahead
+    if rounds_ahead is None:
+        ahead = run.cfg.rounds - round if tie else max(hops[v] for v in victims)
+    else:
+        ahead = rounds_ahead
     if ahead < 0:
         raise PrivauditError(f"rounds_ahead must be at least 0, got {rounds_ahead}")
     last = min(run.cfg.rounds, round + ahead)
 
     sub = rec.shifted(first)
-    system = _system(sub, adj, members, first, last)
+    system = _system(sub, adj, members, first, last, tie)
     analysis = identifiability(system)
     plans: list[tuple[Recovery, list[dict[Key, float]]]] = []
     for v in victims:
         if analysis.status((sub.update, v, round - first)) != "identifiable":
-            raise Unobservable(_why(run, rec, adj, members, v, round, first, last, analysis, hops))
+            raise Unobservable(
+                _why(run, rec, adj, members, v, round, first, last, analysis, hops, tie)
+            )
         plans.append(_plan(system, analysis, sub, v, round, first, last, members))
 
     threat = build_threat("coalition", attackers=members)
@@ -160,15 +176,18 @@ def observe_beyond(
             "round": round,
             "src": v,
             "dst": None,
-            "threat": f"coalition {','.join(map(str, members))} (gossip algebra, "
-            f"{last - max(first, 1) + 1} rounds, rank {plan.rank})",
+            "threat": f"coalition {','.join(map(str, members))} (gossip algebra"
+            f"{', tied updates' if tie else ''}, {last - max(first, 1) + 1} rounds, "
+            f"rank {plan.rank})",
             "identifiable": True,
             "rank": plan.rank,
             "distance": int(hops[v]),
             "gain": float(np.linalg.norm(plan.weights[0])),
             "rounds": [max(first, 1), last],
             "attackers": members,
-            "exact": True,  # unbiased, no approximation: noise_std says the rest
+            # unbiased, no approximation (noise_std says the rest) unless updates are tied
+            "exact": not tie,
+            "tied": tie,
         }
         obs = tgt.defense.make_observation(
             view, at, g, noise_std=float(plan.std[0]), meta=meta, **dict(rec.facts)
@@ -261,6 +280,21 @@ def _zeros(key: Key) -> np.ndarray:
     return np.zeros(1)
 
 
+def _full_batch(run: Run) -> None:
+    """Refuse the tied approximation unless every agent's batch is its whole shard (q = 1):
+    with fresh Poisson batches the round-to-round change of an agent's gradient is the batch
+    noise, not a first-order drift in the step size."""
+    sizes = [len(p) for p in run.ctx.parts]
+    q = sample_rates(sizes, run.cfg.batch_size)
+    if min(q) < 1:
+        raise PrivauditError(
+            f"tie=True assumes each agent's gradient is the same in every round (El Mrini et "
+            f"al.'s D-GD), but this run draws fresh Poisson batches (q = {min(q):.3g} < 1 for "
+            f"shards of up to {max(sizes)} examples); use --batch-size {max(sizes)} or more "
+            "(full-batch D-GD, q = 1), or leave tie off for the exact system"
+        )
+
+
 def _rows(rec: Recursion, adj: Tensor, members: list[int], first: int, last: int) -> list[Message]:
     """What the coalition records, as rows: for each carried component, every message a
     member receives from a non-member and each member's own, at state indices of rounds
@@ -272,12 +306,18 @@ def _rows(rec: Recursion, adj: Tensor, members: list[int], first: int, last: int
     return rows
 
 
-def _system(rec: Recursion, adj: Tensor, members: list[int], first: int, last: int) -> LinearSystem:
+def _system(
+    rec: Recursion, adj: Tensor, members: list[int], first: int, last: int, tie: bool = False
+) -> LinearSystem:
     """The knowledge system. Only public variables are known: the coalition's own updates are
     solved for like everyone's, from its own sent messages (lossless for D-PSGD and gradient
-    tracking, whose members' neighbours are all heard)."""
+    tracking, whose members' neighbours are all heard). ``tie``: every non-member's update is
+    one unknown over the rounds (:func:`~privaudit.attacks.gossip.tie`)."""
     rows = _rows(rec, adj, members, first, last)
-    return knowledge(rec, members, rows, rounds=last - first, known=lambda k: k[0] in rec.public)
+    others = [k for k in range(rec.n) if k not in members] if tie else None
+    return knowledge(
+        rec, members, rows, rounds=last - first, known=lambda k: k[0] in rec.public, tied=others
+    )
 
 
 def _point(system: LinearSystem, rec: Recursion, t: int, v: int) -> dict[Key, float]:
@@ -296,10 +336,17 @@ def _point(system: LinearSystem, rec: Recursion, t: int, v: int) -> dict[Key, fl
 
 
 def _identifiable(
-    rec: Recursion, adj: Tensor, members: list[int], v: int, t: int, first: int, last: int
+    rec: Recursion,
+    adj: Tensor,
+    members: list[int],
+    v: int,
+    t: int,
+    first: int,
+    last: int,
+    tie: bool = False,
 ) -> bool:
     sub = rec.shifted(first)
-    a = identifiability(_system(sub, adj, members, first, last))
+    a = identifiability(_system(sub, adj, members, first, last, tie))
     return a.status((sub.update, v, t - first)) == "identifiable"
 
 
@@ -314,27 +361,30 @@ def _why(
     last: int,
     analysis: Identifiability,
     hops: list[int],
+    tie: bool = False,
 ) -> str:
     """One line: why agent v's round-t update is hidden, and the fix that works (checked on
     the structure): more rounds after it, or its neighbours in the coalition."""
     fixes = []
     horizon = t + 2 * run.cfg.agents  # checked on the structure, past the run's end too
-    if _identifiable(rec, adj, members, v, t, first, horizon):
+    if _identifiable(rec, adj, members, v, t, first, horizon, tie):
         lo, hi = last + 1, horizon  # more rows never hide a variable: bisect the horizon
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (
-                (lo, mid) if _identifiable(rec, adj, members, v, t, first, mid) else (mid + 1, hi)
+                (lo, mid)
+                if _identifiable(rec, adj, members, v, t, first, mid, tie)
+                else (mid + 1, hi)
             )
         fixes.append(
             f"observe up to round {lo} (rounds_ahead={lo - t})"
             if lo <= run.cfg.rounds
             else f"use a run of at least {lo} rounds (--rounds {lo})"
         )
-    if first > 0 and _identifiable(rec, adj, members, v, t, 0, last):
+    if first > 0 and _identifiable(rec, adj, members, v, t, 0, last, tie):
         fixes.append("use every round from 1 (rounds_back=None)")
     wider = sorted(set(members) | set(neighbours(adj, v)))
-    if _identifiable(rec, adj, wider, v, t, first, last):
+    if _identifiable(rec, adj, wider, v, t, first, last, tie):
         fixes.append(
             f"add its neighbours to the coalition (--attacker {','.join(map(str, wider))})"
         )
