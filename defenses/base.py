@@ -65,8 +65,7 @@ def exchange_models(net: Network, x: Tensor) -> tuple[Tensor, Tensor]:
     (model, data owner) pairs of the cross-gradient defenses: one self pair per held agent
     (at its own model), then one per out-edge i→j — i's batch at j's model, received on
     j→i. ``owner`` is the local row of the agent whose batch (and noise) each pair uses."""
-    received = net.broadcast("model", x)
-    models = torch.cat([x, net.on_reverse(received)])
+    models = net.exchange("model", x)
     owner = torch.cat([torch.arange(x.shape[0], device=x.device), net.links.out_src])
     return models, owner
 
@@ -265,27 +264,28 @@ class Defense:
         link in the clear in the same round (``model`` message dst→src).
 
         Repeated releases: src sends a copy of the same batch, with fresh noise, to every
-        neighbour j (at j's model). When the View holds k > 1 copies (a coalition, a global
-        observer) they are averaged — noise std / √k — at the mean of the receivers' models:
-        exact when those models are equal (round 1, or consensus), else an approximation."""
+        neighbour j (at j's model). When the View holds more copies (a coalition, a global
+        observer), those evaluated at the same model as dst's are averaged — noise std /
+        √k, still exact; copies at other models are left out (``meta["left_out"]``): averaging
+        them at a mean model would trade exactness for noise, and a stronger observer must
+        never observe less than one link (before consensus, or without noise, it would)."""
         meta = kw.pop("meta", {})
-        copies = [
-            (view.get(t, j, src, "model"), view.get(t, src, j, "cg"))
+        params = view.get(t, dst, src, "model")
+        seen = [
+            j
             for j in neighbours(view.public.W, src)
             if view.has(t, src, j, "cg") and view.has(t, j, src, "model")
         ]
-        if len(copies) <= 1:
-            params, target = view.get(t, dst, src, "model"), view.get(t, src, dst, "cg")
-            return self.make_observation(view, params, target, noise_std=noise_std, meta=meta, **kw)
-        models = torch.stack([m for m, _ in copies])
-        same = bool((models == models[0]).all())
-        meta = {**meta, "copies": len(copies), "exact": meta.get("exact", True) and same}
-        if not same:
-            meta["approx"] = "copies averaged at the mean of the receivers' models"
+        same = [j for j in seen if j == dst or torch.equal(view.get(t, j, src, "model"), params)]
+        if len(seen) > len(same):
+            meta = {**meta, "left_out": f"{len(seen) - len(same)} copies at other models"}
+        if len(same) > 1:
+            meta = {**meta, "copies": len(same)}
+        copies = [view.get(t, src, j, "cg") for j in same] or [view.get(t, src, dst, "cg")]
         return self.make_observation(
             view,
-            models.mean(0),
-            torch.stack([g for _, g in copies]).mean(0),
+            params,
+            torch.stack(copies).mean(0),
             noise_std=noise_std / math.sqrt(len(copies)),
             meta=meta,
             **kw,
@@ -449,29 +449,50 @@ class CrossGradientDefense(Defense):
         model), then out-edge pairs (:func:`exchange_models`) — ``noisy`` = ``clean`` plus
         N(0, σ²C²) noise on the sum (/B on the mean, ``clip_unit`` "example") or on the
         flat-clipped mean ("batch"), drawn per pair from its data owner's generator, and the
-        out-edge pairs sent as ``cg``. Returns (clean, noisy, the ``cg`` rows received per
-        in-edge)."""
+        out-edge pairs sent as ``cg``. Returns (the self pairs' ``clean`` and ``noisy`` rows,
+        (k, D), and the ``cg`` rows received per in-edge).
+
+        Memory: the out-edge pairs are noised in place (their clean rows are not needed
+        again) and the noise is drawn one data owner at a time
+        (:meth:`~privaudit.core.context.Context.gaussian_each`), so besides the pairs'
+        models and gradients only k more rows are alive — not the (pairs, D) noise, its
+        per-owner parts and a noised copy. The self rows are views of the pairs' buffer,
+        which the caller may overwrite once read."""
         xs, ys = batch
+        k = x.shape[0]
         models, owner = exchange_models(net, x)
         if self.clip_unit == "example":
             clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner)
-            noisy = clean
-            if p.sigma > 0:
-                noise = ctx.gaussian(owner, clean.shape[1])
-                noisy = torch.add(clean, noise, alpha=p.sigma * p.clip / ctx.batch_size)
         else:
             clean = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
-            noisy = clean
-            if p.sigma > 0:
-                noisy = noisy + ctx.gaussian(owner, noisy.shape[1]) * (p.sigma * p.clip)
-        return clean, noisy, net.send("cg", noisy[x.shape[0] :])
+        del models
+        self_clean = clean[:k]
+        self_noisy = self_clean.clone()
+        if p.sigma > 0:
+            example = self.clip_unit == "example"
+            scale = p.sigma * p.clip / ctx.batch_size if example else p.sigma * p.clip
+            for rows, noise in ctx.gaussian_each(owner, clean.shape[1]):
+                if example:  # clean + scale·z, as torch.add(clean, z, alpha=scale)
+                    part = torch.add(clean[rows], noise, alpha=scale)
+                else:  # clean + z·σC
+                    part = clean[rows] + noise.mul_(scale)
+                del noise
+                mine = rows < k
+                self_noisy[rows[mine]] = part[mine]
+                clean[rows[~mine]] = part[~mine]
+                del part
+        return self_clean, self_noisy, net.send("cg", clean[k:])
 
     def half_step(self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor) -> State:
         """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ; x̃ gossiped (``half-model``), then
-        ṽ (``mm``) when the momentum is mixed."""
-        v_half = p.momentum * v + g
-        x_half = x - p.lr * v_half
+        ṽ (``mm``) when the momentum is mixed. The temporaries are computed in place (the
+        same operations in the same order), so at most three (k, D) rows beside x, v and g
+        are alive."""
+        v_half = torch.mul(v, p.momentum).add_(g)  # βv + g
+        step = torch.mul(v_half, p.lr)
+        x_half = torch.sub(x, step, out=step)  # x − ηṽ
         x_new = net.gossip("half-model", x_half)
+        del x_half, step
         v_new = net.gossip("mm", v_half) if self.mixed_momentum else v_half
         return {"x": x_new, self.momentum_key: v_new}
 

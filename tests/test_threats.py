@@ -172,6 +172,19 @@ def test_a_coalition_averages_the_repeated_releases_of_one_batch(tmp_path):
     torch.testing.assert_close(flat(avg.target), both)
 
 
+def test_a_stronger_observer_never_observes_a_cross_gradient_less_exactly(tmp_path):
+    """nd-cg, round 3 (the neighbours' models differ): copies of agent 0's batch at other
+    receivers' models are left out, not averaged at a mean model, so the global observer's
+    Observation is the link's — exact, at agent 1's model — and not an approximation."""
+    run = Run.create(tiny("nd"), tmp_path / "r")
+    (lk,) = observe(run, "nd-cg", 3, threat="link", victims=[0], progress=False)
+    (gl,) = observe(run, "nd-cg", 3, threat="global", victims=[0], progress=False)
+    assert lk.meta["exact"] is True and gl.meta["exact"] is True
+    assert "left_out" in gl.meta or gl.meta.get("copies", 1) > 1
+    torch.testing.assert_close(flat(gl.params), flat(lk.params), rtol=0, atol=0)
+    torch.testing.assert_close(flat(gl.target), flat(lk.target), rtol=0, atol=0)
+
+
 def run_capture(run: Run, t: int):
     from privaudit.core.messages import CaptureSpec
 

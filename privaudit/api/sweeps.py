@@ -64,6 +64,9 @@ __all__ = [
 
 RESULT_VERSION = 3  # bump when the content of a cached result changes
 MIA_MESSAGES = 8  # rounds of messages a sweep's membership inference scores, per target
+# whose view it scores unless the sweep names a threat: the strongest, every link, against
+# which every DP guarantee is stated (the attacks keep the weakest adversary that observes)
+MIA_THREAT = "global"
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,9 @@ class Sweep:
     noised target at its largest round, for an empirical ε lower bound.
     ``membership``: also run message-level membership inference and label-count recovery
     (:func:`privaudit.api.membership.mia`, its defaults) on each target's last
-    :data:`MIA_MESSAGES` rounds up to its largest attacked round, private or not: the axis
-    on which private and non-private runs separate at large batches.
+    :data:`MIA_MESSAGES` rounds up to its largest attacked round, private or not, under
+    ``threat`` or else :data:`MIA_THREAT`: the axis on which private and non-private runs
+    separate at large batches.
     ``preset``: ``attack`` (``base`` is every run's setting) or ``utility``: each (defense, ε)
     trains at its operating point (:func:`privaudit.scenario.presets.apply`, with the user's
     ``explicit`` settings on top), ``rounds`` empty attacks each run's last round, ε = ∞ in
@@ -410,9 +414,8 @@ def membership_run(
         run = Run.create(cfg, Path(rdir))
         found: dict[str, Any] = {"key": _membership_key(sweep, target, r), "error": None}
         try:
-            res = mia(
-                run, target, first, messages=r - first + 1, threat=sweep.threat, progress=progress
-            )
+            threat = sweep.threat or MIA_THREAT
+            res = mia(run, target, first, messages=r - first + 1, threat=threat, progress=progress)
         except PrivauditError as e:  # e.g. every batch empty: no member to find; say why
             found["error"] = str(e)
         else:
@@ -618,7 +621,8 @@ def _audits(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int,
 
 
 def _membership_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
-    return {"target": target, "round": r, "messages": MIA_MESSAGES, "threat": sweep.threat}
+    threat = sweep.threat or MIA_THREAT
+    return {"target": target, "round": r, "messages": MIA_MESSAGES, "threat": threat}
 
 
 def _memberships(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,6 +122,15 @@ class Context:
         return self.draw(
             owner, lambda g, c: torch.randn(c, *shape, generator=g, device=self.device)
         )
+
+    def gaussian_each(self, owner: Tensor, *shape: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The rows of :meth:`gaussian` agent by agent, as (the rows ``r`` with ``owner[r]``
+        = a in ascending order, their draws): the same numbers from the same one call per
+        agent, without the (rows, …) whole — one agent's draws alive at a time."""
+        for a, g in enumerate(self.generators):
+            rows = (owner == a).nonzero().flatten()
+            if len(rows):
+                yield rows, torch.randn(len(rows), *shape, generator=g, device=self.device)
 
 
 def params_of(cls: type, overrides: dict[str, Any]) -> Any:

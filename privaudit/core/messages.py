@@ -65,13 +65,26 @@ class Tap:
         self.spec = spec if spec is not None else CaptureSpec(rounds=frozenset())
         self.messages: dict[tuple[int, int, int, str], Message] = {}
 
-    def record(self, t: int, kind: str, edges: list[tuple[int, int]], payload: Tensor) -> None:
-        """``payload[e]`` is what ``edges[e] = (src, dst)`` carries in round ``t``."""
+    def record(
+        self,
+        t: int,
+        kind: str,
+        edges: list[tuple[int, int]],
+        payload: Tensor,
+        rows: list[int] | None = None,
+    ) -> None:
+        """``payload[e]`` is what ``edges[e] = (src, dst)`` carries in round ``t``; with
+        ``rows`` it is ``payload[rows[e]]`` (a broadcast: one row per sender, never copied
+        per link), and the links that carry the same row share one recorded copy."""
         if not self.spec.wants_round(t):
             return
+        copies: dict[int, Tensor] = {}
         for e, (src, dst) in enumerate(edges):
             if self.spec.wants(t, src, dst, kind):
-                m = Message(t, src, dst, kind, payload[e].detach().to("cpu", copy=True))
+                r = e if rows is None else rows[e]
+                if r not in copies:
+                    copies[r] = payload[r].detach().to("cpu", copy=True)
+                m = Message(t, src, dst, kind, copies[r])
                 self.messages[m.key] = m
 
     def clear(self) -> None:

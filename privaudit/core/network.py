@@ -155,6 +155,12 @@ class Network:
         out = self.w_self.to(per_agent.dtype).unsqueeze(-1) * per_agent
         return out.index_add(0, self.links.in_dst, w * received)
 
+    def exchange(self, kind: str, per_agent: Tensor) -> Tensor:
+        """Broadcast ``per_agent`` (``kind`` messages), then the rows of the cross-gradient
+        pairs: the held agents' own rows first, then per out-edge i→j the row i received on
+        j→i (graph links only), ``(k + out-edges, ...)``."""
+        return torch.cat([per_agent, self.on_reverse(self.broadcast(kind, per_agent))])
+
     # -- lifting and reducing -------------------------------------------------------------
     def from_sender(self, per_agent: Tensor, edges: Edges | None = None) -> Tensor:
         """Per-out-edge rows: each out-edge carries its sender's row of ``per_agent``."""
@@ -208,3 +214,36 @@ class SimNetwork(Network):
     def _transfer(self, kind: str, per_out_edge: Tensor, links: Links) -> Tensor:
         self.tap.record(self.round, kind, list(links.edges), per_out_edge)
         return per_out_edge
+
+    # a broadcast's payload is one row per sender: the overrides below record it as such and
+    # never build its (links, D) copy, which would grow with the links (ResNet-18: 45 MB a row)
+    def _broadcast_sent(self, kind: str, per_agent: Tensor) -> None:
+        """Record ``per_agent``'s rows as the ``kind`` messages of every link (no per-link
+        copy), then call the after-send hook as :meth:`send` does."""
+        self.tap.record(self.round, kind, list(self.links.edges), per_agent, self._senders())
+        if self.after_send is not None:
+            self.after_send()
+
+    def _senders(self) -> list[int]:
+        return self.links.out_src.tolist()
+
+    def exchange(self, kind: str, per_agent: Tensor) -> Tensor:
+        """As :meth:`Network.exchange`, with one gather from ``per_agent`` (every agent is
+        held: what i received on j→i is j's row)."""
+        if self.links.reverse is None:
+            raise ValueError("on_reverse needs every link's reverse link in the graph")
+        self._broadcast_sent(kind, per_agent)
+        rows = torch.cat([self.held, self.links.out_dst])
+        return per_agent.index_select(0, rows)
+
+    def gossip(self, kind: str, per_agent: Tensor) -> Tensor:
+        """As :meth:`Network.gossip`, link by link: the same products and sums in the same
+        order (``index_add`` adds its rows one after another in link order), without the
+        (links, D) received rows and their weighted copy."""
+        self._broadcast_sent(kind, per_agent)
+        w = self.w_in.to(per_agent.dtype)
+        out = self.w_self.to(per_agent.dtype).unsqueeze(-1) * per_agent
+        senders, receivers = self.links.out_src.tolist(), self.links.in_dst.tolist()
+        for e, (s, d) in enumerate(zip(senders, receivers, strict=True)):
+            out[d].add_(per_agent[s] * w[e])
+        return out

@@ -294,6 +294,13 @@ class RunDir:
             merged.update(messages)
             tapped = sorted(set(tapped) | {tuple(e) for e in links})
             tensors = {f"{s}-{d}-{k}": v for (_, s, d, k), v in merged.items()}
+            # a broadcast's links share their sender's one recorded copy (Tap.record): the
+            # file holds each link's own, as safetensors needs
+            seen: set[int] = set()
+            for name, v in tensors.items():
+                ptr = v.untyped_storage().data_ptr()
+                tensors[name] = v.clone() if ptr in seen else v
+                seen.add(ptr)
             self._save(self._rel("messages", t), tensors, {"links": json.dumps(tapped)})
 
     def read_messages(self, t: int) -> tuple[dict[Key, Tensor], list[tuple[int, int]]]:
