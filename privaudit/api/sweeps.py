@@ -506,31 +506,20 @@ def execute(
                     gpus=gpus,
                 )
             )
-        if sweep.audit and eps is not None:
-            wanted = [(t, r, str(p)) for t, r, p in _audits(sweep, rdir, mine) if not p.exists()]
-            if wanted:
+        extras = (  # per run, cached beside it: the canary audit, the membership inference
+            ("audit", audit_run, _audits, sweep.audit and eps is not None),
+            ("membership", membership_run, _memberships, sweep.membership),
+        )
+        for what, fn, where, wanted_here in extras:
+            wanted = [(t, r, str(p)) for t, r, p in where(sweep, rdir, mine) if not p.exists()]
+            if wanted_here and wanted:
                 tasks.append(
                     Task(
-                        f"audit {rdir}",
-                        audit_run,
+                        f"{what} {rdir}",
+                        fn,
                         (sweep, cfg, str(rdir), wanted, inner),
                         depends=depends,
-                        label=f"{defense} ε={_eps_tag(eps)} seed {seed}: audit",
-                        cell=False,
-                        gpus=gpus,
-                    )
-                )
-        if sweep.membership:
-            wanted = [(t, r, str(p)) for t, r, p in _memberships(sweep, rdir, mine)]
-            wanted = [w for w in wanted if not Path(w[2]).exists()]
-            if wanted:
-                tasks.append(
-                    Task(
-                        f"membership {rdir}",
-                        membership_run,
-                        (sweep, cfg, str(rdir), wanted, inner),
-                        depends=depends,
-                        label=f"{defense} ε={_eps_tag(eps)} seed {seed}: membership",
+                        label=f"{defense} ε={_eps_tag(eps)} seed {seed}: {what}",
                         cell=False,
                         gpus=gpus,
                     )
