@@ -204,17 +204,25 @@ def test_signals_held_over_an_import_raise_after_it_and_lost_ones_come_back():
     once); one raised where Python drops exceptions (a weakref callback) comes back in the
     code after it; handlers and unraisablehook are restored."""
     hook = sys.unraisablehook
+
+    def send(interrupts: console.Interrupts, signum: int) -> None:
+        """Send ``signum`` and wait until its handler ran: two signals pending at once would
+        be delivered as one, on a busy machine as on any other."""
+        before, deadline = interrupts.received, time.monotonic() + 10
+        os.kill(os.getpid(), signum)
+        while interrupts.received == before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert interrupts.received == before + 1, "the signal never reached its handler"
+
     with console.interrupts_handled(program=False) as interrupts:
         with pytest.raises(KeyboardInterrupt), interrupts.held():
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.01)  # both arrived, neither raised
+            send(interrupts, signal.SIGINT)
+            send(interrupts, signal.SIGTERM)  # both arrived, neither raised
             held_through = True
         assert held_through
         with pytest.raises(KeyboardInterrupt), interrupts.held():
             for _ in range(3):
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.01)
+                send(interrupts, signal.SIGINT)
             pytest.fail("the third held signal did not raise at once")
 
         class Module:
@@ -224,7 +232,9 @@ def test_signals_held_over_an_import_raise_after_it_and_lost_ones_come_back():
         ref = weakref.ref(victim, lambda _: os.kill(os.getpid(), signal.SIGINT))
         with pytest.raises(KeyboardInterrupt):
             del victim  # the callback's KeyboardInterrupt is dropped there ...
-            time.sleep(5)  # ... and raised here
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # ... and raised here (short sleeps: the
+                time.sleep(0.01)  # main thread checks for handlers between them)
         assert ref() is None
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert sys.unraisablehook is hook

@@ -164,11 +164,19 @@ class Interrupts:
         self.signum = signal.SIGINT
         self.held_since: int | None = None
         self.settled = False
+        self.resent = False  # the next signal is a lost one sent again (:meth:`again`)
+        self.hooked = False  # in the unraisable hook, where a raise would be lost again
 
     def __call__(self, signum: int, frame: object) -> None:
         self.received += 1
         self.signum = signum
-        if self.settled or isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        resent, self.resent = self.resent, False
+        if self.settled:
+            return
+        if self.hooked or (resent and isinstance(sys.exc_info()[1], KeyboardInterrupt)):
+            self.later()  # it would be lost here again: once more, a moment later
+            return
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
             return
         if self.held_since is not None and self.received - self.held_since < self.AT_ONCE_AFTER:
             return
@@ -199,20 +207,29 @@ class Interrupts:
 
         def resend(unraisable: Any) -> None:
             if isinstance(unraisable.exc_value, KeyboardInterrupt) and not self.settled:
-                # from another thread, a moment later: not back into this hook
-                later = threading.Timer(0.001, self.again)
-                later.daemon = True
-                later.start()
+                self.hooked = True
+                try:
+                    self.later()
+                finally:
+                    self.hooked = False
             else:
                 hook(unraisable)
 
         return resend
+
+    def later(self) -> None:
+        """:meth:`again` from another thread, a moment later: not back into the hook (or
+        the handler) that calls it."""
+        timer = threading.Timer(0.001, self.again)
+        timer.daemon = True
+        timer.start()
 
     def again(self) -> None:
         """Signal the main thread again, unless the command has settled meanwhile: a real
         signal, which also wakes it from a blocking call (where there is ``pthread_kill``)."""
         if self.settled:
             return
+        self.resent = True
         if hasattr(signal, "pthread_kill"):
             signal.pthread_kill(threading.main_thread().ident, self.signum)
         else:
