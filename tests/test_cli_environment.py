@@ -204,7 +204,17 @@ def test_signals_held_over_an_import_raise_after_it_and_lost_ones_come_back():
     once); one raised where Python drops exceptions (a weakref callback) comes back in the
     code after it; handlers and unraisablehook are restored."""
     hook = sys.unraisablehook
+    # pytest started as a background job of a non-interactive shell inherits SIGINT ignored,
+    # which the CLI keeps ignored by design: this test is about the handler, so it starts
+    # from Python's default one, as a terminal would give it
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _signals_held(hook)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
+
+def _signals_held(hook: object) -> None:
     def send(interrupts: console.Interrupts, signum: int) -> None:
         """Send ``signum`` and wait until its handler ran: two signals pending at once would
         be delivered as one, on a busy machine as on any other."""
