@@ -598,15 +598,22 @@ def _audit_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
     return {"target": target, "round": r, "trials": sweep.audit_trials, "v": 3}  # 3: search
 
 
-def _audits(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
-    """The white-box canary audits of this run: each target at its largest attacked round,
-    and where each is cached (beside the run)."""
+def _per_target(
+    rdir: Path, cells: list[Cell], tag: str, key: Callable[[str, int], dict[str, Any]]
+) -> list[tuple[str, int, Path]]:
+    """Each target of this run at its largest attacked round, and the file beside the run
+    where its ``tag`` result is cached (named by a hash of ``key(target, round)``)."""
     out = []
     for target in sorted({c.target for c in cells}):
         r = max(c.round for c in cells if c.target == target)
-        key = _audit_key(sweep, target, r)
-        out.append((target, r, rdir.with_name(f"{rdir.name}.audit-{target}-{digest(key)}.json")))
+        name = f"{rdir.name}.{tag}-{target}-{digest(key(target, r))}.json"
+        out.append((target, r, rdir.with_name(name)))
     return out
+
+
+def _audits(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
+    """The white-box canary audits of this run (:func:`_per_target`)."""
+    return _per_target(rdir, cells, "audit", lambda t, r: _audit_key(sweep, t, r))
 
 
 def _membership_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
@@ -615,14 +622,8 @@ def _membership_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
 
 
 def _memberships(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
-    """The membership inferences of this run: each target up to its largest attacked round,
-    and where each is cached (beside the run)."""
-    out = []
-    for target in sorted({c.target for c in cells}):
-        r = max(c.round for c in cells if c.target == target)
-        key = _membership_key(sweep, target, r)
-        out.append((target, r, rdir.with_name(f"{rdir.name}.mia-{target}-{digest(key)}.json")))
-    return out
+    """The membership inferences of this run, each up to that round (:func:`_per_target`)."""
+    return _per_target(rdir, cells, "mia", lambda t, r: _membership_key(sweep, t, r))
 
 
 def _annotate(sweep: Sweep, rdir: Path, cells: list[Cell], rows: list[dict[str, Any]]) -> None:
