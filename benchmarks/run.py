@@ -1,7 +1,7 @@
 """Every speed ratio of issue #7 in one command, each with its target and PASS/FAIL.
 
     python benchmarks/run.py [--device cpu|cuda] [--json [PATH]] [--quick] [--threads T]
-                             [--only simulation,throughput,breaching,end_to_end,memory]
+                             [--only simulation,throughput,breaching,end_to_end,memory,scale]
 
 All ratios are measured in this run against a baseline measured in the same run, the two
 sides interleaved where it matters (the machines are shared and noisy; absolute times do not
@@ -30,6 +30,11 @@ comparison runs one thread in both processes unless ``--threads`` is given (see
   in a fresh directory: wall time and peak RSS.
 - memory: peak RSS of a DPDL run capturing every round on one link, at 50 and 200 rounds
   (separate processes): growth must not exceed the size of the extra captured messages.
+- scale: one round of ResNet-18 (GroupNorm) DPDL on 3×32×32 photos, ring, B = 32, at 4 and 16
+  agents (quick: B = 8, 4 and 8 agents) with ``--max-memory 512M``, each in a fresh process
+  (``benchmarks/scale.py``, which has more options): peak RSS (16 agents ≤ 4 GB), the peak
+  less the round's state of 4 rows per agent (flat within 10 % from the smallest to the
+  largest), seconds per round (16 agents ≤ 60 s), and with ``--device cuda`` peak CUDA memory.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-SECTIONS = ("simulation", "throughput", "breaching", "end_to_end", "memory")
+SECTIONS = ("simulation", "throughput", "breaching", "end_to_end", "memory", "scale")
+SCALE_BUDGET = "512M"  # --max-memory of the scale section
+SCALE_PEAK_GB, SCALE_ROUND_S = 4.0, 60.0  # issue 34's targets at 16 agents
 E2E_TARGET_S = 90.0  # "about a minute" on a shared 2-core CPU, with 50 % slack for load
 E2E_TIMEOUT_S = 300.0  # the end-to-end command is killed (and fails) after this
 
@@ -508,6 +515,54 @@ def memory(res: Results, args: argparse.Namespace, tmp: Path) -> None:
     )
 
 
+# --------------------------------------------------------------------------- scale
+
+
+def scale(res: Results, args: argparse.Namespace, tmp: Path) -> None:
+    import scale as bench
+
+    agents, batch = ((4, 8), 8) if args.quick else ((4, 16), 32)
+    env = {**os.environ, "PRIVAUDIT_GRADS": "auto", "PRIVAUDIT_MAX_MEMORY": SCALE_BUDGET}
+    added = {}
+    for n in agents:
+        cmd = [
+            *("train", "--defense", "dpdl", "--model", "resnet18", "--dataset", "photos"),
+            *("--topology", "ring", "--batch-size", str(batch), "--rounds", "1"),
+            *("--agents", str(n), "--threads", str(args.threads), "--device", args.device),
+            *("--no-progress", "--out", str(tmp / f"scale{n}")),
+        ]
+        result, peak, _, _, status = bench.run_child(
+            bench.CHILD_TRAIN, cmd, env, 3 * SCALE_PEAK_GB * bench.GB, 1800.0
+        )
+        name = f"ResNet-18 DPDL, {n} agents, B = {batch}, --max-memory {SCALE_BUDGET}"
+        last = n == agents[-1] and not args.quick
+        if result is None:
+            res.add("scale", f"{name}: {status}", float("nan"), None, False if last else None)
+            continue
+        state = 4 * n * bench.RESNET18_PARAMS * 4
+        added[n] = (peak - state) / bench.GB
+        per_round = sum(result["rounds"]) / len(result["rounds"])
+        target = f"<= {SCALE_PEAK_GB:g} GB" if last else None
+        ok = peak / bench.GB <= SCALE_PEAK_GB if last else None
+        res.add("scale", f"{name}: peak RSS", peak / bench.GB, target, ok, unit=" GB")
+        res.add("scale", "  peak less the state (4 rows per agent)", added[n], unit=" GB")
+        target = f"<= {SCALE_ROUND_S:g} s" if last else None
+        ok = per_round <= SCALE_ROUND_S if last else None
+        res.add("scale", "  s/round", per_round, target, ok, unit=" s")
+        if result["cuda_peak"]:
+            res.add("scale", "  peak CUDA memory", result["cuda_peak"] / bench.GB, unit=" GB")
+    if len(added) == 2:
+        small, large = (added[n] for n in agents)
+        res.add(
+            "scale",
+            f"peak less the state, {agents[-1]} / {agents[0]} agents",
+            large / small,
+            "<= 1.1",
+            large / small <= 1.1,
+            unit="×",
+        )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -539,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         for section in only:
             print(f"\n{section}", flush=True)
             fn = globals()[section]
-            if section in ("simulation", "end_to_end", "memory"):
+            if section in ("simulation", "end_to_end", "memory", "scale"):
                 fn(res, args, tmp)
             else:
                 fn(res, args)

@@ -3,7 +3,9 @@
 Each configuration runs ``privaudit train --defense dpdl --model resnet18 --dataset photos
 --topology ring --batch-size 32 --rounds 1`` (flags below) in a fresh process and reports:
 
-- the peak resident memory of that process, from ``os.wait4``'s ``ru_maxrss`` (this parent
+- the peak resident memory of that process, and ("added") that peak less the round's state, x,
+  v, x̃ and ṽ (4 rows of D floats per agent): what must stay flat in the number of agents at a
+  fixed ``--max-memory``; the peak is from ``os.wait4``'s ``ru_maxrss`` (this parent
   imports no torch, so the forked child starts small; a watchdog polls the child's RSS and ends
   it above ``--max-rss``, reported as "killed"), and with ``--device cuda`` the peak CUDA memory
   PyTorch allocated;
@@ -248,7 +250,11 @@ def main() -> None:
                 row.update(result)
                 per_round = f"{sum(result['rounds']) / max(len(result['rounds']), 1):8.1f}"
                 grad_s = f"{result.get('grads', sum(result['rounds'])):7.1f}"
-                if "before" in result:  # engine: what the call added beyond its output
+                if "before" not in result:  # train: beyond x, v, x̃, ṽ (4 rows per agent)
+                    extra = peak - 4 * n * RESNET18_PARAMS * 4
+                    row["added"] = extra
+                    added = f"{extra / GB:8.2f}"
+                else:  # engine: what the call added beyond its output
                     if result["device"] == "cuda":
                         extra = result["cuda_peak"] - result["before_cuda"] - result["output"]
                     else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from privaudit.core.params import ParamSpec
 from privaudit.core.privacy import Privacy, no_noise
 from privaudit.core.recursion import Recursion
 from privaudit.core.threat import View
-from privaudit.grads import clip_rows
+from privaudit.grads import clip_rows, memory
 from privaudit.scenario.models import build_model
 
 
@@ -418,6 +418,19 @@ def one_release_per_round(
 MODEL_KIND = "x_i, the model at the start of the round, in the clear"
 
 
+@dataclass
+class PairChunk:
+    """One chunk of :meth:`CrossGradientDefense.cross_gradient_chunks`: the held receivers
+    ``rows`` (local rows, ascending), their self pairs' clean and noised rows, and the
+    ``cg`` rows received on ``in_edges`` (indices into the in-edges, link order)."""
+
+    rows: slice
+    self_clean: Tensor
+    self_noisy: Tensor
+    cg: Tensor
+    in_edges: Tensor
+
+
 class CrossGradientDefense(Defense):
     """What the cross-gradient defenses share (DPDL, PDSL, DP-CGA; CGA's scheme, Esfandiari
     et al. 2021). In round t agent i sends its model x^i_{t-1} to its neighbours
@@ -444,56 +457,116 @@ class CrossGradientDefense(Defense):
     def cross_gradients(
         self, ctx: Context, p: Any, net: Network, x: Tensor, batch: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The round's first half: ``model`` out, then each pair's clipped batch-mean
-        gradient ``clean`` — self pairs first (row r: held agent r's batch at its own
-        model), then out-edge pairs (:func:`exchange_models`) — ``noisy`` = ``clean`` plus
-        N(0, σ²C²) noise on the sum (/B on the mean, ``clip_unit`` "example") or on the
-        flat-clipped mean ("batch"), drawn per pair from its data owner's generator, and the
-        out-edge pairs sent as ``cg``. Returns (the self pairs' ``clean`` and ``noisy`` rows,
-        (k, D), and the ``cg`` rows received per in-edge).
+        """The round's first half in one piece: :meth:`cross_gradient_chunks` with every held
+        receiver in one chunk. Returns (the self pairs' ``clean`` and ``noisy`` rows, (k, D),
+        and the ``cg`` rows received per in-edge)."""
+        (chunk,) = self.cross_gradient_chunks(ctx, p, net, x, batch, receivers=x.shape[0])
+        return chunk.self_clean, chunk.self_noisy, chunk.cg
 
-        Memory: the out-edge pairs are noised in place (their clean rows are not needed
-        again) and the noise is drawn one data owner at a time
-        (:meth:`~privaudit.core.context.Context.gaussian_each`), so besides the pairs'
-        models and gradients only k more rows are alive — not the (pairs, D) noise, its
-        per-owner parts and a noised copy. The self rows are views of the pairs' buffer,
-        which the caller may overwrite once read."""
+    def cross_gradient_chunks(
+        self,
+        ctx: Context,
+        p: Any,
+        net: Network,
+        x: Tensor,
+        batch: tuple[Tensor, Tensor],
+        receivers: int | None = None,
+    ) -> Iterator[PairChunk]:
+        """The round's first half, ``receivers`` receivers at a time (default
+        :meth:`receivers_per_chunk`): ``model`` out, then for each chunk of held agents R
+        the pairs at their models — R's self pairs (agent r's batch at its own model) and
+        the in-edge pairs (i's batch at r's model, for each link i→r) — each pair's clipped
+        batch-mean gradient ``clean``, ``noisy`` = ``clean`` plus N(0, σ²C²) on the sum (/B
+        on the mean, ``clip_unit`` "example") or on the flat-clipped mean ("batch"), drawn
+        per pair from its data owner's generator (:meth:`Context.gaussian_rows`: the same
+        numbers in any chunking), and the in-edge pairs sent as ``cg``.
+
+        Memory: besides the state only one chunk's pairs (their models and gradients) and
+        the noise rows drawn and not yet used are alive, so the round's working memory is
+        set by the chunk, not by the number of agents. Chunks of fewer than all receivers
+        need a process holding every agent (:attr:`Network.holds_all`; a sent subset of
+        links is then a complete send); under torch.distributed a rank holds one agent and
+        sends all its pairs at once."""
         xs, ys = batch
-        k = x.shape[0]
-        models, owner = exchange_models(net, x)
-        if self.clip_unit == "example":
-            clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner)
-        else:
-            clean = clip_rows(ctx.grads.mean(models, xs[owner], ys[owner]), p.clip)
-        del models
-        self_clean = clean[:k]
-        self_noisy = self_clean.clone()
-        if p.sigma > 0:
-            example = self.clip_unit == "example"
+        k, dim = x.shape
+        chunk = self.receivers_per_chunk(ctx, net, x) if receivers is None else receivers
+        if not net.holds_all:
+            chunk = k
+        source, model_of = net.pair_models("model", x)
+        links = net.links
+        owner = torch.cat([torch.arange(k, device=x.device), links.out_src])
+        receiver = torch.cat([torch.arange(k, device=x.device), links.out_dst])
+        noise = ctx.gaussian_rows(owner, dim) if p.sigma > 0 else None
+        example = self.clip_unit == "example"
+        if noise is not None:
             scale = p.sigma * p.clip / ctx.batch_size if example else p.sigma * p.clip
-            for rows, noise in ctx.gaussian_each(owner, clean.shape[1]):
-                if example:  # clean + scale·z, as torch.add(clean, z, alpha=scale)
-                    part = torch.add(clean[rows], noise, alpha=scale)
-                else:  # clean + z·σC
-                    part = clean[rows] + noise.mul_(scale)
-                del noise
-                mine = rows < k
-                self_noisy[rows[mine]] = part[mine]
-                clean[rows[~mine]] = part[~mine]
-                del part
-        return self_clean, self_noisy, net.send("cg", clean[k:])
+        for r0 in range(0, k, chunk):
+            r1 = min(k, r0 + chunk)
+            if chunk >= k:
+                edges, into = None, torch.arange(len(links.in_edges), device=x.device)
+                pairs = torch.arange(len(owner), device=x.device)
+            else:  # every agent held: out-edges, in-edges and links are one list
+                into = ((receiver[k:] >= r0) & (receiver[k:] < r1)).nonzero().flatten()
+                edges = [links.edges[e] for e in into.tolist()]
+                pairs = torch.cat([torch.arange(r0, r1, device=x.device), k + into])
+            models = source.index_select(0, model_of[pairs])
+            if example:
+                clean = ctx.grads.clipped_mean(models, xs, ys, p.clip, owner[pairs])
+            else:
+                mine = owner[pairs]
+                clean = clip_rows(ctx.grads.mean(models, xs[mine], ys[mine]), p.clip)
+            del models
+            own = r1 - r0
+            self_clean = clean[:own]
+            self_noisy = self_clean.clone()
+            if noise is not None:
+                for row, pair in enumerate(pairs.tolist()):
+                    z = noise.take(pair)
+                    into_row = self_noisy[row] if row < own else clean[row]
+                    if example:  # clean + scale·z, as torch.add(clean, z, alpha=scale)
+                        torch.add(clean[row], z, alpha=scale, out=into_row)
+                    else:  # clean + z·σC
+                        torch.add(clean[row], z.mul_(scale), out=into_row)
+                    del z
+            cg = net.send("cg", clean[own:], edges=edges)
+            yield PairChunk(slice(r0, r1), self_clean, self_noisy, cg, into)
+            del clean, self_clean, self_noisy, cg
+
+    def receivers_per_chunk(self, ctx: Context, net: Network, x: Tensor) -> int:
+        """How many receivers' pairs :meth:`cross_gradient_chunks` computes at once: as many
+        as fit in half the gradient engine's budget (``--max-memory``, else half of what is
+        free: :func:`privaudit.grads.memory.budget`) at 2(d + 1) + 3 rows of D floats per
+        receiver of in-degree d — its pairs' models and gradients, its noised self row, its
+        aggregate and one noise row — and at least one."""
+        limit = memory.budget(ctx.grads.max_memory, x.device)
+        most = int(net.in_degree.max()) if len(net.links.in_edges) else 0
+        each = (2 * (most + 1) + 3) * x.shape[1] * x.element_size()
+        return max(1, memory.fitting(None if limit is None else limit // 2, 0, each, x.shape[0]))
 
     def half_step(self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor) -> State:
-        """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ; x̃ gossiped (``half-model``), then
-        ṽ (``mm``) when the momentum is mixed. The temporaries are computed in place (the
-        same operations in the same order), so at most three (k, D) rows beside x, v and g
-        are alive."""
-        v_half = torch.mul(v, p.momentum).add_(g)  # βv + g
-        step = torch.mul(v_half, p.lr)
-        x_half = torch.sub(x, step, out=step)  # x − ηṽ
-        x_new = net.gossip("half-model", x_half)
-        del x_half, step
-        v_new = net.gossip("mm", v_half) if self.mixed_momentum else v_half
+        """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ (:meth:`half_step_rows` for every
+        agent), then :meth:`mix_half`."""
+        v_half, x_half = torch.empty_like(v), torch.empty_like(x)
+        self.half_step_rows(p, x, v, g, slice(None), v_half, x_half)
+        return self.mix_half(net, x_half, v_half)
+
+    @staticmethod
+    def half_step_rows(
+        p: Any, x: Tensor, v: Tensor, g: Tensor, rows: slice, v_half: Tensor, x_half: Tensor
+    ) -> None:
+        """ṽ = βv + g̃ and x̃ = x − ηṽ for the agents ``rows`` (``g``: their g̃ rows), written
+        into those rows of ``v_half`` and ``x_half`` with no temporaries."""
+        out_v, out_x = v_half[rows], x_half[rows]
+        torch.mul(v[rows], p.momentum, out=out_v).add_(g)  # βv + g
+        torch.mul(out_v, p.lr, out=out_x)
+        torch.sub(x[rows], out_x, out=out_x)  # x − ηṽ
+
+    def mix_half(self, net: Network, x_half: Tensor, v_half: Tensor) -> State:
+        """x̃ gossiped (``half-model``), then ṽ (``mm``) when the momentum is mixed, each in
+        place (:meth:`Network.gossip_`): x̃ and ṽ become the next x and v, and no further
+        (k, D) result is allocated."""
+        x_new = net.gossip_("half-model", x_half)
+        v_new = net.gossip_("mm", v_half) if self.mixed_momentum else v_half
         return {"x": x_new, self.momentum_key: v_new}
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:

@@ -124,30 +124,36 @@ class DPDL(CrossGradientDefense):
     ) -> State:
         x, v = state["x"], state["v"]
         n = ctx.n
-        # (8)–(10), (14): per-example clipped means ĝ for the self pairs then the out-edge
-        # pairs, g̈ = ĝ + z/B with fresh z per pair; out-edge i→j carries g̈^{ji}, received
-        # per in-edge
-        self_clean, self_noisy, cg = self.cross_gradients(ctx, p, net, x, batch)
-        # (15)(16) calibration weights; (17)(18) calibrated aggregate at each receiver
         w_in, w_self = net.w_in.to(x.dtype), net.w_self.to(x.dtype)
         deg = net.in_degree.to(x.dtype) + 1
         dst = net.links.in_dst
-        # in-edge by in-edge (no (in-edges, D) copy of the receivers' rows, nor of the
-        # weighted messages): the same per-row values, summed in link order as index_add
-        c_in = calibration_rows(cg, self_clean, dst.tolist())
-        c_self = calibration_rows(self_noisy, self_clean, list(range(len(self_clean))))
         coef_in = _coef(p.cross_coef, w_in, n, net.at_receiver(deg))
         coef_self = _coef(p.cross_coef, w_self, n, deg)
-        incoming = torch.zeros_like(self_noisy)
-        for e, d in enumerate(dst.tolist()):
-            incoming[d].add_(cg[e] * coef_in[e])
-        del cg
-        g_tilde = self_noisy.mul_(coef_self[:, None]).add_(incoming)
-        del incoming
-        calib = w_self * c_self + net.sum_incoming(w_in * c_in)
-        g_tilde = g_tilde.add_(self_clean.mul_(p.calib_alpha * calib[:, None]))
-        del self_clean
-        return self.half_step(p, net, x, v, g_tilde)  # (19)–(22)
+        v_half, x_half = torch.empty_like(v), torch.empty_like(x)
+        # (8)–(10), (14): per-example clipped means ĝ for the self pairs and the in-edge
+        # pairs of a chunk of receivers, g̈ = ĝ + z/B with fresh z per pair; link i→j carries
+        # g̈^{ji}. Then each receiver's (15)–(18), in-edge by in-edge (no (in-edges, D) copy
+        # of the receivers' rows nor of the weighted messages; the same per-row values,
+        # summed in link order as index_add), and its half-step (19)(20)
+        for chunk in self.cross_gradient_chunks(ctx, p, net, x, batch):
+            rows, first = chunk.rows, chunk.rows.start
+            edges = chunk.in_edges.tolist()
+            local = [int(dst[e]) - first for e in edges]  # each in-edge's receiver in the chunk
+            own = range(chunk.self_clean.shape[0])
+            c_in = calibration_rows(chunk.cg, chunk.self_clean, local)
+            c_self = calibration_rows(chunk.self_noisy, chunk.self_clean, list(own))
+            incoming = torch.zeros_like(chunk.self_noisy)
+            for row, (e, d) in enumerate(zip(edges, local, strict=True)):
+                incoming[d].add_(chunk.cg[row] * coef_in[e])
+            g_tilde = chunk.self_noisy.mul_(coef_self[rows, None]).add_(incoming)
+            del incoming
+            into = torch.as_tensor(local, dtype=torch.long, device=x.device)
+            received = torch.zeros_like(c_self).index_add(0, into, w_in[chunk.in_edges] * c_in)
+            calib = w_self[rows] * c_self + received
+            g_tilde.add_(chunk.self_clean.mul_(p.calib_alpha * calib[:, None]))
+            self.half_step_rows(p, x, v, g_tilde, rows, v_half, x_half)
+            del chunk, g_tilde
+        return self.mix_half(net, x_half, v_half)  # (21)(22)
 
     def privacy(self, p: DPDLParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """``cg``: a Gaussian mechanism per neighbour and round (per-example clip C, std σC

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import Network, SimNetwork
+from privaudit.defenses.base import CrossGradientDefense
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 from privaudit.sim.run import Run
 
@@ -133,6 +134,57 @@ def test_every_message_equals_the_plain_round(tmp_path, one_thread, defense, rou
             assert torch.equal(got[key], w), key
 
 
+@pytest.mark.parametrize("receivers", [1, 2])
+def test_messages_do_not_depend_on_the_receiver_chunks(
+    tmp_path, one_thread, monkeypatch, receivers
+):
+    """DPDL's round in chunks of receivers (what a small --max-memory gives) sends the messages
+    of the round in one chunk: the same pairs and the same noise (each owner's draws are one
+    call whenever its first pair comes), up to the float rounding of the gradient engine's
+    grouping of pairs; round 1's models, before any gradient, bit for bit."""
+    cfg = conftest.tiny("dpdl", rounds=ROUNDS, agents=5, batch_size=4, sigma=0.7)
+    spec = CaptureSpec.of(rounds=range(1, ROUNDS + 1))
+    whole = Run.create(cfg, tmp_path / "whole").messages(spec, progress=False)
+    monkeypatch.setattr(CrossGradientDefense, "receivers_per_chunk", lambda *a: receivers)
+    chunked = Run.create(cfg, tmp_path / "chunked").messages(spec, progress=False)
+    assert set(chunked) == set(whole) and len(whole) == ROUNDS * 10 * 4
+    for key, w in whole.items():
+        if key[0] == 1 and key[3] == "model":
+            assert torch.equal(chunked[key], w), key
+        torch.testing.assert_close(chunked[key], w, rtol=1e-5, atol=1e-6, msg=str(key))
+
+
+def test_a_small_budget_chunks_the_receivers(tmp_path):
+    """The chunk follows the budget: all receivers without one, one per chunk at a budget of
+    one receiver's rows (2(d + 1) + 3 of them, d = 2 on a ring)."""
+    cfg = conftest.tiny("dpdl", rounds=1, agents=6, batch_size=4, sigma=0.7)
+    run = Run.create(cfg, tmp_path / "run")
+    x = run.ctx.x0.expand(6, -1)
+    net = SimNetwork(run.ctx.adj, run.ctx.W)
+    run.ctx.grads.max_memory = 10**12
+    assert run.defense.receivers_per_chunk(run.ctx, net, x) == 6
+    run.ctx.grads.max_memory = 2 * 9 * x.shape[1] * 4
+    assert run.defense.receivers_per_chunk(run.ctx, net, x) == 1
+
+
+@pytest.mark.parametrize("topology", ["ring", "torus", "complete", "erdos-renyi", "star"])
+def test_gossip_in_place_is_the_gossip(topology):
+    """:meth:`SimNetwork.gossip_` overwrites the rows with exactly :meth:`Network.gossip`'s
+    result (the same products and sums in the same order), and records the same messages."""
+    adj = build_topology(topology, 9)
+    W = metropolis_hastings(adj)
+    rows = torch.randn(9, 33)
+    plain = PlainNetwork(adj, W, Tap(CaptureSpec.of(rounds=[1])))
+    lean = SimNetwork(adj, W, Tap(CaptureSpec.of(rounds=[1])))
+    plain.round = lean.round = 1
+    want = plain.gossip("mm", rows)
+    got = lean.gossip_("mm", rows.clone())
+    assert torch.equal(got, want)
+    assert plain.tap.messages.keys() == lean.tap.messages.keys()
+    for key, m in plain.tap.messages.items():
+        assert torch.equal(lean.tap.messages[key].payload, m.payload)
+
+
 def test_broadcast_is_recorded_once_per_sender():
     """A captured broadcast's links share their sender's one copy (equal to the row it
     sent); a ``send`` of per-link rows keeps one copy per link."""
@@ -167,8 +219,10 @@ def status(field):
 
 torch.set_num_threads(1)
 agents, out = int(sys.argv[1]), sys.argv[2]
+budget = sys.argv[4] if sys.argv[4] != "-" else None
 cfg = RunConfig(defense="dpdl", rounds=1, agents=agents, batch_size=2, topology="ring",
-                model=sys.argv[3], sigma=0.7, checkpoint_every=1, dirichlet_alpha=1000.0)
+                model=sys.argv[3], sigma=0.7, checkpoint_every=1, dirichlet_alpha=1000.0,
+                max_memory=budget)
 run = Run.create(cfg, out)
 run.restore(0)
 with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the RSS now
@@ -179,11 +233,13 @@ print(json.dumps({"before": before, "peak": status("VmHWM"), "row": run.ctx.x0.n
 """
 
 
-def round_memory(tmp_path, agents: int, model: str) -> dict:
-    """The peak RSS of one DPDL round of ``agents`` on a ring in a fresh process, and its RSS
-    before the round (the kernel's high-water mark reset there)."""
+def round_memory(tmp_path, agents: int, model: str, budget: str = "-") -> dict:
+    """The peak RSS of one DPDL round of ``agents`` on a ring in a fresh process (``budget``:
+    its --max-memory, "-" for none), and its RSS before the round (the kernel's high-water
+    mark reset there)."""
+    out = tmp_path / f"run{agents}-{budget}"
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(agents), str(tmp_path / f"run{agents}"), model],
+        [sys.executable, "-c", CHILD, str(agents), str(out), model, budget],
         capture_output=True,
         text=True,
         timeout=600,
@@ -192,14 +248,25 @@ def round_memory(tmp_path, agents: int, model: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_round_memory_per_agent_is_bounded(tmp_path):
+def rows_per_agent(tmp_path, budget: str) -> float:
     """What one DPDL round adds to the process, in model rows (D floats) per agent, from the
-    difference between 8 and 40 agents on a ring (the CNN: 95k parameters, 379 kB a row).
-    The plain round measured 26 rows per agent (the pairs' models, gradients, noise and its
-    per-owner parts, a noised copy, the per-link broadcasts, and this small model's stacked
-    per-example gradients, 2 per pair); the lean one 14 — the pairs' 3 models and 3 gradients
-    per agent beside x and v, and the engine's per-example rows."""
-    small, large = round_memory(tmp_path, 8, "cnn"), round_memory(tmp_path, 40, "cnn")
+    difference between 8 and 40 agents on a ring (the CNN: 95k parameters, 379 kB a row)."""
+    small = round_memory(tmp_path, 8, "cnn", budget)
+    large = round_memory(tmp_path, 40, "cnn", budget)
     extra = (large["peak"] - large["before"]) - (small["peak"] - small["before"])
-    per_agent = extra / large["row"] / 32
-    assert per_agent < 19, f"{per_agent:.1f} rows per agent"
+    return extra / large["row"] / 32
+
+
+def test_round_memory_per_agent_is_bounded(tmp_path):
+    """Without a budget the whole round is one chunk: the plain round measured 26 rows per
+    agent (the pairs' models, gradients, noise and its per-owner parts, a noised copy, the
+    per-link broadcasts, and this small model's stacked per-example gradients, 2 per pair),
+    the lean one 14–17 — the pairs' 3 models and 3 gradients per agent beside x̃ and ṽ, and
+    the engine's per-example rows. At a budget of a few receivers' rows (8 MB) the pairs come
+    a chunk of receivers at a time and what grows with the agents is x̃ and ṽ, mixed in place,
+    the checkpoint's serialised x and v, and freed rows the allocator keeps (measured 11, of
+    which the round alone 5–6)."""
+    whole = rows_per_agent(tmp_path, "-")
+    assert whole < 19, f"{whole:.1f} rows per agent"
+    chunked = rows_per_agent(tmp_path, "8M")
+    assert chunked < min(13, whole - 3), f"{chunked:.1f} rows per agent at an 8 MB budget"

@@ -22,7 +22,10 @@ from privaudit.core.params import ParamSpec
 class Gradients(Protocol):
     """What a round asks of the per-example gradient engine (:class:`privaudit.grads.PairGrads`
     implements it): per pair p of (parameters ``flat[p]``, batch ``x[p]``, ``y[p]``), the batch
-    mean over the expected batch size, the per-example gradients, and the clipped mean."""
+    mean over the expected batch size, the per-example gradients, and the clipped mean;
+    ``max_memory``: the working-memory budget in bytes (None: from what is free)."""
+
+    max_memory: int | None
 
     def mean(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor: ...
 
@@ -131,6 +134,34 @@ class Context:
             rows = (owner == a).nonzero().flatten()
             if len(rows):
                 yield rows, torch.randn(len(rows), *shape, generator=g, device=self.device)
+
+    def gaussian_rows(self, owner: Tensor, *shape: int) -> GaussianRows:
+        """The rows of :meth:`gaussian_each` one at a time, on demand (:class:`GaussianRows`)."""
+        return GaussianRows(self, owner, shape)
+
+
+class GaussianRows:
+    """The rows of :meth:`Context.gaussian` handed out one at a time, in any order
+    (:meth:`Context.gaussian_rows`): agent a's rows are drawn by the same one call as
+    :meth:`Context.gaussian_each` when the first of them is asked for, and each row is freed
+    once taken. The numbers do not depend on the order rows are asked for (every agent has
+    its own generator); only the rows drawn and not yet taken are alive."""
+
+    def __init__(self, ctx: Context, owner: Tensor, shape: tuple[int, ...]):
+        self.ctx, self.shape = ctx, shape
+        self.owner = owner.tolist()
+        self.pending: dict[int, Tensor] = {}
+
+    def take(self, row: int) -> Tensor:
+        """Row ``row``'s draws (shape ``shape``); each row can be taken once."""
+        if row not in self.pending:
+            a = self.owner[row]
+            rows = [r for r, o in enumerate(self.owner) if o == a]
+            g = self.ctx.generators[a]
+            block = torch.randn(len(rows), *self.shape, generator=g, device=self.ctx.device)
+            self.pending.update({r: b.clone() for r, b in zip(rows, block, strict=True)})
+            del block
+        return self.pending.pop(row)
 
 
 def params_of(cls: type, overrides: dict[str, Any]) -> Any:

@@ -155,11 +155,27 @@ class Network:
         out = self.w_self.to(per_agent.dtype).unsqueeze(-1) * per_agent
         return out.index_add(0, self.links.in_dst, w * received)
 
+    def gossip_(self, kind: str, per_agent: Tensor) -> Tensor:
+        """:meth:`gossip` written into ``per_agent`` (returned)."""
+        return per_agent.copy_(self.gossip(kind, per_agent))
+
     def exchange(self, kind: str, per_agent: Tensor) -> Tensor:
         """Broadcast ``per_agent`` (``kind`` messages), then the rows of the cross-gradient
         pairs: the held agents' own rows first, then per out-edge i→j the row i received on
         j→i (graph links only), ``(k + out-edges, ...)``."""
         return torch.cat([per_agent, self.on_reverse(self.broadcast(kind, per_agent))])
+
+    def pair_models(self, kind: str, per_agent: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`exchange` as ``(rows, index)``: pair ``p``'s row is ``rows[index[p]]``, so a
+        caller can gather the rows of a few pairs at a time."""
+        rows = self.exchange(kind, per_agent)
+        return rows, torch.arange(rows.shape[0], device=rows.device)
+
+    @property
+    def holds_all(self) -> bool:
+        """Whether this process holds every agent (then out- and in-edges are every link, and
+        a subset of links can be sent on its own without the other processes)."""
+        return len(self.agents) == self.n
 
     # -- lifting and reducing -------------------------------------------------------------
     def from_sender(self, per_agent: Tensor, edges: Edges | None = None) -> Tensor:
@@ -230,11 +246,16 @@ class SimNetwork(Network):
     def exchange(self, kind: str, per_agent: Tensor) -> Tensor:
         """As :meth:`Network.exchange`, with one gather from ``per_agent`` (every agent is
         held: what i received on j→i is j's row)."""
+        rows, index = self.pair_models(kind, per_agent)
+        return rows.index_select(0, index)
+
+    def pair_models(self, kind: str, per_agent: Tensor) -> tuple[Tensor, Tensor]:
+        """As :meth:`Network.pair_models`, without gathering: ``rows`` is ``per_agent`` itself
+        and ``index`` each pair's agent (no (pairs, D) copy of the models)."""
         if self.links.reverse is None:
             raise ValueError("on_reverse needs every link's reverse link in the graph")
         self._broadcast_sent(kind, per_agent)
-        rows = torch.cat([self.held, self.links.out_dst])
-        return per_agent.index_select(0, rows)
+        return per_agent, torch.cat([self.held, self.links.out_dst])
 
     def gossip(self, kind: str, per_agent: Tensor) -> Tensor:
         """As :meth:`Network.gossip`, link by link: the same products and sums in the same
@@ -247,3 +268,30 @@ class SimNetwork(Network):
         for e, (s, d) in enumerate(zip(senders, receivers, strict=True)):
             out[d].add_(per_agent[s] * w[e])
         return out
+
+    def gossip_(self, kind: str, per_agent: Tensor) -> Tensor:
+        """:meth:`gossip` in place, receiver by receiver in ascending order, with the same
+        products and sums in the same order (bit for bit). A row is overwritten once its
+        receiver is mixed; its original is kept aside only while a later receiver still
+        reads it, so besides ``per_agent`` a few rows are alive (on a ring two: agent 0's,
+        read by agent N − 1, and the previous one), not a (k, D) result."""
+        self._broadcast_sent(kind, per_agent)
+        w, w_self = self.w_in.to(per_agent.dtype), self.w_self.to(per_agent.dtype)
+        incoming: list[list[tuple[int, int]]] = [[] for _ in self.agents]
+        last = list(range(len(self.agents)))  # the last receiver that reads each row
+        senders, receivers = self.links.out_src.tolist(), self.links.in_dst.tolist()
+        for e, (s, d) in enumerate(zip(senders, receivers, strict=True)):
+            incoming[d].append((e, s))
+            last[s] = max(last[s], d)
+        kept: dict[int, Tensor] = {}  # originals of overwritten rows still to be read
+        for d, links in enumerate(incoming):
+            row = per_agent[d] * w_self[d]
+            for e, s in links:
+                row.add_(kept.get(s, per_agent[s]) * w[e])
+            if last[d] > d:
+                kept[d] = per_agent[d].clone()
+            per_agent[d].copy_(row)
+            del row
+            for s in [s for s in kept if last[s] <= d]:
+                del kept[s]
+        return per_agent

@@ -135,6 +135,11 @@ class CanaryGrads:
     _calls: int = 0
     _active: bool = True
 
+    @property
+    def max_memory(self) -> int | None:
+        """The wrapped engine's memory budget (a round sizes its chunks by it)."""
+        return self.inner.max_memory
+
     def start(self, canaries: Tensor | None, example: tuple[Tensor, Tensor] | None = None) -> None:
         """A new trial: ``canaries`` (k, D), an ``example``, or neither."""
         self.canaries, self.example, self._calls, self._active = canaries, example, 0, True
