@@ -531,6 +531,8 @@ class CrossGradientDefense(Defense):
             cg = net.send("cg", clean[own:], edges=edges)
             yield PairChunk(slice(r0, r1), self_clean, self_noisy, cg, into)
             del clean, self_clean, self_noisy, cg
+            if chunk < k:
+                memory.release(x.device)
 
     def receivers_per_chunk(self, ctx: Context, net: Network, x: Tensor) -> int:
         """How many receivers' pairs :meth:`cross_gradient_chunks` computes at once: as many

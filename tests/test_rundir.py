@@ -281,3 +281,43 @@ def test_writes_are_atomic_and_recorded(tmp_path):
     assert torch.equal(rd.load_checkpoint(1)["state.x"], torch.arange(6.0).reshape(2, 3))
     rd.remove("checkpoints", 1)
     assert rd.checkpoint_rounds() == [] and not rd.round_file("checkpoints", 1).exists()
+
+
+def test_a_checkpoint_is_written_from_the_tensors_without_a_copy(tmp_path):
+    """RunDir writes safetensors files byte for byte as ``safetensors.torch.save`` would
+    (every dtype a run stores, metadata, an empty and a 0-d tensor), records their digest, and
+    reads them back; the write allocates no Python copy of the data (``save`` held two: each
+    tensor's bytes, then the whole file)."""
+    import tracemalloc
+
+    from safetensors.torch import save
+
+    from privaudit.core import tensorfile
+
+    tensors = {
+        "state.x": torch.randn(4, 1_000_000),
+        "rng.0": torch.randint(0, 255, (5056,), dtype=torch.uint8),
+        "idx": torch.arange(7),
+        "flags": torch.tensor([True, False]),
+        "f64": torch.randn(3, dtype=torch.float64),
+        "half": torch.randn(3).half(),
+        "bf16": torch.randn(3).bfloat16(),
+        "i32": torch.arange(3, dtype=torch.int32),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.0),
+    }
+    for meta in (None, {"links": "[[0, 1]]"}):
+        path = tmp_path / "f.safetensors"
+        tensorfile.write(path, tensors, meta)
+        assert path.read_bytes() == save(tensors, metadata=meta)
+    store = RunDir(tmp_path / "run")
+    tracemalloc.start()
+    try:
+        store.save_checkpoint(1, tensors)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak / 2**20:.1f} MB of Python allocations for a 16 MB checkpoint"
+    back = store.load_checkpoint(1)
+    assert back.keys() == tensors.keys()
+    assert all(torch.equal(back[k], v) for k, v in tensors.items())

@@ -273,8 +273,9 @@ class SimNetwork(Network):
         """:meth:`gossip` in place, receiver by receiver in ascending order, with the same
         products and sums in the same order (bit for bit). A row is overwritten once its
         receiver is mixed; its original is kept aside only while a later receiver still
-        reads it, so besides ``per_agent`` a few rows are alive (on a ring two: agent 0's,
-        read by agent N − 1, and the previous one), not a (k, D) result."""
+        reads it: on a ring two rows besides ``per_agent`` (agent 0's, read by agent N − 1,
+        and the previous one) instead of a (k, D) result; on a dense graph, where every row
+        is read by later receivers, up to k."""
         self._broadcast_sent(kind, per_agent)
         w, w_self = self.w_in.to(per_agent.dtype), self.w_self.to(per_agent.dtype)
         incoming: list[list[tuple[int, int]]] = [[] for _ in self.agents]

@@ -23,6 +23,8 @@ killer ends the process instead), which is why the chunks are sized from the est
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -181,3 +183,23 @@ def saved_bytes(forward: Callable[[], object], exclude: list[torch.Tensor]) -> i
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         forward()
     return sum(seen.values())
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None (another C library, another system)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release(device: torch.device) -> None:
+    """Hand memory freed on the CPU back to the system (glibc's ``malloc_trim``), between
+    chunks of a computation sized to a budget: the C allocator otherwise keeps the freed
+    blocks of the previous chunk's many mid-sized temporaries (ghost clipping's activations
+    and per-layer gradients) resident, and the process's peak grows by them; measured on one
+    ResNet-18 DPDL round, most of a gigabyte. A no-op on other devices and C libraries."""
+    trim = _malloc_trim() if device.type == "cpu" else None
+    if trim is not None:
+        trim(0)

@@ -21,7 +21,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from privaudit.core.errors import PrivauditError
+from privaudit.core.tensorfile import DTYPES
 
 NAME = "manifest.json"
 FORMAT = 1
@@ -50,6 +53,13 @@ def entry(data: bytes, tensors: bool) -> dict[str, Any]:
             k: [v["dtype"], v["shape"]] for k, v in sorted(header.items()) if k != "__metadata__"
         }
     return out
+
+
+def tensor_entry(sha256: str, size: int, tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """:func:`entry` of a safetensors file written from ``tensors``
+    (:func:`privaudit.core.tensorfile.write`, which returned its digest and size)."""
+    schema = {k: [DTYPES[t.dtype], list(t.shape)] for k, t in sorted(tensors.items())}
+    return {"sha256": sha256, "bytes": size, "tensors": schema}
 
 
 class Manifest:

@@ -18,20 +18,20 @@ its files are its own, and nothing is written outside it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load as load_bytes
-from safetensors.torch import save as save_bytes
 from torch import Tensor
 
+from privaudit.core import tensorfile
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import write_bytes
 from privaudit.sim import runlock
-from privaudit.sim.manifest import Manifest, entry, safetensors_header
+from privaudit.sim.manifest import Manifest, entry, safetensors_header, tensor_entry
 
 Key = tuple[int, int, int, str]
 FOLDERS = ("checkpoints", "messages", "secrets")
@@ -120,13 +120,17 @@ class RunDir:
 
     # -- files, checked against the manifest --------------------------------------------------
     def _put(self, rel: str, data: bytes, tensors: bool) -> None:
+        self._record(rel, lambda path: (write_bytes(path, data), entry(data, tensors))[1])
+
+    def _record(self, rel: str, write: Callable[[Path], dict[str, Any]]) -> None:
+        """``write(path)`` writes ``rel`` and returns its manifest entry, which is recorded,
+        both under the run's I/O lock."""
         path = self._checked(rel)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             with runlock.io(self.path, exclusive=True):
                 files = self.manifest.files()
-                write_bytes(path, data)
-                files[rel] = entry(data, tensors)
+                files[rel] = write(path)
                 write_bytes(self.manifest.path, self.manifest.text(files))
         except OSError as e:
             raise runlock.unwritable(self.path, e) from None
@@ -156,8 +160,14 @@ class RunDir:
             ) from None
 
     def _save(self, rel: str, tensors: dict[str, Tensor], meta: dict[str, str] | None = None):
-        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        self._put(rel, save_bytes(tensors, metadata=meta), tensors=True)
+        """``tensors`` as the safetensors file ``rel``, written from their own memory
+        (:mod:`privaudit.core.tensorfile`: no in-memory copy of the file)."""
+
+        def write(path: Path) -> dict[str, Any]:
+            sha, size = tensorfile.write(path, tensors, meta)
+            return tensor_entry(sha, size, tensors)
+
+        self._record(rel, write)
 
     # -- config ---------------------------------------------------------------------------
     def read_config(self) -> tuple[RunConfig, dict[str, Any]]:
