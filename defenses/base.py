@@ -211,6 +211,12 @@ class Defense:
     ) -> State:
         raise NotImplementedError
 
+    def round_bytes(self, ctx: Context, state: State) -> int:
+        """The least memory a round needs beyond ``state`` (the pre-flight check of
+        :meth:`privaudit.sim.run.Run.train`): by default the next state, as large as this
+        one. A defense whose round needs more whatever the budget says so."""
+        return sum(v.numel() * v.element_size() for v in state.values())
+
     def holdout_size(self, p: Any) -> int:
         """Examples per agent to hold out of training as a validation split (``ctx.holdout``)."""
         return 0
@@ -418,6 +424,14 @@ def one_release_per_round(
 MODEL_KIND = "x_i, the model at the start of the round, in the clear"
 
 
+def receiver_rows(adj: Tensor) -> int:
+    """Rows of D floats a chunk of :meth:`CrossGradientDefense.cross_gradient_chunks` holds
+    per receiver of the largest in-degree d: its d + 1 pairs' models and gradients, its
+    noised self row, its aggregate and one noise row."""
+    most = int((adj != 0).fill_diagonal_(False).sum(0).max()) if adj.numel() else 0
+    return 2 * (most + 1) + 3
+
+
 @dataclass
 class PairChunk:
     """One chunk of :meth:`CrossGradientDefense.cross_gradient_chunks`: the held receivers
@@ -537,13 +551,18 @@ class CrossGradientDefense(Defense):
     def receivers_per_chunk(self, ctx: Context, net: Network, x: Tensor) -> int:
         """How many receivers' pairs :meth:`cross_gradient_chunks` computes at once: as many
         as fit in half the gradient engine's budget (``--max-memory``, else half of what is
-        free: :func:`privaudit.grads.memory.budget`) at 2(d + 1) + 3 rows of D floats per
-        receiver of in-degree d — its pairs' models and gradients, its noised self row, its
-        aggregate and one noise row — and at least one."""
+        free: :func:`privaudit.grads.memory.budget`) at :func:`receiver_rows` rows of D
+        floats each, and at least one."""
         limit = memory.budget(ctx.grads.max_memory, x.device)
-        most = int(net.in_degree.max()) if len(net.links.in_edges) else 0
-        each = (2 * (most + 1) + 3) * x.shape[1] * x.element_size()
+        each = receiver_rows(ctx.adj) * x.shape[1] * x.element_size()
         return max(1, memory.fitting(None if limit is None else limit // 2, 0, each, x.shape[0]))
+
+    def round_bytes(self, ctx: Context, state: State) -> int:
+        """The next state (x̃ and ṽ, mixed in place into the next x and v) and one receiver's
+        rows (:func:`receiver_rows`): a chunk of one receiver is the least a round can take."""
+        x = state["x"]
+        row = x.shape[1] * x.element_size()
+        return super().round_bytes(ctx, state) + receiver_rows(ctx.adj) * row
 
     def half_step(self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor) -> State:
         """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ (:meth:`half_step_rows` for every

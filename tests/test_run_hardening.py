@@ -145,7 +145,7 @@ def edit_config(run: Path, **change) -> None:
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     rd.config_path.write_bytes(data)
     files = rd.manifest.files()
-    files["config.json"] = entry(data, tensors=False)
+    files["config.json"] = entry(data)
     rd.manifest.path.write_bytes(rd.manifest.text(files))
 
 
@@ -266,3 +266,34 @@ def test_a_rank_that_diverged_is_not_told_to_resume(tmp_path):
     assert line.startswith("rank 1 (agent 1) failed: RoundFailed: round 3: nd diverged"), line
     assert line.endswith(f"Train into a new --out, or delete {tmp_path}"), line
     assert "same command" not in line
+
+
+def test_a_round_that_cannot_fit_stops_before_training_and_resumes_after(
+    tmp_path, capsys, monkeypatch
+):
+    """The pre-flight check: when the free memory is less than what one round needs beyond
+    the state (the next state and the smallest chunk), the run stops before the round with
+    one line naming the fixes — a new run leaves nothing behind, a resumed one keeps its
+    checkpoints — and once memory is free the same command resumes."""
+    from privaudit.grads import memory
+
+    run = tmp_path / "run"
+    dpdl = ["train", "--defense", "dpdl", "--rounds", "4", *SMALL, "--out", str(run)]
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
+    line, _ = failed(capsys, *dpdl)
+    assert "needs about" in line and "is free on cpu" in line and "--agents" in line, line
+    assert f"so {run} was removed" in line and not run.exists()
+
+    monkeypatch.undo()
+    Run.create(tiny("dpdl", agents=3, rounds=4), run).train(until=2, progress=False)
+    state = Run.open(run).restore(2)
+    need = Run.open(run).defense.round_bytes(Run.open(run).ctx, state)
+    rows = state["x"].numel() * 4  # x̃ and ṽ (x's and v's size) and 2(2 + 1) + 3 rows
+    assert need == 2 * rows + 9 * state["x"].shape[1] * 4
+    monkeypatch.setattr(memory, "available_bytes", lambda device: need - 1)
+    line, _ = failed(capsys, *dpdl)
+    assert f"it resumes {run} from round 2" in line, line
+    assert RunDir(run).checkpoint_rounds() == [2]
+    monkeypatch.setattr(memory, "available_bytes", lambda device: need)
+    assert main(dpdl) == 0
+    assert RunDir(run).checkpoint_rounds()[-1] == 4

@@ -44,20 +44,15 @@ def safetensors_header(data: bytes) -> dict[str, Any]:
     return json.loads(data[8 : 8 + n])
 
 
-def entry(data: bytes, tensors: bool) -> dict[str, Any]:
-    """The manifest entry of ``data``: digest, size and (safetensors) tensor schema."""
-    out: dict[str, Any] = {"sha256": digest(data), "bytes": len(data)}
-    if tensors:
-        header = safetensors_header(data)
-        out["tensors"] = {
-            k: [v["dtype"], v["shape"]] for k, v in sorted(header.items()) if k != "__metadata__"
-        }
-    return out
+def entry(data: bytes) -> dict[str, Any]:
+    """The manifest entry of a file of bytes ``data``: digest and size."""
+    return {"sha256": digest(data), "bytes": len(data)}
 
 
 def tensor_entry(sha256: str, size: int, tensors: dict[str, Tensor]) -> dict[str, Any]:
-    """:func:`entry` of a safetensors file written from ``tensors``
-    (:func:`privaudit.core.tensorfile.write`, which returned its digest and size)."""
+    """The manifest entry of a safetensors file written from ``tensors``
+    (:func:`privaudit.core.tensorfile.write`, which returned its digest and size): digest,
+    size and the tensors' dtypes and shapes."""
     schema = {k: [DTYPES[t.dtype], list(t.shape)] for k, t in sorted(tensors.items())}
     return {"sha256": sha256, "bytes": size, "tensors": schema}
 

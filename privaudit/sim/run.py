@@ -39,7 +39,7 @@ from privaudit.core.network import Network, SimNetwork
 from privaudit.core.params import ParamSpec, flat_params
 from privaudit.core.threat import Public
 from privaudit.defenses import Context, Defense, get_defense
-from privaudit.grads import PairGrads
+from privaudit.grads import PairGrads, memory
 from privaudit.scenario.data import (
     ImageData,
     dirichlet_partition,
@@ -336,11 +336,30 @@ class Run:
                 state = self.restore(start)
                 if start == until:
                     return state
+                self.preflight(state)
                 tap = Tap(capture or CaptureSpec(rounds=frozenset()))
                 net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
                 return self.simulate(state, start, until, net, progress)
             except RoundFailed as e:
                 raise RoundFailed(f"{e}{self.after_failure(e)}", e.resumable) from e.__cause__
+
+    def preflight(self, state: State) -> None:
+        """Stop before the first round, with one line naming the fixes, when the least a
+        round needs beyond the state already held (:meth:`Defense.round_bytes`: the next
+        state and the smallest chunk; the gradient engine sizes the rest to what is free) is
+        more than the device has free — rather than the host's out-of-memory killer ending
+        the process mid-round, or a CUDA out-of-memory error."""
+        device = torch.device(self.ctx.device)
+        need = self.defense.round_bytes(self.ctx, state)
+        have = memory.available_bytes(device)
+        if have is not None and need > have:
+            raise RoundFailed(
+                f"one round of {self.cfg.agents} agents needs about {memory.human(need)} "
+                f"beyond its state, but {memory.human(have)} is free on {device}: lower "
+                "--agents or --batch-size, use a smaller --model, free memory, or choose "
+                "another --device",
+                resumable=True,
+            )
 
     def after_failure(self, e: RoundFailed) -> str:
         """Settle the run directory after a round failed (call as its writer), and say what

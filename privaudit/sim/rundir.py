@@ -119,8 +119,14 @@ class RunDir:
         runlock.adopt(self.path, pid)
 
     # -- files, checked against the manifest --------------------------------------------------
-    def _put(self, rel: str, data: bytes, tensors: bool) -> None:
-        self._record(rel, lambda path: (write_bytes(path, data), entry(data, tensors))[1])
+    def _put(self, rel: str, data: bytes) -> None:
+        """``data`` as the (non-tensor) file ``rel``."""
+
+        def write(path: Path) -> dict[str, Any]:
+            write_bytes(path, data)
+            return entry(data)
+
+        self._record(rel, write)
 
     def _record(self, rel: str, write: Callable[[Path], dict[str, Any]]) -> None:
         """``write(path)`` writes ``rel`` and returns its manifest entry, which is recorded,
@@ -209,7 +215,7 @@ class RunDir:
 
     def write_config(self, cfg: RunConfig, resolved: dict[str, Any]) -> None:
         doc = {**json.loads(cfg.to_json()), "resolved": resolved}
-        self._put(CONFIG, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), False)
+        self._put(CONFIG, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
     # -- rounds -----------------------------------------------------------------------------
     def round_file(self, what: str, t: int) -> Path:
