@@ -60,16 +60,6 @@ def mix(
     return out, unseen
 
 
-def exchange_models(net: Network, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Every held agent sends its model to its neighbours (``model`` messages); returns the
-    (model, data owner) pairs of the cross-gradient defenses: one self pair per held agent
-    (at its own model), then one per out-edge i→j — i's batch at j's model, received on
-    j→i. ``owner`` is the local row of the agent whose batch (and noise) each pair uses."""
-    models = net.exchange("model", x)
-    owner = torch.cat([torch.arange(x.shape[0], device=x.device), net.links.out_src])
-    return models, owner
-
-
 def incoming_slots(dst: Tensor, n: int) -> tuple[Tensor, int]:
     """Slot of each in-edge among its receiver's in-edges (0, 1, … in link order; ``dst``
     the receivers' local rows, of ``n`` held agents), and the largest in-degree."""
@@ -214,7 +204,7 @@ class Defense:
     def round_bytes(self, ctx: Context, state: State) -> int:
         """The least memory a round needs beyond ``state`` (the pre-flight check of
         :meth:`privaudit.sim.run.Run.train`): by default the next state, as large as this
-        one. A defense whose round needs more whatever the budget says so."""
+        one. A defense whose round needs more than that at any budget adds it."""
         return sum(v.numel() * v.element_size() for v in state.values())
 
     def holdout_size(self, p: Any) -> int:

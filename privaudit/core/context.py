@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,24 +126,15 @@ class Context:
             owner, lambda g, c: torch.randn(c, *shape, generator=g, device=self.device)
         )
 
-    def gaussian_each(self, owner: Tensor, *shape: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """The rows of :meth:`gaussian` agent by agent, as (the rows ``r`` with ``owner[r]``
-        = a in ascending order, their draws): the same numbers from the same one call per
-        agent, without the (rows, …) whole — one agent's draws alive at a time."""
-        for a, g in enumerate(self.generators):
-            rows = (owner == a).nonzero().flatten()
-            if len(rows):
-                yield rows, torch.randn(len(rows), *shape, generator=g, device=self.device)
-
     def gaussian_rows(self, owner: Tensor, *shape: int) -> GaussianRows:
-        """The rows of :meth:`gaussian_each` one at a time, on demand (:class:`GaussianRows`)."""
+        """The rows of :meth:`gaussian` one at a time, on demand (:class:`GaussianRows`)."""
         return GaussianRows(self, owner, shape)
 
 
 class GaussianRows:
     """The rows of :meth:`Context.gaussian` handed out one at a time, in any order
     (:meth:`Context.gaussian_rows`): agent a's rows are drawn by the same one call as
-    :meth:`Context.gaussian_each` when the first of them is asked for, and each row is freed
+    :meth:`Context.gaussian` when the first of them is asked for, and each row is freed
     once taken. The numbers do not depend on the order rows are asked for (every agent has
     its own generator); only the rows drawn and not yet taken are alive."""
 
