@@ -525,12 +525,7 @@ def scale(res: Results, args: argparse.Namespace, tmp: Path) -> None:
     env = {**os.environ, "PRIVAUDIT_GRADS": "auto", "PRIVAUDIT_MAX_MEMORY": SCALE_BUDGET}
     added = {}
     for n in agents:
-        cmd = [
-            *("train", "--defense", "dpdl", "--model", "resnet18", "--dataset", "photos"),
-            *("--topology", "ring", "--batch-size", str(batch), "--rounds", "1"),
-            *("--agents", str(n), "--threads", str(args.threads), "--device", args.device),
-            *("--no-progress", "--out", str(tmp / f"scale{n}")),
-        ]
+        cmd = bench.train_args(n, batch, 1, args.threads, args.device, str(tmp / f"scale{n}"))
         result, peak, _, _, status = bench.run_child(
             bench.CHILD_TRAIN, cmd, env, 3 * SCALE_PEAK_GB * bench.GB, 1800.0
         )
@@ -539,8 +534,7 @@ def scale(res: Results, args: argparse.Namespace, tmp: Path) -> None:
         if result is None:
             res.add("scale", f"{name}: {status}", float("nan"), None, False if last else None)
             continue
-        state = 4 * n * bench.RESNET18_PARAMS * 4
-        added[n] = (peak - state) / bench.GB
+        added[n] = (peak - bench.state_bytes(n)) / bench.GB
         per_round = sum(result["rounds"]) / len(result["rounds"])
         target = f"<= {SCALE_PEAK_GB:g} GB" if last else None
         ok = peak / bench.GB <= SCALE_PEAK_GB if last else None

@@ -127,6 +127,21 @@ with open(out_file, "w") as f:
 """
 
 
+def train_args(agents: int, batch: int, rounds: int, threads: int, device: str, out: str) -> list:
+    """The ``privaudit train`` arguments of one configuration (ResNet-18 DPDL, photos, ring)."""
+    return [
+        *("train", "--defense", "dpdl", "--model", "resnet18", "--dataset", "photos"),
+        *("--topology", "ring", "--batch-size", str(batch), "--rounds", str(rounds)),
+        *("--agents", str(agents), "--threads", str(threads), "--device", device),
+        *("--no-progress", "--out", out),
+    ]
+
+
+def state_bytes(agents: int) -> int:
+    """A DPDL round's state: x, v, x̃ and ṽ, 4 ResNet-18 rows of float32 per agent."""
+    return 4 * agents * RESNET18_PARAMS * 4
+
+
 def watch(pid: int, limit: float, killed: list[bool], done: threading.Event) -> None:
     """Poll the child's VmRSS every 0.2 s; SIGKILL it above ``limit`` bytes."""
     while not done.wait(0.2):
@@ -233,12 +248,7 @@ def main() -> None:
             else:
                 code = CHILD_TRAIN
                 run_dir = tempfile.mkdtemp(prefix="scale-")
-                args = [
-                    *("train", "--defense", "dpdl", "--model", "resnet18", "--dataset", "photos"),
-                    *("--topology", "ring", "--batch-size", str(a.batch_size)),
-                    *("--rounds", str(a.rounds), "--agents", str(n), "--threads", str(a.threads)),
-                    *("--device", a.device, "--no-progress", "--out", run_dir),
-                ]
+                args = train_args(n, a.batch_size, a.rounds, a.threads, a.device, run_dir)
                 if a.dirichlet_alpha:
                     args += ["--dirichlet-alpha", a.dirichlet_alpha]
             result, peak, wall, cpu, status = run_child(code, args, env, limit, a.timeout)
@@ -251,7 +261,7 @@ def main() -> None:
                 per_round = f"{sum(result['rounds']) / max(len(result['rounds']), 1):8.1f}"
                 grad_s = f"{result.get('grads', sum(result['rounds'])):7.1f}"
                 if "before" not in result:  # train: beyond x, v, x̃, ṽ (4 rows per agent)
-                    extra = peak - 4 * n * RESNET18_PARAMS * 4
+                    extra = peak - state_bytes(n)
                     row["added"] = extra
                     added = f"{extra / GB:8.2f}"
                 else:  # engine: what the call added beyond its output

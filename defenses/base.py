@@ -493,9 +493,10 @@ class CrossGradientDefense(Defense):
         sends all its pairs at once."""
         xs, ys = batch
         k, dim = x.shape
-        chunk = self.receivers_per_chunk(ctx, net, x) if receivers is None else receivers
         if not net.holds_all:
             chunk = k
+        else:
+            chunk = self.receivers_per_chunk(ctx, net, x) if receivers is None else receivers
         source, model_of = net.pair_models("model", x)
         links = net.links
         owner = torch.cat([torch.arange(k, device=x.device), links.out_src])

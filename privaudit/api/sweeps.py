@@ -511,8 +511,10 @@ def execute(
             ("membership", membership_run, _memberships, sweep.membership),
         )
         for what, fn, where, wanted_here in extras:
+            if not wanted_here:
+                continue
             wanted = [(t, r, str(p)) for t, r, p in where(sweep, rdir, mine) if not p.exists()]
-            if wanted_here and wanted:
+            if wanted:
                 tasks.append(
                     Task(
                         f"{what} {rdir}",
