@@ -142,11 +142,39 @@ def test_conv_norm_sample_is_the_per_example_gradient_norm(conv, cheaper, monkey
     a = torch.randn(3, 4, 9, 10)
     g = torch.randn_like(conv(a))
     norms = ghost.conv2d_norm_sample(conv, [a], g)
+    kept = ghost.conv2d_kept(conv, [a], g)
+    c = torch.tensor([0.3, 1.0, -2.0])
+    sums = {p: torch.zeros_like(p) for p in conv.parameters()}
     for i in range(3):
         out = conv(a[i : i + 1])
         want = torch.autograd.grad(out, list(conv.parameters()), g[i : i + 1])
         for p, w in zip(conv.parameters(), want, strict=True):
             torch.testing.assert_close(norms[p][i], w.norm(), rtol=1e-5, atol=1e-6)
+            sums[p] += c[i] * w
+    for p, want in sums.items():  # the book-kept clipped sum Σ_i c_i ∇_p ℓ_i
+        torch.testing.assert_close(kept[p].weighted(c), want, rtol=1e-5, atol=1e-5)
+
+
+class TiedNorm(nn.Module):
+    """One GroupNorm applied twice (a layer outside ghost.KEEPERS used more than once)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 4)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        h = self.norm(torch.tanh(self.norm(self.conv(x))))
+        return self.fc(h.mean((2, 3)))
+
+
+def test_a_layer_used_twice_sums_its_uses_per_example():
+    model = TiedNorm().eval()
+    spec, flat, x, y = pairs(model, p=2)
+    got = PairGrads(model, spec, batch_size=5, path="ghost").clipped_mean(flat, x, y, 0.05)
+    assert_relative(got, materialised(model, spec, flat, x, y, 0.05, 5))
 
 
 def test_ghost_on_resnet18():

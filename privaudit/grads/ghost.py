@@ -8,32 +8,39 @@ with losses ℓ_i at parameters θ,
 Materialised, the ∇ℓ_i cost W·D floats per batch (ResNet-18, W = 32: 1.4 GB per (model,
 batch) pair). Ghost clipping (Goodfellow 2015, "Efficient Per-Example Gradient Computations";
 Li, Tramèr, Liang, Hashimoto 2022, "Large Language Models Can Be Strong Differentially Private
-Learners", ICLR) gets (1) from one forward and two backward passes and never holds more than
-one layer's per-example quantities:
+Learners", ICLR) with book-keeping (Bu et al. 2023, below) gets (1) from one forward and one
+backward pass, holding per example only what each layer's norm and share of (1) need — for
+most layers less than its per-example gradient:
 
-1. A first backward of Σ_i ℓ_i records, for each parametrised layer, its input a_i and output
-   gradient g_i per example, and each layer's share of ‖∇ℓ_i‖² (‖∇ℓ_i‖² = Σ_layers):
+1. One backward of Σ_i ℓ_i hands each parametrised layer its input a_i and output gradient
+   g_i per example; the layer keeps its share of ‖∇ℓ_i‖² (‖∇ℓ_i‖² = Σ_layers) and what its
+   share of (1) needs (:class:`Kept`):
 
    - ``Linear`` (a_i ∈ R^d, g_i ∈ R^o): ∇W_i = g_i a_iᵀ, ‖∇W_i‖_F² = ‖g_i‖²‖a_i‖², bias ‖g_i‖²
-     (opacus' norm sampler).
+     (opacus' norm sampler); it keeps a and g.
    - ``Conv2d``, unfolded: a_i ∈ R^{T×d} holds the T output positions' input patches
      (d = c_in/groups·k_h·k_w), g_i ∈ R^{T×o}, ∇W_i = g_iᵀ a_i (per group), and
 
          ‖g_iᵀ a_i‖_F² = ⟨a_i a_iᵀ, g_i g_iᵀ⟩_F                                         (2)
 
-     — the ghost norm, 2T² floats and T²(d + o) multiply-adds per example — or the explicit
-     product g_iᵀ a_i, o·d floats and T·o·d multiply-adds, whichever costs less, layer by layer
-     (:func:`ghost_is_cheaper`): mixed ghost clipping (Bu, Mao, Xu 2022, "Scalable and
-     Efficient Training of Large Convolutional Neural Networks with Differential Privacy",
-     NeurIPS, which compares the memory, 2T² against o·d). In a CIFAR ResNet-18 the 32×32 and
-     16×16 layers (T = 1024, 256) go explicit — all examples' g_iᵀ a_i as one
-     weight-gradient convolution with a group per example — and the 8×8 and 4×4 ones (T = 64,
-     16; o·d up to 2.4 M) ghost.
-     Bias: ‖Σ_t g_{i,t}‖².
+     — the ghost norm, 2T² floats and T²(d + o) multiply-adds per example; it keeps a and g —
+     or the explicit product g_iᵀ a_i, o·d floats and T·o·d multiply-adds, which it keeps;
+     whichever costs less, layer by layer (:func:`ghost_is_cheaper`): mixed ghost clipping
+     (Bu, Mao, Xu 2022, "Scalable and Efficient Training of Large Convolutional Neural Networks
+     with Differential Privacy", NeurIPS, which compares the memory, 2T² against o·d). In a
+     CIFAR ResNet-18 the 32×32 and 16×16 layers (T = 1024, 256) go explicit — all examples'
+     g_iᵀ a_i as one weight-gradient convolution with a group per example — and the 8×8 and
+     4×4 ones (T = 64, 16; o·d up to 2.4 M) ghost. Bias: Σ_t g_{i,t}, kept.
    - ``GroupNorm`` and any other layer: its per-example gradients (2C floats per example for
-     GroupNorm), from opacus' grad samplers (functorch for layers without one), then norms.
+     GroupNorm), from opacus' grad samplers (functorch for layers without one), kept.
 
-2. A second backward of Σ_i c_i ℓ_i, with the c_i as constants, gives (1) directly.
+2. With the c_i, each layer's share of (1) from what it kept — book-keeping (Bu, Mao, Xu 2023,
+   "Differentially Private Optimization on Large Model at Small Cost", ICML): Σ_i c_i ∇W_i of
+   the kept per-example gradients, and one weight-gradient convolution (an einsum for
+   ``Linear``) of the whole batch with the output gradients scaled by c_i for the ghost layers.
+   No second backward pass (Li et al.'s ghost clipping takes one, of Σ_i c_i ℓ_i): it would
+   recompute every input gradient and every weight gradient, 40 % of a pair's time on the
+   CIFAR ResNet-18.
 
 The hooks are opacus' fast gradient clipping (``GradSampleModuleFastGradientClipping``, opacus ≥
 1.5), extended (:func:`hooks_class`): (a) a ``Conv2d`` norm sampler (:func:`conv2d_norm_sample`;
@@ -43,15 +50,16 @@ rather than ``register_full_backward_hook``, which refuses a forward that modifi
 output in place (torchvision's ResNet: ``out += identity``, ``ReLU(inplace=True)``); (c) the
 hooks run in eval mode too (the models are in eval mode; a parametrised layer with running
 statistics — BatchNorm — is refused by opacus' validation, so no hooked layer depends on the
-mode); (d) the first backward asks only for the input's gradient, so autograd computes no weight
-gradient there. c_i is the project's (:func:`privaudit.grads.clip_factors`, not opacus'
-``+ 1e-6``), so (1) equals the materialised path's to float rounding.
+mode); (d) the backward asks only for the input's gradient, so autograd computes no weight
+gradient; (e) the layers keep what step 2 needs (:data:`KEEPERS`). c_i is the project's
+(:func:`privaudit.grads.clip_factors`, not opacus' ``+ 1e-6``), so (1) equals the materialised
+path's to float rounding.
 
 Memory (:meth:`GhostClipper.example_bytes`): one (model, batch) pair and one chunk of its
-examples at a time — the chunk's saved activations, one layer's norm temporaries, the model's
-gradient — whatever the number of pairs. Cost: one forward, one backward without weight
-gradients, one full backward, and the norms (for the ResNet-18 layers about a weight gradient's
-work), against W single-example backward passes.
+examples at a time — the chunk's saved activations, what the layers keep, one layer's norm
+temporaries, the model's gradient — whatever the number of pairs. Cost: one forward, one
+backward without weight gradients, the norms and the weighted sums (for the ResNet-18 layers
+together about a weight gradient's work), against W single-example backward passes.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -84,6 +93,23 @@ def conv_norm_floats(positions: int, out_channels: int, patch: int, groups: int)
     (unread) weight of its convolution (2·o·d) on the explicit side, per group."""
     o, d, t = out_channels // groups, patch, positions
     return groups * (d * t + 2 * t * t if ghost_is_cheaper(t, o, d) else 2 * o * d)
+
+
+def kept_floats(layer: nn.Module, inputs: Tensor, output: Tensor) -> int:
+    """Floats per example ``layer`` keeps from the backward until the clipped sum
+    (:class:`Kept`), for one example's ``inputs`` and ``output``: a ghost ``Conv2d`` or a
+    ``Linear`` its input and output gradient, an explicit ``Conv2d`` its per-example weight
+    and bias gradients, any other layer its per-example gradients."""
+    weights = sum(p.numel() for p in layer.parameters(recurse=False) if p.requires_grad)
+    if type(layer) is nn.Conv2d:
+        o, groups = layer.out_channels, layer.groups
+        d = layer.in_channels // groups * math.prod(layer.kernel_size)
+        if ghost_is_cheaper(output.shape[-2] * output.shape[-1], o // groups, d):
+            return inputs.numel() + output.numel() + o
+        return weights
+    if type(layer) is nn.Linear:
+        return inputs.numel() + output.numel() + layer.out_features
+    return weights
 
 
 def _padded(layer: nn.Conv2d, a: Tensor) -> Tensor:
@@ -126,20 +152,62 @@ def _patches(layer: nn.Conv2d, a: Tensor, out_hw: tuple[int, int]) -> Tensor:
     return cols.reshape(n * groups, ho * wo, -1)
 
 
-def conv2d_norm_sample(
+class Kept:
+    """One parameter's share of (1) from the first backward: ``sq`` its per-example squared
+    gradient norms (n,), and ``weighted(c)`` its clipped sum Σ_i c_i ∇_p ℓ_i (the parameter's
+    shape) from what the layer kept of that backward — book-keeping (Bu, Mao, Xu 2023,
+    "Differentially Private Optimization on Large Model at Small Cost", ICML): no second
+    backward pass."""
+
+    __slots__ = ("sq", "weighted", "rows")
+
+    def __init__(
+        self, sq: Tensor, weighted: Callable[[Tensor], Tensor], rows: Tensor | None = None
+    ):
+        self.sq, self.weighted, self.rows = sq, weighted, rows  # rows: per-example gradients
+
+
+def per_example(grads: Tensor) -> Kept:
+    """:class:`Kept` of materialised per-example gradients ``grads`` (n, *shape)."""
+    rows = grads.reshape(len(grads), -1)
+    sq = torch.linalg.vector_norm(rows, dim=1).square()
+    return Kept(sq, lambda c: (c.to(rows.dtype) @ rows).view(grads.shape[1:]), grads)
+
+
+def conv2d_kept(
     layer: nn.Conv2d, activations: list[Tensor], backprops: Tensor
-) -> dict[nn.Parameter, Tensor]:
-    """Per-example gradient norms of a ``Conv2d``'s weight and bias, (n,) each, from its
-    inputs and output gradients (opacus' norm-sampler signature): (2) from the unfolded input
-    where :func:`ghost_is_cheaper`, else the explicit per-example weight gradients g_iᵀ a_i, all
-    n at once as one weight-gradient convolution with one group per example (as
-    :mod:`privaudit.grads.pairnet`; no unfold)."""
-    g = backprops
-    a = _padded(layer, activations[0].to(g.dtype))
+) -> dict[nn.Parameter, Kept]:
+    """A ``Conv2d``'s :class:`Kept` from its input and output gradient: where
+    :func:`ghost_is_cheaper`, the norms by (2) from the unfolded input and the clipped sum by
+    one weight-gradient convolution of the whole batch with the output gradients scaled by
+    c_i (it keeps the input and the output gradient); else the explicit per-example weight
+    gradients g_iᵀ a_i, all n at once as one weight-gradient convolution with one group per
+    example (as :mod:`privaudit.grads.pairnet`; no unfold), kept for the clipped sum. Bias:
+    the per-example Σ_t g_{i,t}."""
+    g, inputs = backprops, activations[0]
+    a = _padded(layer, inputs.to(g.dtype))
     n, groups, hw = a.shape[0], layer.groups, tuple(g.shape[2:])
     o, i = layer.out_channels // groups, layer.in_channels // groups
     d, t = i * math.prod(layer.kernel_size), math.prod(hw)
-    ret: dict[nn.Parameter, Tensor] = {}
+    ret: dict[nn.Parameter, Kept] = {}
+
+    def weight_grad(grad_out: Tensor, inputs: Tensor, shape: tuple, groups: int) -> Tensor:
+        """The weight gradient of the layer's convolution (padding applied to ``inputs``)."""
+        _, grad, _ = torch.ops.aten.convolution_backward(
+            grad_out,
+            inputs,
+            torch.empty(shape, dtype=g.dtype, device=g.device),  # only its shape is read
+            None,
+            layer.stride,
+            [0, 0],
+            layer.dilation,
+            False,
+            [0, 0],
+            groups,
+            [False, True, False],
+        )
+        return grad
+
     if layer.weight.requires_grad:
         if ghost_is_cheaper(t, o, d):
             cols = _patches(layer, a.contiguous(memory_format=torch.channels_last), hw)
@@ -147,26 +215,66 @@ def conv2d_norm_sample(
             gram_a = torch.bmm(cols, cols.transpose(1, 2))  # a_i a_iᵀ, (n·G, T, T)
             gram_g = torch.bmm(outs.transpose(1, 2), outs)  # g_i g_iᵀ
             sq = torch.einsum("bij,bij->b", gram_a, gram_g).clamp(min=0)
+            del a, cols, outs, gram_a, gram_g
+            shape = tuple(layer.weight.shape)
+
+            def summed(c: Tensor) -> Tensor:
+                scaled = g * c.to(g.dtype).view(n, 1, 1, 1)
+                return weight_grad(scaled, _padded(layer, inputs.to(g.dtype)), shape, groups)
+
+            ret[layer.weight] = Kept(sq.reshape(n, groups).sum(1), summed)
         else:
-            shape = (n * layer.out_channels, i, *layer.kernel_size)  # only its shape is read
-            _, grad, _ = torch.ops.aten.convolution_backward(
+            grad = weight_grad(
                 g.reshape(1, n * layer.out_channels, *hw),
                 a.reshape(1, n * layer.in_channels, *a.shape[2:]),
-                torch.empty(shape, dtype=g.dtype, device=g.device),
-                None,
-                layer.stride,
-                [0, 0],
-                layer.dilation,
-                False,
-                [0, 0],
+                (n * layer.out_channels, i, *layer.kernel_size),
                 n * groups,
-                [False, True, False],
             )
-            sq = torch.linalg.vector_norm(grad.reshape(n * groups, -1), dim=1).square()
-        ret[layer.weight] = sq.reshape(n, groups).sum(1).sqrt()
+            ret[layer.weight] = per_example(grad.view(n, *layer.weight.shape))
     if layer.bias is not None and layer.bias.requires_grad:
-        ret[layer.bias] = torch.linalg.vector_norm(g.reshape(n, g.shape[1], -1).sum(2), dim=1)
+        ret[layer.bias] = per_example(g.reshape(n, g.shape[1], -1).sum(2))
     return ret
+
+
+def linear_kept(
+    layer: nn.Linear, activations: list[Tensor], backprops: Tensor
+) -> dict[nn.Parameter, Kept]:
+    """A ``Linear``'s :class:`Kept`: the weight's norms by opacus' ghost norm sampler
+    (‖g_i‖‖a_i‖, or its Gram form over a sequence), its clipped sum one einsum
+    Σ_i c_i g_iᵀ a_i; the bias per example."""
+    from opacus.grad_sample.linear import compute_linear_norm_sample
+
+    a, g = activations[0].to(backprops.dtype), backprops
+    n = len(g)
+    ret: dict[nn.Parameter, Kept] = {}
+    if layer.weight.requires_grad:
+        sq = compute_linear_norm_sample(layer, [a], g)[layer.weight].square()
+
+        def summed(c: Tensor) -> Tensor:
+            return torch.einsum(
+                "n...o,n...d->od", g * c.to(g.dtype).view(n, *[1] * (g.dim() - 1)), a
+            )
+
+        ret[layer.weight] = Kept(sq, summed)
+    if layer.bias is not None and layer.bias.requires_grad:
+        ret[layer.bias] = per_example(g.reshape(n, -1, g.shape[-1]).sum(1))
+    return ret
+
+
+def conv2d_norm_sample(
+    layer: nn.Conv2d, activations: list[Tensor], backprops: Tensor
+) -> dict[nn.Parameter, Tensor]:
+    """Per-example gradient norms of a ``Conv2d``'s weight and bias, (n,) each (opacus'
+    norm-sampler signature), from :func:`conv2d_kept`."""
+    kept = conv2d_kept(layer, activations, backprops)
+    return {p: k.sq.sqrt() for p, k in kept.items()}
+
+
+# the layers whose :class:`Kept` is computed without per-example gradients where cheaper
+KEEPERS: dict[type, Callable[..., dict[nn.Parameter, Kept]]] = {
+    nn.Conv2d: conv2d_kept,
+    nn.Linear: linear_kept,
+}
 
 
 @functools.cache
@@ -177,7 +285,7 @@ def hooks_class() -> type:
     accountants and scipy), and only models on the ghost path need it. An ImportError where
     opacus is missing or older than 1.5."""
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
-    from opacus.grad_sample.functorch import prepare_layer
+    from opacus.grad_sample.functorch import ft_compute_per_sample_gradient, prepare_layer
 
     class Hooks(GradSampleModuleFastGradientClipping):
         """See :func:`hooks_class`."""
@@ -218,13 +326,7 @@ def hooks_class() -> type:
             ):
 
                 def backprop(grad: Tensor) -> None:
-                    self.capture_backprops_hook(
-                        module,
-                        None,
-                        (grad,),
-                        loss_reduction=loss_reduction,
-                        batch_first=batch_first,
-                    )
+                    self.keep(module, grad, loss_reduction, batch_first)
 
                 output.register_hook(backprop)
 
@@ -239,6 +341,38 @@ def hooks_class() -> type:
             finally:
                 module.training = mode
 
+        def keep(
+            self, module: nn.Module, grad: Tensor, loss_reduction: str, batch_first: bool
+        ) -> None:
+            """Backward hook: the layer's :class:`Kept` per parameter (:data:`KEEPERS`, else its
+            per-example gradients from opacus' grad sampler or functorch), in ``_kept``. A
+            parameter used more than once in the forward (only layers outside :data:`KEEPERS`;
+            opacus refuses tying for the others) sums its uses' per-example gradients."""
+            if not self.hooks_enabled:
+                return
+            activations, backprops = self.rearrange_grad_samples(
+                module=module,
+                backprops=grad.detach(),
+                loss_reduction=loss_reduction,
+                batch_first=batch_first,
+            )
+            keeper = KEEPERS.get(type(module))
+            if keeper is not None:
+                kept = keeper(module, activations, backprops)
+            else:
+                sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+                kept = {}
+                for param, gs in sampler(module, activations, backprops).items():
+                    earlier = getattr(param, "_kept", None)
+                    if earlier is not None:  # a second use: Σ of the uses, per example
+                        gs = gs + earlier.rows
+                    kept[param] = per_example(gs)
+            for param, k in kept.items():
+                if param.requires_grad:
+                    param._kept = k
+            if not module.activations and hasattr(module, "max_batch_len"):
+                del module.max_batch_len
+
         def reset(self) -> None:
             """Forget what an earlier (possibly interrupted) pass left on the layers/parameters."""
             for module in self.iterate_submodules(self._module):
@@ -247,17 +381,7 @@ def hooks_class() -> type:
                     del module.max_batch_len
             for p in self._module.parameters():
                 p._forward_counter = 0
-                p._norm_sample = None
-                p.grad_sample = None
-
-        def squared_norms(self, n: int, like: Tensor) -> Tensor:
-            """‖∇ℓ_i‖² per example (n,): the sum over parameters of their recorded norms²."""
-            sq = like.new_zeros(n)
-            for p in self._module.parameters():
-                ns = getattr(p, "_norm_sample", None)
-                if ns is not None and ns.numel():
-                    sq = sq + ns.reshape(n).to(sq.dtype).square()
-            return sq
+                p._kept = None
 
     return Hooks
 
@@ -293,14 +417,18 @@ class GhostClipper:
     def example_bytes(self, x: Tensor) -> float:
         """Working bytes per example of a chunk (inputs like ``x[0]``), once per input shape:
         a forward of one example counts the tensors autograd saves (:func:`saved_bytes`, ×2
-        for the output gradients of the backward passes, which are of the same sizes) and the
-        largest conv norm temporary (:func:`conv_norm_floats`)."""
+        for the output gradients of the backward, which are of the same sizes), what the
+        layers keep for the clipped sum (:func:`kept_floats`) and the largest conv norm
+        temporary (:func:`conv_norm_floats`)."""
         key = (tuple(x.shape[1:]), x.dtype, x.device.type)
         if key not in self.probed:
-            temps: list[int] = [0]
+            temps, kept = [0], [0]
 
             def record(layer: nn.Module, inputs, output) -> None:
-                if type(layer) is nn.Conv2d and isinstance(output, Tensor):
+                if not isinstance(output, Tensor) or not list(layer.parameters(recurse=False)):
+                    return
+                kept.append(kept_floats(layer, inputs[0], output))
+                if type(layer) is nn.Conv2d:
                     t = output.shape[-2] * output.shape[-1]
                     d = layer.in_channels // layer.groups * math.prod(layer.kernel_size)
                     temps.append(conv_norm_floats(t, layer.out_channels, d, layer.groups))
@@ -312,7 +440,7 @@ class GhostClipper:
             finally:
                 for h in handles:
                     h.remove()
-            self.probed[key] = 2 * saved + 4 * max(temps)
+            self.probed[key] = 2 * saved + 4 * (max(temps) + sum(kept))
         return self.probed[key]
 
     def clipped_sum(self, x: Tensor, y: Tensor, clip: float | None, out: Tensor) -> None:
@@ -320,29 +448,36 @@ class GhostClipper:
         the loaded parameters; Σ_i ∇ℓ_i when ``clip`` is None (one plain backward)."""
         hooks = self.hooks
         hooks.reset()
+        parts = torch.split(out, self.spec.sizes)
         with torch.enable_grad():
             if clip is None:
                 loss = F.cross_entropy(self.net(x), y, reduction="sum")
                 grads = torch.autograd.grad(loss, self.params)
-            else:
-                xin = x.detach().requires_grad_(x.is_floating_point())
-                hooks.enable_hooks()
-                try:
-                    losses = F.cross_entropy(self.net(xin), y, reduction="none")
-                    total = losses.sum()
-                    # first backward: norms only (the input's gradient, no weight gradient)
-                    first = [xin] if xin.requires_grad else self.params
-                    torch.autograd.grad(total, first, retain_graph=True)
-                finally:
-                    hooks.disable_hooks()
-                sq = hooks.squared_norms(len(y), losses)
-                factor = torch.clamp(clip / (sq.sqrt() + 1e-12), max=1.0).detach()
-                hooks.reset()
-                # second backward: Σ_i c_i ∇ℓ_i
-                grads = torch.autograd.grad(torch.dot(factor, losses), self.params)
+                with torch.no_grad():
+                    for o, g in zip(parts, grads, strict=True):
+                        o.add_(g.reshape(-1))
+                return
+            xin = x.detach().requires_grad_(x.is_floating_point())
+            hooks.enable_hooks()
+            try:
+                losses = F.cross_entropy(self.net(xin), y, reduction="none")
+                # the one backward: the layers keep their norms and sums (the input's
+                # gradient is asked for, so autograd computes no weight gradient)
+                first = [xin] if xin.requires_grad else self.params
+                torch.autograd.grad(losses.sum(), first)
+            finally:
+                hooks.disable_hooks()
         with torch.no_grad():
-            for o, g in zip(torch.split(out, self.spec.sizes), grads, strict=True):
-                o.add_(g.reshape(-1))
+            kept = [getattr(p, "_kept", None) for p in self.params]
+            sq = losses.detach().new_zeros(len(y))
+            for k in kept:
+                if k is not None:
+                    sq += k.sq.to(sq.dtype)
+            factor = torch.clamp(clip / (sq.sqrt() + 1e-12), max=1.0)
+            for o, k in zip(parts, kept, strict=True):
+                if k is not None:
+                    o.add_(k.weighted(factor).reshape(-1))
+        hooks.reset()
 
 
 def build(model: nn.Module, spec: ParamSpec) -> GhostClipper | None:
