@@ -33,7 +33,7 @@ comparison runs one thread in both processes unless ``--threads`` is given (see
 - scale: one round of ResNet-18 (GroupNorm) DPDL on 3×32×32 photos, ring, B = 32, at 4 and 16
   agents (quick: B = 8, 4 and 8 agents) with ``--max-memory 512M``, each in a fresh process
   (``benchmarks/scale.py``, which has more options): peak RSS (16 agents ≤ 4 GB), the peak
-  less the round's state of 4 rows per agent (flat within 10 % from the smallest to the
+  less the round's state of 2 rows per agent (flat within 10 % from the smallest to the
   largest), seconds per round (16 agents ≤ 60 s), and with ``--device cuda`` peak CUDA memory.
 """
 
@@ -539,7 +539,7 @@ def scale(res: Results, args: argparse.Namespace, tmp: Path) -> None:
         target = f"<= {SCALE_PEAK_GB:g} GB" if last else None
         ok = peak / bench.GB <= SCALE_PEAK_GB if last else None
         res.add("scale", f"{name}: peak RSS", peak / bench.GB, target, ok, unit=" GB")
-        res.add("scale", "  peak less the state (4 rows per agent)", added[n], unit=" GB")
+        res.add("scale", "  peak less the state (2 rows per agent)", added[n], unit=" GB")
         target = f"<= {SCALE_ROUND_S:g} s" if last else None
         ok = per_round <= SCALE_ROUND_S if last else None
         res.add("scale", "  s/round", per_round, target, ok, unit=" s")

@@ -3,12 +3,12 @@
 Each configuration runs ``privaudit train --defense dpdl --model resnet18 --dataset photos
 --topology ring --batch-size 32 --rounds 1`` (flags below) in a fresh process and reports:
 
-- the peak resident memory of that process, and ("added") that peak less the round's state, x,
-  v, x̃ and ṽ (4 rows of D floats per agent): what must stay flat in the number of agents at a
-  fixed ``--max-memory``; the peak is from ``os.wait4``'s ``ru_maxrss`` (this parent
-  imports no torch, so the forked child starts small; a watchdog polls the child's RSS and ends
-  it above ``--max-rss``, reported as "killed"), and with ``--device cuda`` the peak CUDA memory
-  PyTorch allocated;
+- the peak resident memory of that process, and ("added") that peak less the round's state, x
+  and v (2 rows of D floats per agent; x̃, ṽ and the next x, v are written into them): what
+  must stay flat in the number of agents at a fixed ``--max-memory``; the peak is from
+  ``os.wait4``'s ``ru_maxrss`` (this parent imports no torch, so the forked child starts
+  small; a watchdog polls the child's RSS and ends it above ``--max-rss``, reported as
+  "killed"), and with ``--device cuda`` the peak CUDA memory PyTorch allocated;
 - the seconds of each round (``RoundLoop.step`` timed inside the child), of its gradient calls
   (``PairGrads.clipped_mean``/``mean``) and of the whole process (imports, data, model,
   checkpoint included), and the process's CPU seconds (user + system, ``os.wait4``: on a shared
@@ -138,8 +138,9 @@ def train_args(agents: int, batch: int, rounds: int, threads: int, device: str, 
 
 
 def state_bytes(agents: int) -> int:
-    """A DPDL round's state: x, v, x̃ and ṽ, 4 ResNet-18 rows of float32 per agent."""
-    return 4 * agents * RESNET18_PARAMS * 4
+    """A DPDL round's state: x and v, 2 ResNet-18 rows of float32 per agent (the simulator
+    writes x̃ and ṽ, and then the next x and v, into them)."""
+    return 2 * agents * RESNET18_PARAMS * 4
 
 
 def watch(pid: int, limit: float, killed: list[bool], done: threading.Event) -> None:
@@ -260,7 +261,7 @@ def main() -> None:
                 row.update(result)
                 per_round = f"{sum(result['rounds']) / max(len(result['rounds']), 1):8.1f}"
                 grad_s = f"{result.get('grads', sum(result['rounds'])):7.1f}"
-                if "before" not in result:  # train: beyond x, v, x̃, ṽ (4 rows per agent)
+                if "before" not in result:  # train: beyond x and v (2 rows per agent)
                     extra = peak - state_bytes(n)
                     row["added"] = extra
                     added = f"{extra / GB:8.2f}"

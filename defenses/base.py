@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from privaudit.core import limits
 from privaudit.core.config import RunConfig
-from privaudit.core.context import Context, State
+from privaudit.core.context import Consumed, Context, State
 from privaudit.core.errors import NameTaken, PrivauditError
 from privaudit.core.network import Network
 from privaudit.core.observation import Observation
@@ -199,6 +199,9 @@ class Defense:
     def round(
         self, ctx: Context, p: Any, state: State, net: Network, batch: tuple[Tensor, Tensor]
     ) -> State:
+        """One round over ``net`` on the held agents' ``batch``: the next state. ``state`` is
+        the previous round's; when it is a :class:`~privaudit.core.context.Consumed`, its
+        caller never reads it again and the round may write the next state into its tensors."""
         raise NotImplementedError
 
     def round_bytes(self, ctx: Context, state: State) -> int:
@@ -549,29 +552,41 @@ class CrossGradientDefense(Defense):
         return max(1, memory.fitting(None if limit is None else limit // 2, 0, each, x.shape[0]))
 
     def round_bytes(self, ctx: Context, state: State) -> int:
-        """The next state (x̃ and ṽ, mixed in place into the next x and v) and one receiver's
-        rows (:func:`receiver_rows`): a chunk of one receiver is the least a round can take."""
+        """One receiver's rows (:func:`receiver_rows`): a chunk of one receiver is the least
+        a round can take. The next state takes no more: the simulator hands the round its
+        state :class:`~privaudit.core.context.Consumed`, and x̃ and ṽ are written into x and
+        v and mixed there in place into the next x and v."""
         x = state["x"]
-        row = x.shape[1] * x.element_size()
-        return super().round_bytes(ctx, state) + receiver_rows(ctx.adj) * row
+        return receiver_rows(ctx.adj) * x.shape[1] * x.element_size()
 
-    def half_step(self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor) -> State:
+    def half_step(
+        self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor, state: State
+    ) -> State:
         """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ (:meth:`half_step_rows` for every
-        agent), then :meth:`mix_half`."""
-        v_half, x_half = torch.empty_like(v), torch.empty_like(x)
+        agent), then :meth:`mix_half` — written into ``x`` and ``v`` where the round's
+        ``state`` (holding them) is :class:`~privaudit.core.context.Consumed`."""
+        v_half, x_half = self.next_rows(state, x, v)
         self.half_step_rows(p, x, v, g, slice(None), v_half, x_half)
         return self.mix_half(net, x_half, v_half)
+
+    @staticmethod
+    def next_rows(state: State, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Where the round's ṽ and x̃ go: ``v`` and ``x`` themselves when ``state`` is
+        :class:`~privaudit.core.context.Consumed`, else new tensors."""
+        if isinstance(state, Consumed):
+            return v, x
+        return torch.empty_like(v), torch.empty_like(x)
 
     @staticmethod
     def half_step_rows(
         p: Any, x: Tensor, v: Tensor, g: Tensor, rows: slice, v_half: Tensor, x_half: Tensor
     ) -> None:
         """ṽ = βv + g̃ and x̃ = x − ηṽ for the agents ``rows`` (``g``: their g̃ rows), written
-        into those rows of ``v_half`` and ``x_half`` with no temporaries."""
+        into those rows of ``v_half`` and ``x_half``, which may be ``v`` and ``x`` themselves
+        (one temporary, ηṽ of the rows)."""
         out_v, out_x = v_half[rows], x_half[rows]
         torch.mul(v[rows], p.momentum, out=out_v).add_(g)  # βv + g
-        torch.mul(out_v, p.lr, out=out_x)
-        torch.sub(x[rows], out_x, out=out_x)  # x − ηṽ
+        torch.sub(x[rows], out_v * p.lr, out=out_x)  # x − ηṽ
 
     def mix_half(self, net: Network, x_half: Tensor, v_half: Tensor) -> State:
         """x̃ gossiped (``half-model``), then ṽ (``mm``) when the momentum is mixed, each in

@@ -223,7 +223,7 @@ class DPCGA(CrossGradientDefense):
         sizes = ctx.spec.sizes if p.qp_blocks == "layer" else [x.shape[1]]
         w_self = net.w_self.to(torch.float64)
         g_tilde = aggregate(noisy[:n], incoming, valid, w_self, pi_in, sizes, p)
-        return self.half_step(p, net, x, v, g_tilde)  # steps 4–5
+        return self.half_step(p, net, x, v, g_tilde, state)  # steps 4–5
 
     def privacy(self, p: DPCGAParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """Flat batch clip: the clipped mean moves by up to 2C when one example is added or

@@ -129,7 +129,8 @@ class DPDL(CrossGradientDefense):
         dst = net.links.in_dst
         coef_in = _coef(p.cross_coef, w_in, n, net.at_receiver(deg))
         coef_self = _coef(p.cross_coef, w_self, n, deg)
-        v_half, x_half = torch.empty_like(v), torch.empty_like(x)
+        # x̃, ṽ into x, v when the state is Consumed: a chunk reads only its receivers' rows
+        v_half, x_half = self.next_rows(state, x, v)
         # (8)–(10), (14): per-example clipped means ĝ for the self pairs and the in-edge
         # pairs of a chunk of receivers, g̈ = ĝ + z/B with fresh z per pair; link i→j carries
         # g̈^{ji}. Then each receiver's (15)–(18), in-edge by in-edge (no (in-edges, D) copy

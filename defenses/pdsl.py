@@ -320,7 +320,7 @@ class PDSL(CrossGradientDefense):
         pi = pi.to(x.dtype)
         # (21)–(25)
         g_bar = torch.einsum("nm,nmd->nd", pi, G)
-        out = self.half_step(p, net, x, u, g_bar)
+        out = self.half_step(p, net, x, u, g_bar, state)
         return out if val is None else {**out, "val": val}
 
     @staticmethod

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from privaudit.core.context import Consumed
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import Network, SimNetwork
 from privaudit.defenses.base import CrossGradientDefense
@@ -165,6 +166,44 @@ def test_a_small_budget_chunks_the_receivers(tmp_path):
     assert run.defense.receivers_per_chunk(run.ctx, net, x) == 6
     run.ctx.grads.max_memory = 2 * 9 * x.shape[1] * 4
     assert run.defense.receivers_per_chunk(run.ctx, net, x) == 1
+
+
+@pytest.mark.parametrize(
+    ("defense", "receivers"),
+    [("dpdl", None), ("dpdl", 1), ("dpdl", 2), ("dp-cga", None), ("pdsl", None)],
+)
+def test_a_consumed_state_is_overwritten_with_the_same_next_state(
+    tmp_path, monkeypatch, defense, receivers
+):
+    """Handed its state Consumed (as the simulator does), a cross-gradient round writes the
+    next state into the state's own tensors — no second copy — and that state is the one the
+    round returns for an untouched state, bit for bit; the untouched state is left as it was.
+    Every row is read (as a receiver's model) before it is overwritten, in any chunking."""
+    if receivers is not None:  # DPDL's round in chunks of receivers
+        monkeypatch.setattr(CrossGradientDefense, "receivers_per_chunk", lambda *a: receivers)
+    run = Run.create(conftest.tiny(defense, rounds=2, agents=5, sigma=0.7), tmp_path / "run")
+    loop, ctx = run.loop, run.ctx
+
+    def second_round(state_of):
+        state = loop.restore(0)
+        _, batch = loop.sample()
+        state = run.defense.round(ctx, run.params, state, SimNetwork(ctx.adj, ctx.W), batch)
+        _, batch = loop.sample()
+        handed = state_of({k: v.clone() for k, v in state.items()})
+        kept = {k: v.clone() for k, v in handed.items()}
+        out = run.defense.round(ctx, run.params, handed, SimNetwork(ctx.adj, ctx.W), batch)
+        return handed, kept, out
+
+    handed, kept, want = second_round(dict)
+    assert all(torch.equal(handed[k], v) for k, v in kept.items())  # read only
+    handed, kept, got = second_round(Consumed)
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    momentum = run.defense.momentum_key
+    for k in ("x", momentum):
+        assert got[k].data_ptr() == handed[k].data_ptr(), k  # written into
+        assert not torch.equal(got[k], kept[k]), k
 
 
 @pytest.mark.parametrize("topology", ["ring", "torus", "complete", "erdos-renyi", "star"])

@@ -139,6 +139,35 @@ def test_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
     assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
 
 
+@pytest.mark.parametrize("every", [2, 10], ids=["checkpoint-2", "no-checkpoint"])
+def test_a_round_cut_halfway_resumes_from_the_last_checkpoint(tmp_path, monkeypatch, every):
+    """The simulator hands DPDL its state to overwrite (Consumed). A third Ctrl-C (raised at
+    once) halfway through round 4 — x̃ and ṽ already written into round 3's x and v — leaves
+    no whole round 3 in memory: nothing is checkpointed from it, the line names the last
+    checkpoint, and the resumed run is the uninterrupted one bit for bit."""
+    cfg = tiny("dpdl", rounds=5, checkpoint_every=every, epsilon=2.0)
+    reference = Run.create(cfg, tmp_path / "ref").train(progress=False)
+    run = Run.create(cfg, tmp_path / "r")
+    real_mix = type(run.defense).mix_half
+    calls = {"n": 0}
+
+    def three_ctrl_c_in_round_4(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            for _ in range(3):  # the third raises KeyboardInterrupt at once
+                os.kill(os.getpid(), signal.SIGINT)
+        return real_mix(self, *a, **kw)
+
+    monkeypatch.setattr(type(run.defense), "mix_half", three_ctrl_c_in_round_4)
+    line = "resume from round 2" if every == 2 else "start again"
+    with pytest.raises(PrivauditError, match=f"halfway through round 4.*{line}"):
+        run.train(progress=False)
+    assert run.dir.checkpoint_rounds() == ([2] if every == 2 else [])
+    monkeypatch.setattr(type(run.defense), "mix_half", real_mix)
+    resumed = Run.open(tmp_path / "r").train(progress=False)
+    assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
+
+
 def test_dpdl_calibration_weight_range():
     from privaudit.defenses.dpdl import calibration
 

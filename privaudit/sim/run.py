@@ -31,7 +31,7 @@ from privaudit.core.accounting import (
     sample_rates,
 )
 from privaudit.core.config import RunConfig
-from privaudit.core.context import State, agent_seed, params_of
+from privaudit.core.context import Consumed, State, agent_seed, params_of
 from privaudit.core.errors import Interrupted, PrivauditError
 from privaudit.core.interrupts import signals_deferred, stop_requests
 from privaudit.core.messages import CaptureSpec, Tap
@@ -345,8 +345,9 @@ class Run:
 
     def preflight(self, state: State) -> None:
         """Stop before the first round, with one line naming the fixes, when the least a
-        round needs beyond the state already held (:meth:`Defense.round_bytes`: the next
-        state and the smallest chunk; the gradient engine sizes the rest to what is free) is
+        round needs beyond the state already held (:meth:`Defense.round_bytes`: the smallest
+        chunk, and the next state unless it is written into this one; the gradient engine
+        sizes the rest to what is free) is
         more than the device has free — rather than the host's out-of-memory killer ending
         the process mid-round, or a CUDA out-of-memory error."""
         device = torch.device(self.ctx.device)
@@ -425,8 +426,15 @@ class Run:
             self.dir.verify("checkpoints", t)  # kept, not rewritten: it must be what was written
         links = [e for e in (tap.spec.links or self.edges()) if net.tapped(e)]
         bar, task = text.progress(until, f"{self.defense.name} rounds", progress, completed=start)
+        # a process holding every agent hands each round its state to write the next one
+        # into (Consumed: no second copy of the state); a rank's round waits on peers that
+        # may stop halfway, so it keeps its state whole
+        consume = net.holds_all
+        # the last whole round: its number, state and generators, replaced in one assignment
+        # (a signal between two statements never pairs one round's state with another's
+        # number); its state is None while a round writes into it
+        last: tuple[int, State | None, dict[str, Tensor]] = (start, state, loop.rng_states())
         with bar, stop_requests() as stop:
-            done, rng = start, loop.rng_states()  # the last round finished, its generators
             agreed = False  # every process holds its stop request at this same boundary
             try:
                 for t in range(start + 1, until + 1):
@@ -434,25 +442,39 @@ class Run:
                     if agreed:
                         break
                     idx, batch = loop.sample()
-                    state = loop.step(state, t, net, batch).state
-                    done, rng = t, loop.rng_states()
+                    handed = last[1]
+                    if consume:
+                        handed = Consumed(handed)
+                        last = (last[0], None, last[2])
+                    last = (t, loop.step(handed, t, net, batch).state, loop.rng_states())
+                    del handed
                     if tap.spec.wants_round(t):
                         store.save_secrets(t, sampling.secrets(idx, self.ctx.train_y))
                         payloads = {k: m.payload for k, m in tap.messages.items()}
                         store.save_messages(t, payloads, links)
                         tap.clear()
                     if (t % self.cfg.checkpoint_every == 0 or t == until) and t not in have:
-                        loop.checkpoint(store, t, state, rng)
+                        loop.checkpoint(store, t, last[1], last[2])
                         have.add(t)
                         if on_checkpoint is not None:
                             on_checkpoint(t)
                     bar.advance(task)
             except BaseException:
                 # under a stop request, a failure is its consequence (a peer rank that
-                # stopped first, the third Ctrl-C): round ``done`` is still whole
+                # stopped first, the third Ctrl-C): round ``done`` is still whole, unless
+                # the cut round was writing into its state
                 if not stop.requested:
                     raise
+            done, state, rng = last
             if (agreed or stop.requested) and done < until:
+                if state is None:  # cut halfway through writing round done + 1's state
+                    back = max((c for c in have if c <= done), default=0)
+                    again = f"resume from round {back}" if back else "start again"
+                    raise Interrupted(
+                        f"interrupted halfway through round {done + 1}, which had begun to "
+                        f"overwrite round {done}'s state; run the same command again to {again} "
+                        "(the last checkpoint)"
+                    )
                 # a rank writes its rows to its shard; the launcher merges complete rounds
                 if done > start and done not in have:
                     with signals_deferred():
