@@ -38,9 +38,8 @@ most layers less than its per-example gradient:
    "Differentially Private Optimization on Large Model at Small Cost", ICML): Σ_i c_i ∇W_i of
    the kept per-example gradients, and one weight-gradient convolution (an einsum for
    ``Linear``) of the whole batch with the output gradients scaled by c_i for the ghost layers.
-   No second backward pass (Li et al.'s ghost clipping takes one, of Σ_i c_i ℓ_i): it would
-   recompute every input gradient and every weight gradient, 40 % of a pair's time on the
-   CIFAR ResNet-18.
+   No second backward pass (Li et al.'s ghost clipping takes one, of Σ_i c_i ℓ_i), which
+   would recompute every input gradient and every weight gradient.
 
 The hooks are opacus' fast gradient clipping (``GradSampleModuleFastGradientClipping``, opacus ≥
 1.5), extended (:func:`hooks_class`): (a) a ``Conv2d`` norm sampler (:func:`conv2d_norm_sample`;
@@ -404,9 +403,10 @@ class GhostClipper:
 
     @property
     def fixed_bytes(self) -> int:
-        """Bytes a pair needs whatever its chunk: the model's parameters and the gradient
-        buffers of the two backward passes (D floats each), with one more for slack."""
-        return 4 * self.spec.numel * self.params[0].element_size()
+        """Bytes a pair needs whatever its chunk: the model's parameters (D floats) and as
+        much again for the layers' sums, which autograd does not compute (the backward asks
+        only for the input's gradient), and slack."""
+        return 2 * self.spec.numel * self.params[0].element_size()
 
     def load(self, flat: Tensor) -> None:
         """Set the private copy's parameters to the flat vector ``flat`` (D,)."""
@@ -415,17 +415,21 @@ class GhostClipper:
                 p.copy_(v.view_as(p))
 
     def example_bytes(self, x: Tensor) -> float:
-        """Working bytes per example of a chunk (inputs like ``x[0]``), once per input shape:
-        a forward of one example counts the tensors autograd saves (:func:`saved_bytes`, ×2
-        for the output gradients of the backward, which are of the same sizes), what the
-        layers keep for the clipped sum (:func:`kept_floats`) and the largest conv norm
-        temporary (:func:`conv_norm_floats`)."""
+        """Working bytes per example of a chunk (inputs like ``x[0]``), once per input shape,
+        from a forward of one example: the tensors autograd saves (:func:`saved_bytes`;
+        the backward frees each once its layer is done), two output gradients in flight
+        (a layer's and a residual branch's) of the largest layer output, what the layers keep
+        for the clipped sum (:func:`kept_floats`) and the largest conv norm temporary
+        (:func:`conv_norm_floats`)."""
         key = (tuple(x.shape[1:]), x.dtype, x.device.type)
         if key not in self.probed:
-            temps, kept = [0], [0]
+            temps, kept, widest = [0], [0], [0]
 
             def record(layer: nn.Module, inputs, output) -> None:
-                if not isinstance(output, Tensor) or not list(layer.parameters(recurse=False)):
+                if not isinstance(output, Tensor):
+                    return
+                widest.append(output.numel())
+                if not list(layer.parameters(recurse=False)):
                     return
                 kept.append(kept_floats(layer, inputs[0], output))
                 if type(layer) is nn.Conv2d:
@@ -440,7 +444,8 @@ class GhostClipper:
             finally:
                 for h in handles:
                     h.remove()
-            self.probed[key] = 2 * saved + 4 * (max(temps) + sum(kept))
+            floats = 2 * max(widest) + sum(kept) + max(temps)
+            self.probed[key] = saved + floats * self.params[0].element_size()
         return self.probed[key]
 
     def clipped_sum(self, x: Tensor, y: Tensor, clip: float | None, out: Tensor) -> None:
