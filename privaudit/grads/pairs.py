@@ -11,8 +11,8 @@ engines compute the same quantities (equal to float rounding, ``tests/test_grads
 - ``pairnet`` (:mod:`privaudit.grads.pairnet`): on the CPU, per-example clipping of a plain
   conv/linear net as one stacked forward and backward; ``vmap`` for what it does not cover.
 - ``ghost`` (:mod:`privaudit.grads.ghost`): ghost clipping, one pair at a time, per-example
-  norms from each layer's inputs and output gradients, the clipped sum from a second backward;
-  never a per-example gradient of the whole model.
+  norms and the clipped sum from each layer's inputs and output gradients of one backward
+  (book-keeping); never a per-example gradient of the whole model.
 
 ``auto`` (the default; :data:`PATH_ENV` overrides it for a whole run) takes ``ghost`` when one
 batch's per-example gradients would exceed :data:`GHOST_BYTES` (B·D·4 bytes, B the expected batch
