@@ -347,9 +347,9 @@ class Run:
         """Stop before the first round, with one line naming the fixes, when the least a
         round needs beyond the state already held (:meth:`Defense.round_bytes`: the smallest
         chunk, and the next state unless it is written into this one; the gradient engine
-        sizes the rest to what is free) is
-        more than the device has free — rather than the host's out-of-memory killer ending
-        the process mid-round, or a CUDA out-of-memory error."""
+        sizes the rest to what is free) is more than the device has free — rather than the
+        host's out-of-memory killer ending the process mid-round, or a CUDA out-of-memory
+        error."""
         device = torch.device(self.ctx.device)
         need = self.defense.round_bytes(self.ctx, state)
         have = memory.available_bytes(device)
@@ -469,11 +469,14 @@ class Run:
             if (agreed or stop.requested) and done < until:
                 if state is None:  # cut halfway through writing round done + 1's state
                     back = max((c for c in have if c <= done), default=0)
-                    again = f"resume from round {back}" if back else "start again"
+                    again = (
+                        f"resume from round {back}, the last checkpoint"
+                        if back
+                        else "start again (no round was checkpointed yet)"
+                    )
                     raise Interrupted(
                         f"interrupted halfway through round {done + 1}, which had begun to "
-                        f"overwrite round {done}'s state; run the same command again to {again} "
-                        "(the last checkpoint)"
+                        f"overwrite round {done}'s state; run the same command again to {again}"
                     )
                 # a rank writes its rows to its shard; the launcher merges complete rounds
                 if done > start and done not in have:
