@@ -71,24 +71,29 @@ def incoming_slots(dst: Tensor, n: int) -> tuple[Tensor, int]:
     return torch.tensor(slots, dtype=torch.long, device=dst.device), max(count, default=0)
 
 
-def by_receiver(
-    net: Network, received: Tensor, like: Tensor, own: Tensor | None = None
+def per_receiver(
+    received: Tensor,
+    into: Tensor,
+    w_in: Tensor,
+    like: Tensor,
+    own: Tensor | None = None,
+    w_own: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The rows ``received`` per in-edge, laid out per held receiver i for an aggregate over
-    i's players: ``(rows (k, m, D), weights (k, m) float64, real (k, m) bool)``, with k, D,
-    dtype and device those of ``like`` (k, D). Slot 0 holds ``own`` (i's own row, weight
-    w_ii) when given; then come i's in-edges in link order, weight w_ij. Padding slots are
-    zero and not real."""
+    """The rows ``received`` per in-edge, laid out per receiver i for an aggregate over i's
+    players: ``(rows (k, m, D), weights (k, m) float64, real (k, m) bool)``, with k, D,
+    dtype and device those of ``like`` (k, D). Row e of ``received`` (weight ``w_in[e]``)
+    goes to receiver ``into[e]`` (a row of ``like``), in-edges in link order; slot 0 holds
+    ``own`` (i's own row, weight ``w_own[i]``) when given. Padding slots are zero and not
+    real."""
     k, first = like.shape[0], int(own is not None)
-    into = net.links.in_dst
     slot, most = incoming_slots(into, k)
     slot, m = slot + first, most + first
     rows = like.new_zeros(k, m, like.shape[1])
     weights = torch.zeros(k, m, dtype=torch.float64, device=like.device)
     real = torch.zeros(k, m, dtype=torch.bool, device=like.device)
-    rows[into, slot], weights[into, slot], real[into, slot] = received, net.w_in.double(), True
-    if own is not None:
-        rows[:, 0], weights[:, 0], real[:, 0] = own, net.w_self.double(), True
+    rows[into, slot], weights[into, slot], real[into, slot] = received, w_in.double(), True
+    if own is not None and w_own is not None:
+        rows[:, 0], weights[:, 0], real[:, 0] = own, w_own.double(), True
     return rows, weights, real
 
 
@@ -417,12 +422,16 @@ def one_release_per_round(
 MODEL_KIND = "x_i, the model at the start of the round, in the clear"
 
 
+def max_in_degree(adj: Tensor) -> int:
+    """The largest number of in-edges of an agent (off-diagonal non-zeros of a column)."""
+    return int((adj != 0).fill_diagonal_(False).sum(0).max()) if adj.numel() else 0
+
+
 def receiver_rows(adj: Tensor) -> int:
     """Rows of D floats a chunk of :meth:`CrossGradientDefense.cross_gradient_chunks` holds
     per receiver of the largest in-degree d: its d + 1 pairs' models and gradients, its
     noised self row, its aggregate and one noise row."""
-    most = int((adj != 0).fill_diagonal_(False).sum(0).max()) if adj.numel() else 0
-    return 2 * (most + 1) + 3
+    return 2 * (max_in_degree(adj) + 1) + 3
 
 
 @dataclass
@@ -461,15 +470,6 @@ class CrossGradientDefense(Defense):
         x = super().init(ctx, p)["x"]
         return {"x": x, self.momentum_key: torch.zeros_like(x)}
 
-    def cross_gradients(
-        self, ctx: Context, p: Any, net: Network, x: Tensor, batch: tuple[Tensor, Tensor]
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The round's first half in one piece: :meth:`cross_gradient_chunks` with every held
-        receiver in one chunk. Returns (the self pairs' ``clean`` and ``noisy`` rows, (k, D),
-        and the ``cg`` rows received per in-edge)."""
-        (chunk,) = self.cross_gradient_chunks(ctx, p, net, x, batch, receivers=x.shape[0])
-        return chunk.self_clean, chunk.self_noisy, chunk.cg
-
     def cross_gradient_chunks(
         self,
         ctx: Context,
@@ -477,12 +477,10 @@ class CrossGradientDefense(Defense):
         net: Network,
         x: Tensor,
         batch: tuple[Tensor, Tensor],
-        receivers: int | None = None,
     ) -> Iterator[PairChunk]:
-        """The round's first half, ``receivers`` receivers at a time (default
-        :meth:`receivers_per_chunk`): ``model`` out, then for each chunk of held agents R
-        the pairs at their models — R's self pairs (agent r's batch at its own model) and
-        the in-edge pairs (i's batch at r's model, for each link i→r) — each pair's clipped
+        """The round's first half, :meth:`receivers_per_chunk` receivers at a time: ``model``
+        out, then for each chunk of held agents R the pairs at their models — R's self pairs
+        (agent r's batch at its own model) and the in-edge pairs (i's batch at r's model, for each link i→r) — each pair's clipped
         batch-mean gradient ``clean``, ``noisy`` = ``clean`` plus N(0, σ²C²) on the sum (/B
         on the mean, ``clip_unit`` "example") or on the flat-clipped mean ("batch"), drawn
         per pair from its data owner's generator (:meth:`Context.gaussian_rows`: the same
@@ -496,10 +494,7 @@ class CrossGradientDefense(Defense):
         sends all its pairs at once."""
         xs, ys = batch
         k, dim = x.shape
-        if not net.holds_all:
-            chunk = k
-        else:
-            chunk = self.receivers_per_chunk(ctx, net, x) if receivers is None else receivers
+        chunk = self.receivers_per_chunk(ctx, net, x) if net.holds_all else k
         source, model_of = net.pair_models("model", x)
         links = net.links
         owner = torch.cat([torch.arange(k, device=x.device), links.out_src])
@@ -545,19 +540,24 @@ class CrossGradientDefense(Defense):
     def receivers_per_chunk(self, ctx: Context, net: Network, x: Tensor) -> int:
         """How many receivers' pairs :meth:`cross_gradient_chunks` computes at once: as many
         as fit in half the gradient engine's budget (``--max-memory``, else half of what is
-        free: :func:`privaudit.grads.memory.budget`) at :func:`receiver_rows` rows of D
+        free: :func:`privaudit.grads.memory.budget`) at :meth:`rows_per_receiver` rows of D
         floats each, and at least one."""
         limit = memory.budget(ctx.grads.max_memory, x.device)
-        each = receiver_rows(ctx.adj) * x.shape[1] * x.element_size()
+        each = self.rows_per_receiver(ctx.adj) * x.shape[1] * x.element_size()
         return max(1, memory.fitting(None if limit is None else limit // 2, 0, each, x.shape[0]))
 
     def round_bytes(self, ctx: Context, state: State) -> int:
-        """One receiver's rows (:func:`receiver_rows`): a chunk of one receiver is the least
+        """One receiver's rows (:meth:`rows_per_receiver`): a chunk of one receiver is the least
         a round can take. The next state takes no more: the simulator hands the round its
         state :class:`~privaudit.core.context.Consumed`, and x̃ and ṽ are written into x and
         v and mixed there in place into the next x and v."""
         x = state["x"]
-        return receiver_rows(ctx.adj) * x.shape[1] * x.element_size()
+        return self.rows_per_receiver(ctx.adj) * x.shape[1] * x.element_size()
+
+    def rows_per_receiver(self, adj: Tensor) -> int:
+        """Rows of D floats a receiver's share of a chunk holds (:func:`receiver_rows`; a
+        round whose aggregate takes more per receiver adds it)."""
+        return receiver_rows(adj)
 
     def half_step(
         self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor, state: State

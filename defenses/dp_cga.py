@@ -56,13 +56,15 @@ from privaudit.defenses.base import (
     MODEL_KIND,
     CrossGradientDefense,
     Params,
-    by_receiver,
     check_choice,
     check_count,
     check_fraction,
     check_non_negative,
     check_positive,
     degree,
+    max_in_degree,
+    per_receiver,
+    receiver_rows,
     register,
 )
 
@@ -214,16 +216,30 @@ class DPCGA(CrossGradientDefense):
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, v = state["x"], state["v"]
-        n = x.shape[0]  # held agents
-        # steps 1–2: batch-mean gradient, clipped as a whole, then N(0, σ²C²) per pair;
-        # out-edge i→j carries ĝ^{ji}, received per in-edge
-        _, noisy, cg = self.cross_gradients(ctx, p, net, x, batch)
-        # step 3: the QP at each receiver over its own and its incoming gradients
-        incoming, pi_in, valid = by_receiver(net, cg, x)
         sizes = ctx.spec.sizes if p.qp_blocks == "layer" else [x.shape[1]]
-        w_self = net.w_self.to(torch.float64)
-        g_tilde = aggregate(noisy[:n], incoming, valid, w_self, pi_in, sizes, p)
-        return self.half_step(p, net, x, v, g_tilde, state)  # steps 4–5
+        w_self, w_in = net.w_self.to(torch.float64), net.w_in
+        v_half, x_half = self.next_rows(state, x, v)
+        # steps 1–2 for a chunk of receivers: batch-mean gradient, clipped as a whole, then
+        # N(0, σ²C²) per pair; out-edge i→j carries ĝ^{ji}, received per in-edge. Step 3: the
+        # QP at each receiver of the chunk over its own and its incoming gradients, then its
+        # half-step (step 4) into the rows of x̃ and ṽ
+        for chunk in self.cross_gradient_chunks(ctx, p, net, x, batch):
+            rows = chunk.rows
+            into = net.links.in_dst[chunk.in_edges] - rows.start
+            incoming, pi_in, valid = per_receiver(
+                chunk.cg, into, w_in[chunk.in_edges], chunk.self_noisy
+            )
+            g_tilde = aggregate(chunk.self_noisy, incoming, valid, w_self[rows], pi_in, sizes, p)
+            del incoming
+            self.half_step_rows(p, x, v, g_tilde, rows, v_half, x_half)
+            del chunk, g_tilde
+        return self.mix_half(net, x_half, v_half)  # step 5
+
+    def rows_per_receiver(self, adj: Tensor) -> int:
+        """The chunk's rows (:func:`receiver_rows`) and the aggregate's float64 temporaries
+        per receiver of in-degree d: its incoming rows and their weighted copy (2 × 2d
+        float32 rows), its own weighted row and the result (2 × 2)."""
+        return receiver_rows(adj) + 4 * max_in_degree(adj) + 4
 
     def privacy(self, p: DPCGAParams, kind: str, W: Tensor, agent: int | None = None) -> Privacy:
         """Flat batch clip: the clipped mean moves by up to 2C when one example is added or

@@ -89,13 +89,15 @@ from privaudit.defenses.base import (
     MODEL_KIND,
     CrossGradientDefense,
     Params,
-    by_receiver,
     check_choice,
     check_count,
     check_fraction,
     check_non_negative,
     check_positive,
     degree,
+    max_in_degree,
+    per_receiver,
+    receiver_rows,
     register,
 )
 
@@ -304,34 +306,55 @@ class PDSL(CrossGradientDefense):
         batch: tuple[Tensor, Tensor],
     ) -> State:
         x, u, val = state["x"], state["u"], state.get("val")
-        n, dev = x.shape[0], x.device  # held agents
-        # L5–L11, (9)–(14): models cross the links; flat clip of each batch-mean gradient,
-        # fresh noise per (data, model) pair; out-edge i→j carries ĝ_{i,j}
-        _, noisy, cg = self.cross_gradients(ctx, p, net, x, batch)
-        # players 𝓜_i of agent i: slot 0 = i itself (ω_{i,i}), then its incoming links in
-        # edge order (ω_{i,j}); padding slots are not real
-        G, omega, real = by_receiver(net, cg, x, own=noisy[:n])
-        m = G.shape[1]
-        # (15)–(18)/(26), (19)(20)
-        value = self._utility(ctx, p, x, G, real, val)
-        perms = self._permutations(ctx, p, real) if p.shapley == "mc" else None
-        phi = shapley(value, n, m, p.shapley, p.permutations, perms=perms, device=dev)
-        _, pi = shapley_weights(phi, omega, real, p.tie_tol)
-        pi = pi.to(x.dtype)
-        # (21)–(25)
-        g_bar = torch.einsum("nm,nmd->nd", pi, G)
-        out = self.half_step(p, net, x, u, g_bar, state)
+        u_half, x_half = self.next_rows(state, x, u)
+        # for a chunk of receivers: L5–L11, (9)–(14): models cross the links; flat clip of
+        # each batch-mean gradient, fresh noise per (data, model) pair; out-edge i→j carries
+        # ĝ_{i,j}. Then each receiver's Shapley weights and half-step into x̃ and ũ
+        for chunk in self.cross_gradient_chunks(ctx, p, net, x, batch):
+            rows = chunk.rows
+            into = net.links.in_dst[chunk.in_edges] - rows.start
+            # players 𝓜_i of agent i: slot 0 = i itself (ω_{i,i}), then its incoming links in
+            # edge order (ω_{i,j}); padding slots are not real
+            G, omega, real = per_receiver(
+                chunk.cg,
+                into,
+                net.w_in[chunk.in_edges],
+                chunk.self_noisy,
+                own=chunk.self_noisy,
+                w_own=net.w_self[rows],
+            )
+            del chunk
+            n, m = G.shape[:2]
+            # (15)–(18)/(26), (19)(20)
+            mine = None if val is None else val[rows]
+            value = self._utility(ctx, p, x[rows], G, real, mine)
+            gens = ctx.generators[rows]
+            perms = self._permutations(gens, p, real) if p.shapley == "mc" else None
+            phi = shapley(value, n, m, p.shapley, p.permutations, perms=perms, device=x.device)
+            _, pi = shapley_weights(phi, omega, real, p.tie_tol)
+            # (21)–(25)
+            g_bar = torch.einsum("nm,nmd->nd", pi.to(x.dtype), G)
+            del G, value
+            self.half_step_rows(p, x, u, g_bar, rows, u_half, x_half)
+            del g_bar
+        out = self.mix_half(net, x_half, u_half)
         return out if val is None else {**out, "val": val}
 
+    def rows_per_receiver(self, adj: Tensor) -> int:
+        """The chunk's rows (:func:`receiver_rows`), the players' gradients G of a receiver
+        of in-degree d (d + 1 rows) and its aggregate ḡ."""
+        return receiver_rows(adj) + max_in_degree(adj) + 2
+
     @staticmethod
-    def _permutations(ctx: Context, p: PDSLParams, real: Tensor) -> Tensor:
-        """Alg. 2's R random permutations per held agent, ``(n, R, m)``: agent a's come from
-        its own generator over its own m_a players (sort keys U[0, 1)); padding slots get
-        key +∞, so they follow every real player and, being null players, change nothing.
-        An agent's permutations thus do not depend on the other agents' degrees."""
+    def _permutations(generators: list[torch.Generator], p: PDSLParams, real: Tensor) -> Tensor:
+        """Alg. 2's R random permutations per agent of ``real`` (n, m), ``(n, R, m)``: agent
+        a's come from its own generator (``generators[a]``) over its own m_a players (sort
+        keys U[0, 1)); padding slots get key +∞, so they follow every real player and, being
+        null players, change nothing. An agent's permutations thus do not depend on the other
+        agents' degrees, nor on which agents a chunk of receivers holds."""
         n, m = real.shape
         keys = torch.full((n, p.permutations, m), math.inf, device=real.device)
-        for a, (g, c) in enumerate(zip(ctx.generators, real.sum(1).tolist(), strict=True)):
+        for a, (g, c) in enumerate(zip(generators, real.sum(1).tolist(), strict=True)):
             keys[a, :, :c] = torch.rand(p.permutations, c, generator=g, device=real.device)
         return keys.argsort(-1)
 
@@ -343,7 +366,7 @@ class PDSL(CrossGradientDefense):
         the public ``ctx.val_x`` when ``val`` is None, else agent i's ``train_x[val[i]]``.
 
         Codes are restricted to real players (padding slots are null players, which leaves
-        the real players' Shapley values unchanged), deduplicated across the whole round,
+        the real players' Shapley values unchanged), deduplicated across the agents of ``x``,
         and evaluated by ``vmap`` over coalition models in chunks of about ``_IMAGES``
         (model, image) pairs; a public 𝒬 is one input shared by every model."""
         n, m, d = G.shape

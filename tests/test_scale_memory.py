@@ -136,19 +136,21 @@ def test_every_message_equals_the_plain_round(tmp_path, one_thread, defense, rou
 
 
 @pytest.mark.parametrize("receivers", [1, 2])
+@pytest.mark.parametrize(("defense", "kinds"), [("dpdl", 4), ("dp-cga", 3), ("pdsl", 4)])
 def test_messages_do_not_depend_on_the_receiver_chunks(
-    tmp_path, one_thread, monkeypatch, receivers
+    tmp_path, one_thread, monkeypatch, receivers, defense, kinds
 ):
-    """DPDL's round in chunks of receivers (what a small --max-memory gives) sends the messages
-    of the round in one chunk: the same pairs and the same noise (each owner's draws are one
-    call whenever its first pair comes), up to the float rounding of the gradient engine's
-    grouping of pairs; round 1's models, before any gradient, bit for bit."""
-    cfg = conftest.tiny("dpdl", rounds=ROUNDS, agents=5, batch_size=4, sigma=0.7)
+    """The cross-gradient rounds in chunks of receivers (what a small --max-memory gives)
+    send the messages of the round in one chunk: the same pairs and the same noise (each
+    owner's draws are one call whenever its first pair comes, and PDSL's permutations come
+    after them from the same agent's generator), up to the float rounding of the gradient
+    engine's grouping of pairs; round 1's models, before any gradient, bit for bit."""
+    cfg = conftest.tiny(defense, rounds=ROUNDS, agents=5, batch_size=4, sigma=0.7)
     spec = CaptureSpec.of(rounds=range(1, ROUNDS + 1))
     whole = Run.create(cfg, tmp_path / "whole").messages(spec, progress=False)
     monkeypatch.setattr(CrossGradientDefense, "receivers_per_chunk", lambda *a: receivers)
     chunked = Run.create(cfg, tmp_path / "chunked").messages(spec, progress=False)
-    assert set(chunked) == set(whole) and len(whole) == ROUNDS * 10 * 4
+    assert set(chunked) == set(whole) and len(whole) == ROUNDS * 10 * kinds
     for key, w in whole.items():
         if key[0] == 1 and key[3] == "model":
             assert torch.equal(chunked[key], w), key
@@ -166,11 +168,24 @@ def test_a_small_budget_chunks_the_receivers(tmp_path):
     assert run.defense.receivers_per_chunk(run.ctx, net, x) == 6
     run.ctx.grads.max_memory = 2 * 9 * x.shape[1] * 4
     assert run.defense.receivers_per_chunk(run.ctx, net, x) == 1
+    # DP-CGA's QP holds 4d + 4 more rows per receiver (float64 copies): 21 on a ring
+    cga = Run.create(conftest.tiny("dp-cga", rounds=1, agents=6), tmp_path / "cga")
+    cga.ctx.grads.max_memory = 2 * 21 * 3 * x.shape[1] * 4
+    assert cga.defense.receivers_per_chunk(cga.ctx, net, x) == 3
+    assert run.defense.receivers_per_chunk(cga.ctx, net, x) == 6
 
 
 @pytest.mark.parametrize(
     ("defense", "receivers"),
-    [("dpdl", None), ("dpdl", 1), ("dpdl", 2), ("dp-cga", None), ("pdsl", None)],
+    [
+        ("dpdl", None),
+        ("dpdl", 1),
+        ("dpdl", 2),
+        ("dp-cga", None),
+        ("dp-cga", 1),
+        ("pdsl", None),
+        ("pdsl", 2),
+    ],
 )
 def test_a_consumed_state_is_overwritten_with_the_same_next_state(
     tmp_path, monkeypatch, defense, receivers
@@ -179,7 +194,7 @@ def test_a_consumed_state_is_overwritten_with_the_same_next_state(
     next state into the state's own tensors — no second copy — and that state is the one the
     round returns for an untouched state, bit for bit; the untouched state is left as it was.
     Every row is read (as a receiver's model) before it is overwritten, in any chunking."""
-    if receivers is not None:  # DPDL's round in chunks of receivers
+    if receivers is not None:  # the round in chunks of receivers
         monkeypatch.setattr(CrossGradientDefense, "receivers_per_chunk", lambda *a: receivers)
     run = Run.create(conftest.tiny(defense, rounds=2, agents=5, sigma=0.7), tmp_path / "run")
     loop, ctx = run.loop, run.ctx
