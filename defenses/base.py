@@ -480,11 +480,12 @@ class CrossGradientDefense(Defense):
     ) -> Iterator[PairChunk]:
         """The round's first half, :meth:`receivers_per_chunk` receivers at a time: ``model``
         out, then for each chunk of held agents R the pairs at their models — R's self pairs
-        (agent r's batch at its own model) and the in-edge pairs (i's batch at r's model, for each link i→r) — each pair's clipped
-        batch-mean gradient ``clean``, ``noisy`` = ``clean`` plus N(0, σ²C²) on the sum (/B
-        on the mean, ``clip_unit`` "example") or on the flat-clipped mean ("batch"), drawn
-        per pair from its data owner's generator (:meth:`Context.gaussian_rows`: the same
-        numbers in any chunking), and the in-edge pairs sent as ``cg``.
+        (agent r's batch at its own model) and the in-edge pairs (i's batch at r's model, for
+        each link i→r) — each pair's clipped batch-mean gradient ``clean``, ``noisy`` =
+        ``clean`` plus N(0, σ²C²) on the sum (/B on the mean, ``clip_unit`` "example") or on
+        the flat-clipped mean ("batch"), drawn per pair from its data owner's generator
+        (:meth:`Context.gaussian_rows`: the same numbers in any chunking), and the in-edge
+        pairs sent as ``cg``.
 
         Memory: besides the state only one chunk's pairs (their models and gradients) and
         the noise rows drawn and not yet used are alive, so the round's working memory is

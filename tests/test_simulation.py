@@ -116,27 +116,42 @@ def test_dpdl_sigma_comes_from_epsilon(tmp_path):
     assert run.params.sigma == pytest.approx(r["sigma"]) and r["sigma"] > 1
 
 
-def test_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
-    cfg = tiny("dpdl", rounds=5, checkpoint_every=10, epsilon=2.0)
+def interrupted(tmp_path, monkeypatch, method: str, signals: int, every: int):
+    """Train 5 DPDL rounds (checkpoints every ``every``), sending ``signals`` real SIGINTs at
+    the 4th call of the defense's ``method``; the run, the uninterrupted run's final state
+    and the error line."""
+    cfg = tiny("dpdl", rounds=5, checkpoint_every=every, epsilon=2.0)
     reference = Run.create(cfg, tmp_path / "ref").train(progress=False)
     run = Run.create(cfg, tmp_path / "r")
-    real_round = type(run.defense).round
+    real = getattr(type(run.defense), method)
     calls = {"n": 0}
 
-    def ctrl_c_in_round_4(self, *a, **kw):
+    def signalled(self, *a, **kw):
         calls["n"] += 1
-        if calls["n"] == 4:  # a real SIGINT, in the middle of the round
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_round(self, *a, **kw)
+        if calls["n"] == 4:
+            for _ in range(signals):  # a third raises KeyboardInterrupt at once
+                os.kill(os.getpid(), signal.SIGINT)
+        return real(self, *a, **kw)
 
-    monkeypatch.setattr(type(run.defense), "round", ctrl_c_in_round_4)
-    with pytest.raises(PrivauditError, match="interrupted after round 4"):
-        run.train(progress=False)  # round 4 is finished, not cut: the stop is at its end
+    monkeypatch.setattr(type(run.defense), method, signalled)
+    with pytest.raises(PrivauditError) as error:
+        run.train(progress=False)
+    monkeypatch.setattr(type(run.defense), method, real)
+    return run, reference, str(error.value)
+
+
+def assert_resumes_to(reference, path) -> None:
+    resumed = Run.open(path).train(progress=False)
+    assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
+
+
+def test_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
+    """One Ctrl-C in the middle of round 4: the round finishes, the stop is at its end."""
+    run, reference, line = interrupted(tmp_path, monkeypatch, "round", 1, every=10)
+    assert "interrupted after round 4" in line, line
     assert run.dir.checkpoint_rounds() == [4]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
-    monkeypatch.setattr(type(run.defense), "round", real_round)
-    resumed = Run.open(tmp_path / "r").train(progress=False)
-    assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
+    assert_resumes_to(reference, run.dir.path)
 
 
 @pytest.mark.parametrize("every", [2, 10], ids=["checkpoint-2", "no-checkpoint"])
@@ -145,27 +160,11 @@ def test_a_round_cut_halfway_resumes_from_the_last_checkpoint(tmp_path, monkeypa
     once) halfway through round 4 — x̃ and ṽ already written into round 3's x and v — leaves
     no whole round 3 in memory: nothing is checkpointed from it, the line names the last
     checkpoint, and the resumed run is the uninterrupted one bit for bit."""
-    cfg = tiny("dpdl", rounds=5, checkpoint_every=every, epsilon=2.0)
-    reference = Run.create(cfg, tmp_path / "ref").train(progress=False)
-    run = Run.create(cfg, tmp_path / "r")
-    real_mix = type(run.defense).mix_half
-    calls = {"n": 0}
-
-    def three_ctrl_c_in_round_4(self, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            for _ in range(3):  # the third raises KeyboardInterrupt at once
-                os.kill(os.getpid(), signal.SIGINT)
-        return real_mix(self, *a, **kw)
-
-    monkeypatch.setattr(type(run.defense), "mix_half", three_ctrl_c_in_round_4)
-    line = "resume from round 2" if every == 2 else "start again"
-    with pytest.raises(PrivauditError, match=f"halfway through round 4.*{line}"):
-        run.train(progress=False)
+    run, reference, line = interrupted(tmp_path, monkeypatch, "mix_half", 3, every)
+    again = "resume from round 2" if every == 2 else "start again"
+    assert "halfway through round 4" in line and again in line, line
     assert run.dir.checkpoint_rounds() == ([2] if every == 2 else [])
-    monkeypatch.setattr(type(run.defense), "mix_half", real_mix)
-    resumed = Run.open(tmp_path / "r").train(progress=False)
-    assert torch.equal(resumed["x"], reference["x"]) and torch.equal(resumed["v"], reference["v"])
+    assert_resumes_to(reference, run.dir.path)
 
 
 def test_dpdl_calibration_weight_range():
