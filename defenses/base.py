@@ -560,16 +560,6 @@ class CrossGradientDefense(Defense):
         round whose aggregate takes more per receiver adds it)."""
         return receiver_rows(adj)
 
-    def half_step(
-        self, p: Any, net: Network, x: Tensor, v: Tensor, g: Tensor, state: State
-    ) -> State:
-        """The round's last half: ṽ = βv + g̃, x̃ = x − ηṽ (:meth:`half_step_rows` for every
-        agent), then :meth:`mix_half` — written into ``x`` and ``v`` where the round's
-        ``state`` (holding them) is :class:`~privaudit.core.context.Consumed`."""
-        v_half, x_half = self.next_rows(state, x, v)
-        self.half_step_rows(p, x, v, g, slice(None), v_half, x_half)
-        return self.mix_half(net, x_half, v_half)
-
     @staticmethod
     def next_rows(state: State, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Where the round's ṽ and x̃ go: ``v`` and ``x`` themselves when ``state`` is
