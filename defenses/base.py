@@ -438,13 +438,15 @@ def receiver_rows(adj: Tensor) -> int:
 class PairChunk:
     """One chunk of :meth:`CrossGradientDefense.cross_gradient_chunks`: the held receivers
     ``rows`` (local rows, ascending), their self pairs' clean and noised rows, and the
-    ``cg`` rows received on ``in_edges`` (indices into the in-edges, link order)."""
+    ``cg`` rows received on ``in_edges`` (indices into the in-edges, link order), each by
+    the receiver ``receivers`` (its row among ``rows``: 0 is ``rows.start``)."""
 
     rows: slice
     self_clean: Tensor
     self_noisy: Tensor
     cg: Tensor
     in_edges: Tensor
+    receivers: Tensor
 
 
 class CrossGradientDefense(Defense):
@@ -533,8 +535,9 @@ class CrossGradientDefense(Defense):
                         torch.add(clean[row], z.mul_(scale), out=into_row)
                     del z
             cg = net.send("cg", clean[own:], edges=edges)
-            yield PairChunk(slice(r0, r1), self_clean, self_noisy, cg, into)
-            del clean, self_clean, self_noisy, cg
+            local = links.in_dst[into] - r0
+            yield PairChunk(slice(r0, r1), self_clean, self_noisy, cg, into, local)
+            del clean, self_clean, self_noisy, cg, local
             if chunk < k:
                 memory.release(x.device)
 

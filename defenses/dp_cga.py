@@ -225,9 +225,8 @@ class DPCGA(CrossGradientDefense):
         # half-step (step 4) into the rows of x̃ and ṽ
         for chunk in self.cross_gradient_chunks(ctx, p, net, x, batch):
             rows = chunk.rows
-            into = net.links.in_dst[chunk.in_edges] - rows.start
             incoming, pi_in, valid = per_receiver(
-                chunk.cg, into, w_in[chunk.in_edges], chunk.self_noisy
+                chunk.cg, chunk.receivers, w_in[chunk.in_edges], chunk.self_noisy
             )
             g_tilde = aggregate(chunk.self_noisy, incoming, valid, w_self[rows], pi_in, sizes, p)
             del incoming

@@ -126,7 +126,6 @@ class DPDL(CrossGradientDefense):
         n = ctx.n
         w_in, w_self = net.w_in.to(x.dtype), net.w_self.to(x.dtype)
         deg = net.in_degree.to(x.dtype) + 1
-        dst = net.links.in_dst
         coef_in = _coef(p.cross_coef, w_in, n, net.at_receiver(deg))
         coef_self = _coef(p.cross_coef, w_self, n, deg)
         # x̃, ṽ into x, v when the state is Consumed: a chunk reads only its receivers' rows
@@ -137,9 +136,8 @@ class DPDL(CrossGradientDefense):
         # of the receivers' rows nor of the weighted messages; the same per-row values,
         # summed in link order as index_add), and its half-step (19)(20)
         for chunk in self.cross_gradient_chunks(ctx, p, net, x, batch):
-            rows, first = chunk.rows, chunk.rows.start
-            edges = chunk.in_edges.tolist()
-            local = [int(dst[e]) - first for e in edges]  # each in-edge's receiver in the chunk
+            rows, edges = chunk.rows, chunk.in_edges.tolist()
+            local = chunk.receivers.tolist()  # each in-edge's receiver in the chunk
             own = range(chunk.self_clean.shape[0])
             c_in = calibration_rows(chunk.cg, chunk.self_clean, local)
             c_self = calibration_rows(chunk.self_noisy, chunk.self_clean, list(own))
@@ -148,8 +146,8 @@ class DPDL(CrossGradientDefense):
                 incoming[d].add_(chunk.cg[row] * coef_in[e])
             g_tilde = chunk.self_noisy.mul_(coef_self[rows, None]).add_(incoming)
             del incoming
-            into = torch.as_tensor(local, dtype=torch.long, device=x.device)
-            received = torch.zeros_like(c_self).index_add(0, into, w_in[chunk.in_edges] * c_in)
+            weighted = w_in[chunk.in_edges] * c_in
+            received = torch.zeros_like(c_self).index_add(0, chunk.receivers, weighted)
             calib = w_self[rows] * c_self + received
             g_tilde.add_(chunk.self_clean.mul_(p.calib_alpha * calib[:, None]))
             self.half_step_rows(p, x, v, g_tilde, rows, v_half, x_half)

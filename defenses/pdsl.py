@@ -312,12 +312,11 @@ class PDSL(CrossGradientDefense):
         # ĝ_{i,j}. Then each receiver's Shapley weights and half-step into x̃ and ũ
         for chunk in self.cross_gradient_chunks(ctx, p, net, x, batch):
             rows = chunk.rows
-            into = net.links.in_dst[chunk.in_edges] - rows.start
             # players 𝓜_i of agent i: slot 0 = i itself (ω_{i,i}), then its incoming links in
             # edge order (ω_{i,j}); padding slots are not real
             G, omega, real = per_receiver(
                 chunk.cg,
-                into,
+                chunk.receivers,
                 net.w_in[chunk.in_edges],
                 chunk.self_noisy,
                 own=chunk.self_noisy,
