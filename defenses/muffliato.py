@@ -46,9 +46,16 @@ at G before the mean, so the bound holds: y^0 is then a Gaussian mechanism of ad
 sensitivity ηG/B, formal, with multiplier σs/(ηG/B). y^0 is the one release per round that
 every neighbour sees; later gossip steps are post-processing.
 
-Pairwise network DP (the paper's amplification by gossip, for observers that are not the
-agent's neighbours): :func:`pairwise_share`, the per-round Rényi bound of the paper's
-Theorem 1, stated in ``privacy()`` as :attr:`Privacy.pairwise` and converted to ε by
+Pairwise network DP (what an observer learns of a victim it may not hear directly), two
+numbers per round. :func:`view_share` is the exact one: within a round everything the
+observers hold is a linear function of the agents' noised y^0 with the gossip matrix public
+and their own values and noise known, a Gaussian mechanism whose shift-over-noise ratio²
+is S = ‖Proj_{row(N)} e_v‖² ≤ 1 (N the observed rows of the gossip polynomials on the
+other agents' noise columns), stated as :attr:`Privacy.pairwise`. :func:`pairwise_share`
+is the paper's Theorem 1, stated as :attr:`Privacy.pairwise_paper`; it sums each heard
+message's share separately, which is below S wherever the observer can combine messages
+(line 0 – 1 – 2, observer 0, K = 2: Theorem 1 gives 1/3, the exact view 1 — agent 0 solves
+y^0_2 = 3y^1_1 − y^0_0 − y^0_1 from what it holds). Both are converted to ε by
 :func:`privaudit.core.accounting.pairwise_epsilon`.
 
 Choices the sources leave open, as parameters: ``lr`` η = 0.05; ``grad_bound`` G = 1.0;
@@ -65,6 +72,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -168,6 +176,57 @@ def gossip(net: Network, y0: Tensor, steps: int, omega: float | None) -> Tensor:
     return cur
 
 
+def _members(W: np.ndarray, victim: int, observers: Collection[int]) -> list[int]:
+    """The sorted observers, checked: agents of W, not the victim."""
+    n = W.shape[0]
+    members = sorted({int(a) for a in observers})
+    if not members or not all(0 <= a < n for a in members):
+        raise PrivauditError(f"observers must be agents in 0..{n - 1}, got {members}")
+    if victim in members:
+        raise PrivauditError(f"agent {victim} is one of the observers; choose another victim")
+    return members
+
+
+def _heard(W: np.ndarray, members: list[int]) -> list[int]:
+    """The agents outside ``members`` that some member hears (a non-zero weight), once each."""
+    return sorted({w for m in members for w in np.flatnonzero(W[m]).tolist() if w not in members})
+
+
+def view_share(
+    W: Tensor, steps: int, omega: float | None, victim: int, observers: Collection[int]
+) -> float:
+    """S_{v→A}: the exact share of one round's Gaussian view of the ``observers`` A.
+
+    Within a round every agent's y^0_j = m_j + z_j, z_j ~ N(0, σ²s² I) independent, and
+    gossip step k sends y^{k-1}_w = Σ_j P_{k-1}(W)_{wj} y^0_j on w's links. A holds the
+    rows P_k(W)_w, k = 0..K−1, of every agent w outside A that a member hears, its own y^0
+    and noise (so the columns of A's agents drop out: their noise is known), and the gossip
+    matrix. Adding one example of v shifts y^0_v by Δ (‖Δ‖ ≤ the sensitivity), i.e. the
+    observed vector by Δ·a_v, a_v the v-column of N, N the observed rows on the columns of
+    the agents outside A. The view is a Gaussian mechanism, so its privacy loss is exactly
+    Gaussian with μ² = (‖Δ‖/σs)² · a_vᵀ(NNᵀ)⁺a_v, and
+
+        S = a_vᵀ (N Nᵀ)⁺ a_v = ‖Proj_{row(N)} e_v‖² ∈ [0, 1]
+
+    (e_v's share in the span of what A observes; the likelihood-ratio test is the
+    generalised-least-squares statistic a_vᵀ(NNᵀ)⁺o). S = 1 when A can solve the gossip
+    equations for y^0_v (a neighbour always can: it hears y^0_v itself), so the local
+    bound always caps it; S = 0 when nothing of v reaches A within the round. A member's
+    own later gossip values are functions of what it hears and its own y^0, so they add
+    nothing. Rank: singular values above 1e-10 of the largest."""
+    Wd = torch.as_tensor(W).detach().cpu().to(torch.float64).numpy()
+    members = _members(Wd, victim, observers)
+    heard = _heard(Wd, members)
+    if not heard:
+        return 0.0
+    others = [j for j in range(Wd.shape[0]) if j not in members]
+    N = np.concatenate([P[heard][:, others] for P in gossip_polynomials(Wd, steps - 1, omega)])
+    _, sv, vt = np.linalg.svd(N, full_matrices=False)
+    basis = vt[sv > 1e-10 * sv[0]] if sv.size and sv[0] > 0 else vt[:0]
+    share = float((basis[:, others.index(victim)] ** 2).sum())
+    return min(max(share, 0.0), 1.0)
+
+
 def pairwise_share(
     W: Tensor,
     steps: int,
@@ -189,6 +248,12 @@ def pairwise_share(
     itself), S ≪ 1 for a far agent. Multiplied by (σ/Δ)⁻² = z⁻² it is one round's Rényi
     bound; rounds compose additively (the paper's Muffliato-GD/SGD accounting).
 
+    It treats each heard message on its own, so an observer that combines them (and
+    subtracts its own known values) learns more: :func:`view_share` is the exact share,
+    which a linear attacker reaches, and it exceeds this one on small graphs (line of 3,
+    observer 0, victim 2, K = 2: 1/3 here, 1 exactly). privaudit reports this number as the
+    paper's, beside the exact one, never as a bound it holds the audit to.
+
     The choices the theorem leaves open, as parameters: the polynomials are the ones the
     run gossips with (``omega``: Chebyshev; None: P_k = W^k, the plain form); a coalition
     A of several ``observers`` (not in the paper, which is pairwise) sums over the distinct
@@ -198,19 +263,11 @@ def pairwise_share(
     if senders not in ("heard", "all-copies"):
         raise PrivauditError(f"senders must be 'heard' or 'all-copies', got {senders!r}")
     Wd = torch.as_tensor(W).detach().cpu().to(torch.float64).numpy()
-    n = Wd.shape[0]
-    members = sorted({int(a) for a in observers})
-    if not members or not all(0 <= a < n for a in members):
-        raise PrivauditError(f"observers must be agents in 0..{n - 1}, got {members}")
-    if victim in members:
-        raise PrivauditError(f"agent {victim} is one of the observers; choose another victim")
-    heard: list[int] = []
-    for m in members:
-        for w in np.flatnonzero(Wd[m]).tolist():
-            if w != m and w not in members:
-                heard.append(w)
+    members = _members(Wd, victim, observers)
     if senders == "heard":
-        heard = sorted(set(heard))
+        heard = _heard(Wd, members)
+    else:
+        heard = [w for m in members for w in np.flatnonzero(Wd[m]).tolist() if w not in members]
     share = 0.0
     for P in gossip_polynomials(Wd, steps - 1, omega):
         rows = P[heard]
@@ -272,22 +329,16 @@ class Muffliato(Defense):
             "direct neighbour gets the local Gaussian bound at multiplier σ over the step's "
             "sensitivity, one release per round (authors' code: ERsampled.eps_random)"
         )
-        pairwise = None
+        shares = {}
         if agent is not None:
             K = num_steps(p.gossip_steps, p.chebyshev, W)
             omega = chebyshev_omega(gap_of(W)) if p.chebyshev and K > 1 else None
-
-            def pairwise(observers: Collection[int]) -> float:
-                return pairwise_share(W, K, omega, agent, observers)
-
+            shares = {
+                "pairwise": partial(view_share, W, K, omega, agent),
+                "pairwise_paper": partial(pairwise_share, W, K, omega, agent),
+            }
         return one_release_per_round(
-            self.name,
-            p.sigma,
-            p.multiplier,
-            paper=paper,
-            reason=reason,
-            clip=clip,
-            pairwise=pairwise,
+            self.name, p.sigma, p.multiplier, paper=paper, reason=reason, clip=clip, **shares
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:

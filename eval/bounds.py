@@ -23,9 +23,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import stats
 
 from privaudit.core import limits
+from privaudit.core.accounting import gdp_epsilon
 from privaudit.core.errors import PrivauditError
 
 
@@ -110,30 +111,6 @@ def trials_needed(delta: float, confidence: float, held_out: float = 0.5) -> int
 
 
 # -- Gaussian DP --------------------------------------------------------------------------------
-def gdp_delta(epsilon: float, mu: float) -> float:
-    """δ(ε) of μ-GDP: Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su, Cor. 2.13),
-    with the second term in log space so that large μ does not overflow."""
-    if mu <= 0:
-        return 0.0
-    first = stats.norm.cdf(-epsilon / mu + mu / 2)
-    second = math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2))
-    return float(first - second)
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """The smallest ε with δ(ε) ≤ δ for μ-GDP (0 for μ ≤ 0, ∞ for μ = ∞)."""
-    if not mu > 0:
-        return 0.0
-    if math.isinf(mu):
-        return math.inf
-    if gdp_delta(0.0, mu) <= delta:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while gdp_delta(hi, mu) > delta:
-        hi *= 2
-    return float(optimize.brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-10))
-
-
 def gdp_estimate(
     scores_in: np.ndarray, scores_out: np.ndarray, delta: float, confidence: float
 ) -> dict[str, float]:

@@ -17,7 +17,7 @@ from privaudit.api.distance import reach_span, victims_by_distance
 from privaudit.api.gossip import observe_beyond
 from privaudit.api.pipeline import observe
 from privaudit.attacks.gossip import simulate
-from privaudit.core.accounting import epsilon_for_sigma, pairwise_epsilon, release_epsilon
+from privaudit.core.accounting import gdp_epsilon, pairwise_epsilon, release_epsilon
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
 from privaudit.defenses import DEFENSES
@@ -75,10 +75,14 @@ def test_muffliato_reaches_within_the_round_and_is_held_to_its_pairwise_bound(tm
     S = priv.pairwise([0])
     assert res["accounting"]["pairwise_share"] == pytest.approx(S)
     assert res["upper"]["pairwise"] == pytest.approx(pairwise_epsilon(priv, [0], 1e-5, 1))
-    assert 0 < S < 1  # two hops: less than one local release, under the same conversion
+    # two hops on a ring of 6: agent 0 solves the gossip equations for y⁰_2 (S = 1), so the
+    # exact view is one local release, converted exactly
     z = priv.noise_multiplier
-    assert res["upper"]["pairwise"] < epsilon_for_sigma(z, 1e-5, 1.0, 1, 1, "rdp")
-    assert res["epsilon_lo"] <= res["upper"]["pairwise"] and res["verdict"] != "violated"
+    assert S == pytest.approx(1.0)
+    assert res["upper"]["pairwise"] == pytest.approx(gdp_epsilon(1 / z, 1e-5))
+    assert res["upper"]["pairwise"] <= res["upper"]["accountant"] + 0.02
+    assert res["epsilon_lo"] <= res["upper"]["pairwise"]
+    assert res["verdicts"]["pairwise"] != "violated" and res["verdict"] != "violated"
 
 
 # -- Muffliato's pairwise bound, from the paper's definition ------------------------------------
@@ -114,28 +118,34 @@ def test_pairwise_share_by_hand():
         pairwise_share(W, 2, None, 0, [0])
 
 
-def test_pairwise_epsilon_is_the_renyi_bound_converted():
-    """The defense's privacy facts carry the bound (enforce: formal; multiplier σ for
-    "add-remove"); pairwise_epsilon is α·R·S/(2z²) at every order, converted to (ε, δ) by
-    opacus — recomputed here from that definition."""
+def test_pairwise_epsilon_exact_view_and_the_papers_renyi_bound():
+    """The defense's privacy facts carry both shares (enforce: formal; multiplier σ for
+    "add-remove"). The exact view's ε is μ-GDP with μ = √(R·S)/z, converted exactly; the
+    paper's theorem is α·R·S/(2z²) at every order, converted to (ε, δ) by opacus — each
+    recomputed here from its definition."""
     W = line3()
     d = DEFENSES["muffliato"]
     p = d.Params(gossip_steps=2, chebyshev=False, enforce=True, sigma=2.0)
     priv = d.privacy(p, "model", W, agent=2)
     assert priv.formal and priv.noise_multiplier == 2.0
-    S, z, R, delta = 1 / 3, 2.0, 3, 1e-5
-    assert priv.pairwise([0]) == pytest.approx(S)
-    orders = RDPAccountant.DEFAULT_ALPHAS
-    rdp = [R * a * S / (2 * z**2) for a in orders]
-    want, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
-    assert pairwise_epsilon(priv, [0], delta, R) == pytest.approx(want, rel=1e-6)
-    assert pairwise_epsilon(priv, [0], delta, R) < pairwise_epsilon(
-        d.privacy(p, "model", W, agent=1), [0], delta, R
+    z, R, delta = 2.0, 3, 1e-5
+    assert priv.pairwise([0]) == pytest.approx(1.0)  # agent 0 solves for y⁰_2
+    assert priv.pairwise_paper([0]) == pytest.approx(1 / 3)
+    assert pairwise_epsilon(priv, [0], delta, R) == pytest.approx(
+        gdp_epsilon(math.sqrt(R) / z, delta)
     )
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    rdp = [R * a * (1 / 3) / (2 * z**2) for a in orders]
+    want, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+    paper = pairwise_epsilon(priv, [0], delta, R, claimed=True, theorem=True)
+    assert paper == pytest.approx(want, rel=1e-6)
+    assert paper < pairwise_epsilon(priv, [0], delta, R)  # the theorem is below the exact view
     # without enforce nothing bounds the sensitivity: ∞, while the paper's count is finite
     loose = d.privacy(d.Params(gossip_steps=2, chebyshev=False, sigma=2.0), "model", W, 2)
     assert math.isinf(pairwise_epsilon(loose, [0], delta, R))
-    assert pairwise_epsilon(loose, [0], delta, R, claimed=True) == pytest.approx(want, rel=1e-6)
+    assert pairwise_epsilon(loose, [0], delta, R, claimed=True, theorem=True) == pytest.approx(
+        want, rel=1e-6
+    )
 
 
 # -- Muffliato's recursion ------------------------------------------------------------------------

@@ -208,8 +208,11 @@ def _report(r: dict[str, Any]) -> str:
     if "search" in r:
         lines += _search_lines(r)
     lines.append(f"ε upper, {unit}:")
+    width = max(map(len, r["upper"]))
     for name, up in r["upper"].items():
-        lines.append(f"  {name:<18} {sig(up):>8}   → {r['verdicts'][name]}")
+        lines.append(f"  {name:<{width}} {sig(up):>8}   → {r['verdicts'][name]}")
+    if "pairwise_share" in acc:
+        lines.append(_pairwise_line(acc))
     run_eps = acc["run"]
     lines.append(
         f"ε over the run ({acc['rounds']} rounds, q = {acc['sample_rate']:.3g}, "
@@ -221,6 +224,21 @@ def _report(r: dict[str, Any]) -> str:
         lines.append(f"caveat: {c}")
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)
+
+
+def _pairwise_line(acc: dict[str, Any]) -> str:
+    """The attackers' pairwise shares: the exact view's and the paper's theorem's, and
+    which one a linear attacker can beat."""
+    line = f"pairwise share: {acc['pairwise_share']:.3g} (exact view of what the attackers hold"
+    if "pairwise_share_paper" not in acc:
+        return line + ")"
+    line += f"; the paper's theorem: {acc['pairwise_share_paper']:.3g})"
+    if acc["pairwise_beatable"]:
+        line += (
+            " — the paper's theorem is below the exact view at its own σ: a linear attacker "
+            "on what the attackers hold can beat it"
+        )
+    return line
 
 
 def _search_lines(r: dict[str, Any]) -> list[str]:

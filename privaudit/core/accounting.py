@@ -187,21 +187,58 @@ def kind_epsilon(
     return epsilon_for_sigma(z, delta, sample_rate, rounds, r, accountant, fallback=True)
 
 
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """δ(ε) of μ-GDP: Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su, Cor. 2.13),
+    with the second term in log space so that large μ does not overflow."""
+    from scipy import stats
+
+    if mu <= 0:
+        return 0.0
+    first = stats.norm.cdf(-epsilon / mu + mu / 2)
+    second = math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2))
+    return float(first - second)
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The smallest ε with δ(ε) ≤ δ for μ-GDP (0 for μ ≤ 0, ∞ for μ = ∞): the exact
+    (ε, δ) of a Gaussian mechanism whose shift over noise std is μ."""
+    from scipy import optimize
+
+    if not mu > 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+    if gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    hi = max(1.0, mu * mu)
+    while gdp_delta(hi, mu) > delta:
+        hi *= 2
+    return float(optimize.brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-10))
+
+
 def pairwise_epsilon(
     privacy: Privacy,
     observers: Sequence[int],
     delta: float,
     rounds: int = 1,
     claimed: bool = False,
+    theorem: bool = False,
 ) -> float:
-    """ε of the pairwise network-DP bound (:attr:`Privacy.pairwise`) from this agent to the
-    ``observers`` over ``rounds`` rounds: Rényi divergence α·rounds·S/(2z²) at every order α
-    (one round's bound, composed additively), converted to (ε, δ) by opacus' RDP conversion —
-    which is what opacus' RDP accountant computes for ``rounds`` Gaussian releases at
-    multiplier z/√S and sample rate 1 (the bound is Rényi, so no tighter PLD accountant
-    applies). ∞ without a formal guarantee (or no pairwise bound), 0 when S = 0 (nothing of
-    the agent reaches the observers). ``claimed``: at the paper's multiplier instead."""
-    if privacy.pairwise is None:
+    """ε of this agent towards the ``observers`` over ``rounds`` rounds, from its pairwise
+    share (:attr:`Privacy.pairwise`). One round's view is a Gaussian mechanism with
+    μ = √S/z (z the noise multiplier), so ``rounds`` rounds, each such a view given the
+    ones before (the composition the paper uses), are μ = √(rounds·S)/z Gaussian DP,
+    converted exactly (:func:`gdp_epsilon`). S ≤ 1, so it never exceeds the same rounds'
+    local bound at sample rate 1. ∞ without a formal guarantee (or no pairwise share), 0
+    when S = 0 (nothing of the agent reaches the observers in a round).
+
+    ``claimed``: at the paper's multiplier instead of the correct one (finite without a
+    formal guarantee). ``theorem``: the paper's own theorem instead of the exact view — its
+    share (:attr:`Privacy.pairwise_paper`) as a Rényi bound α·rounds·S/(2z²) at every
+    order, converted by opacus' RDP conversion (what opacus' RDP accountant computes for
+    ``rounds`` Gaussian releases at multiplier z/√S, sample rate 1)."""
+    share_of = privacy.pairwise_paper if theorem else privacy.pairwise
+    if share_of is None:
         return math.inf
     if claimed:
         z = privacy.claimed_multiplier
@@ -209,10 +246,12 @@ def pairwise_epsilon(
         z = privacy.noise_multiplier if privacy.formal else 0.0
     if z <= 0:
         return math.inf
-    share = float(privacy.pairwise(observers))
+    share = float(share_of(observers))
     if share <= 0:
         return 0.0
-    return epsilon_for_sigma(z / math.sqrt(share), delta, 1.0, rounds, 1, "rdp")
+    if theorem:
+        return epsilon_for_sigma(z / math.sqrt(share), delta, 1.0, rounds, 1, "rdp")
+    return gdp_epsilon(math.sqrt(rounds * share) / z, delta)
 
 
 def sample_rates(shard_sizes: Sequence[int], batch_size: int) -> list[float]:

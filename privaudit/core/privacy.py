@@ -40,12 +40,23 @@ class Privacy:
     one-release ε. The rule: a release is accounted over the run only if its evaluation
     point, mixing weights and noise scale are functions of formal releases and public data.
 
-    ``pairwise`` (observers ↦ S ≥ 0): a pairwise network-DP bound (Cyffers et al., NeurIPS
-    2022, Muffliato): one round's Rényi divergence of order α between what the
-    ``observers`` receive with and without one example of this agent is at most
-    α S / (2 z²), z = ``noise_multiplier`` (S = 1 is one local release; agents far from the
-    observers get S ≪ 1). None: the defense states no such bound. It is converted to ε by
+    ``pairwise`` (observers ↦ S ∈ [0, 1]): the exact pairwise network-DP share of one round
+    (Cyffers et al., NeurIPS 2022, define the notion): everything the ``observers`` hold in a
+    round, with and without one example of this agent, is a Gaussian mechanism whose
+    privacy loss is N(μ²/2, μ²), μ² = S / z², z = ``noise_multiplier`` (S = 1: as much as
+    one local release; agents far from the observers get S ≪ 1). ``pairwise_paper``: the
+    share the paper's own theorem states (a Rényi bound α S/(2z²) at every order), reported
+    beside it and never held to an audit, since it can be below the exact share. None: the
+    defense states no such bound. Both are converted to ε by
     :func:`privaudit.core.accounting.pairwise_epsilon`.
+
+    ``assumption`` (what, G): the claim rests on a hypothesis about the data that the user
+    must ensure and this run does not enforce, one that bounds every per-example gradient
+    norm by G (ConstD²P's bounded gradients, Muffliato's G-Lipschitz loss). A canary whose
+    gradient norm exceeds G breaks the hypothesis, so evidence from it shows that the claim
+    does not apply to this run, not that it is wrong; the claims ledger judges the claim on
+    the canaries of norm ≤ G (:func:`privaudit.experiments.claims.claim_verdict`). None: the
+    claim assumes nothing that the run leaves unenforced.
     """
 
     mechanism: str = "none"  # "gaussian" (data-independent std), "gaussian-adaptive", "laplace"
@@ -63,6 +74,8 @@ class Privacy:
     paper_epsilon: Callable[[float, float], float] | None = None
     caveats: tuple[str, ...] = ()
     pairwise: Callable[[Collection[int]], float] | None = None
+    assumption: tuple[str, float] | None = None
+    pairwise_paper: Callable[[Collection[int]], float] | None = None
 
 
 def no_noise(who: str, why: str | None = "σ = 0") -> Privacy:
