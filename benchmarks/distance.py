@@ -7,9 +7,11 @@ B = 4, ``--agents`` agents, 1 + (largest distance) + 1 rounds so the span and th
 algebra have their rounds), then :func:`privaudit.api.distance.distance_sweep` from agent 0:
 a white-box audit of a canary in the victim's round-1 batch (``--trials`` trials per point,
 Clopper–Pearson at 95 %; past the neighbourhood, on everything agent 0 receives over the
-fewest rounds that carry the canary to it), the local-DP bound of the victim's releases over
-those rounds, Muffliato's pairwise network-DP bound towards agent 0 (Cyffers et al. 2022,
-Theorem 1), and IG's PSNR on the victim's round-1 batch (``--iterations`` iterations).
+fewest rounds that carry the canary to it, scored by the whitened statistic over everything
+agent 0 holds), the local-DP bound of the victim's releases over those rounds, Muffliato's
+pairwise network-DP bound towards agent 0 from the exact view of what it holds and, beside
+it, the number the paper's Theorem 1 gives (Cyffers et al. 2022), and IG's PSNR on the
+victim's round-1 batch (``--iterations`` iterations).
 
 Prints one markdown table; ``--figures DIR`` writes one figure per defense (ε against d:
 bounds as lines, audits as markers; PSNR against d). Default: the ring of 8 and 300 trials
@@ -17,7 +19,7 @@ per point, about 10 minutes on 2 CPU cores.
 
     python benchmarks/distance.py [--topologies ring,torus,exponential,erdos-renyi]
         [--defenses dsgd,dp-dpsgd,muffliato] [--trials 300] [--iterations 200]
-        [--figures DIR] [--json FILE] [--out DIR] [--from-json FILE]
+        [--figures DIR --prefix NAME-] [--json FILE] [--out DIR] [--from-json FILE]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ SETTINGS = {  # defense → (target, [ε, …], params)
     "muffliato": ("muffliato-model", [1.0, 8.0], {"enforce": True}),
 }
 AGENTS = {"ring": 8, "torus": 12, "exponential": 8, "erdos-renyi": 8}
+THEOREM = "pairwise, paper's theorem"  # the audit's key for the paper's pairwise number
 
 
 def sweep(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
@@ -96,24 +99,25 @@ def fmt(x: float | None, digits: int = 3) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| topology | defense | ε | d | victim | span | ε_lb | local-DP bound | pairwise bound "
-        "| verdict (local / pairwise) | PSNR (dB) |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| paper's Theorem 1 | verdict (local / pairwise / Theorem 1) | PSNR (dB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         up = r["upper"]
         v = r["verdicts"]
-        verdict = v["accountant"] + (f" / {v['pairwise']}" if "pairwise" in v else "")
+        verdict = " / ".join(v[k] for k in ("accountant", "pairwise", THEOREM) if k in v)
         note = "not identifiable" if "identifiable" in (r["psnr_note"] or "") else "empty batch"
         psnr = fmt(r["psnr"], 3) if r["psnr"] is not None else f"— ({note})"
         lines.append(
             f"| {r['topology']} | {r['defense']} | {fmt(r['epsilon'])} | {r['distance']} "
             f"| {r['victim']} | {r['span']} | {r['epsilon_lo']:.2f} | {fmt(up['accountant'])} "
-            f"| {fmt(up.get('pairwise'))} | {verdict} | {psnr} |"
+            f"| {fmt(up.get('pairwise'))} | {fmt(up.get(THEOREM))} | {verdict} | {psnr} |"
         )
     return "\n".join(lines)
 
 
-def figures(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
+def figures(rows: list[dict[str, Any]], folder: Path, prefix: str = "") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +140,10 @@ def figures(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
                 ax.plot(d, local, "-", color=color, alpha=0.6, label=f"local DP {label}")
             pair = [r["upper"].get("pairwise") for r in pts]
             if all(u is not None and math.isfinite(u) for u in pair):
-                ax.plot(d, pair, "--", color=color, label=f"pairwise {label}")
+                ax.plot(d, pair, "--", color=color, label=f"pairwise (exact view) {label}")
+            paper = [r["upper"].get(THEOREM) for r in pts]
+            if all(u is not None and math.isfinite(u) for u in paper):
+                ax.plot(d, paper, ":", color=color, label=f"paper's Theorem 1 {label}")
             psnr = [(r["distance"], r["psnr"]) for r in pts if r["psnr"] is not None]
             if psnr:
                 bx.plot(*zip(*psnr, strict=True), "o-", color=color, label=label)
@@ -147,7 +154,7 @@ def figures(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
         if bx.lines:
             bx.legend(fontsize=6)
         fig.tight_layout()
-        path = folder / f"distance-{defense}.png"
+        path = folder / f"{prefix}distance-{defense}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)
@@ -171,6 +178,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=300, help="white-box trials per point")
     p.add_argument("--iterations", type=int, default=200, help="IG iterations; 0: no attack")
     p.add_argument("--figures", default=None, help="folder for the figures")
+    p.add_argument("--prefix", default="", help="prefix of the figures' file names")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--out", default=None, help="runs folder (default: a temporary one)")
     p.add_argument("--threads", type=int, default=1)
@@ -190,7 +198,7 @@ def main() -> None:
         f"\n{len(rows)} points, {rows[0]['trials']} trials each, {time.perf_counter() - t0:.0f} s"
     )
     if a.figures:
-        for path in figures(rows, Path(a.figures)):
+        for path in figures(rows, Path(a.figures), a.prefix):
             print(f"figure: {path}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=str))

@@ -257,15 +257,18 @@ class _D2P(Defense):
         bound: tuple[str, float],
         enforced: bool,
         unenforced: str,
+        assumed: str = "",
     ) -> Privacy:
         """One Gaussian release per round (the half-step model, to one peer), for the bound
         ``bound`` = (its symbol, S): std σS/B on the mean of per-example gradients of norm
         ≤ S (``unit`` "example": add/remove sensitivity S/B, multiplier σ), or σS on the
         batch mean flat-clipped to S (``unit`` "batch": sensitivity 2S, multiplier σ/2).
-        Formal only when a clip ``enforced`` the bound (else ``unenforced`` is the reason);
-        the paper's claim is multiplier σ, one release per round, either way. ``W`` must be
-        the exponential graph's (the run refuses any other before it starts). A ``weight``
-        target is observed with the half-step model it travels with: the same facts."""
+        Formal only when a clip ``enforced`` the bound (else ``unenforced`` is the reason,
+        and the claim rests on the hypothesis ``assumed``, which bounds every per-example
+        gradient norm by S: :attr:`Privacy.assumption`); the paper's claim is multiplier σ,
+        one release per round, either way. ``W`` must be the exponential graph's (the run
+        refuses any other before it starts). A ``weight`` target is observed with the
+        half-step model it travels with: the same facts."""
         self._check_graph(W)
         sym, S = bound
         batch = p.unit == "batch"
@@ -292,6 +295,7 @@ class _D2P(Defense):
             clip=(S, p.unit) if enforced else None,
             paper_epsilon=self._prop1(p),
             caveats=caveats,
+            assumption=None if enforced else (assumed, S),
         )
 
     @staticmethod
@@ -501,6 +505,7 @@ class ConstD2P(_D2P):
             p.enforce,
             "assumes every per-example gradient norm ≤ G (Assumption 6) but never clips: one "
             "example can move the gradient arbitrarily far (enforce=true clips at G)",
+            "bounded gradients: every per-example gradient norm ≤ G (Assumption 6)",
         )
 
     def leak(self, public: Public, target: Tensor) -> dict[str, Any]:

@@ -312,13 +312,14 @@ class Muffliato(Defense):
         std σs over the add/remove sensitivity ηG/B of the local step — formal only with
         ``enforce`` (per-example clip at G); without it G is assumed, nothing bounds it."""
         if p.enforce:
-            clip = (p.grad_bound, "example")
+            clip, assumption = (p.grad_bound, "example"), None
             reason = (
                 "per-example clip G, then N(0, σ²s²) on y⁰ = x − η·(clipped sum)/B: add/remove "
                 "sensitivity ηG/B, one release per round"
             )
         else:
             clip = None
+            assumption = ("G-Lipschitz loss: every per-example gradient norm ≤ G", p.grad_bound)
             reason = (
                 "no clipping: the sensitivity ηG/B rests on a bound ‖∇ℓ‖ ≤ G on every "
                 "per-example gradient that nothing enforces, so one example can move y⁰ "
@@ -338,7 +339,14 @@ class Muffliato(Defense):
                 "pairwise_paper": partial(pairwise_share, W, K, omega, agent),
             }
         return one_release_per_round(
-            self.name, p.sigma, p.multiplier, paper=paper, reason=reason, clip=clip, **shares
+            self.name,
+            p.sigma,
+            p.multiplier,
+            paper=paper,
+            reason=reason,
+            clip=clip,
+            assumption=assumption,
+            **shares,
         )
 
     def rounds_needed(self, kind: str, t: int, n: int) -> list[int]:

@@ -63,9 +63,11 @@ def candidates(
     privacy: Any, batch_size: int, norm: float | None = None, kind: str | None = None
 ) -> list[Canary]:
     """The white-box search's canaries in priority order (a trial budget too small for all
-    keeps the first ones). Norms N, 100N, 10N with N the clip C (per example or flat) or
-    :data:`CANARY_NORM` where nothing clips: past a correct clip every norm ≥ C is the same
-    canary, and where a step forgets its clip the larger norm shows it.
+    keeps the first ones). Norms N, 100N, 10N with N the clip C (per example or flat), the
+    bound G a claim assumes where nothing enforces it (:attr:`Privacy.assumption`: the
+    first canary then tests the claim within its own hypothesis), or :data:`CANARY_NORM`
+    where nothing clips: past a correct clip every norm ≥ C is the same canary, and where a
+    step forgets its clip the larger norm shows it.
 
     - per-example clip or none: Dirac at N (Nasr et al.'s worst case for a correct clip),
       Dirac at 100N, against the clean gradient at 100N, the example, Dirac at 10N;
@@ -77,7 +79,11 @@ def candidates(
     check_canary(norm, kind)
     if kind == "real":
         return [Canary("real", None)]
-    unit = privacy.clip if privacy.clip_unit in ("example", "batch") else CANARY_NORM
+    assumed = getattr(privacy, "assumption", None)
+    if privacy.clip_unit in ("example", "batch"):
+        unit = privacy.clip
+    else:
+        unit = assumed[1] if assumed else CANARY_NORM
     n1, n100, n10 = (unit, 100 * unit, 10 * unit) if norm is None else (norm, norm, norm)
     if privacy.clip_unit == "batch":
         top = DOMINATE * batch_size * unit if norm is None else norm

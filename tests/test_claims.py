@@ -207,3 +207,239 @@ def test_short_claim_cuts_at_a_clause() -> None:
     long = "a claim that goes on and on without any clause break at all for a while"
     short = claims.short_claim(long)
     assert short.endswith("…") and len(short) <= claims.CLAIM_WIDTH
+
+
+# -- verdicts on constructed audits (no run: seconds) -------------------------------------------
+G = 3.5  # ConstD²P's default gradient bound
+BOUNDED = ("bounded gradients: every per-example gradient norm ≤ G (Assumption 6)", G)
+CLAIM = 0.638  # the paper's count for one release at ε = 1 over the run
+
+
+def _audit(*canaries: tuple[str, float, float], rule: float | None = 0.85) -> dict:
+    """A white-box audit result with searched ``canaries`` (kind, gradient norm, ε lower
+    bound) against ConstD²P's claims (count ``CLAIM``, Prop. 1's ``rule``): the overall bound,
+    the verdicts and the candidates as :func:`privaudit.experiments.audit.audit` gives them."""
+    from privaudit.experiments.audit import verdict
+
+    found = [
+        {"kind": k, "norm": n, "impact": n / 8, "epsilon_lo": lo, "paper": rule}
+        for k, n, lo in canaries
+    ]
+    lo = max(c["epsilon_lo"] for c in found)
+    upper = {"accountant": math.inf, "paper's count": CLAIM}
+    if rule is not None:
+        upper["paper"] = rule
+    return {
+        "epsilon_lo": lo,
+        "upper": upper,
+        "verdicts": {k: verdict(lo, u) for k, u in upper.items()},
+        "search": {"candidates": found},
+    }
+
+
+# the ledger's ConstD²P at ε = 1: a Dirac of norm 1 (≤ G) shows nothing, the Dirac of 100
+# and the mislabeled example (LeNet: gradient norm 27.7) beat the claim
+BEYOND = _audit(("dirac", 1.0, 0.0), ("dirac", 100.0, 25.9), ("example", 27.7, 3.1))
+
+
+def _row(target: str, audit: dict, assumption=None, **kw) -> dict:
+    """A ledger row of ``target`` (a kind with no formal guarantee) on the constructed
+    ``audit``, as :func:`claims.row` makes it."""
+    r = {
+        "target": target,
+        "defense": target.split("-")[0],
+        "kind": target.split("-", 1)[1],
+        "paper": "Prop. 1, the classical Gaussian mechanism",
+        "paper_short": "Prop. 1",
+        "paper_claims": True,
+        "formal": False,
+        "reason": "assumes every per-example gradient norm ≤ G but never clips",
+        "epsilon_claimed": 0.996,
+        "epsilon": math.inf,
+        "error": None,
+        "audit": {
+            "epsilon_lo": audit["epsilon_lo"],
+            "capped": False,
+            "trials": 1000,
+            "trials_asked": 1000,
+            "confidence": 0.95,
+            "screening": None,
+        },
+        "real": None,
+        "claim": claims.claim_verdict(audit, assumption),
+        "accounting": {"epsilon": math.inf, "verdict": "no guarantee"},
+    }
+    return {**r, **kw}
+
+
+def _doc(rows: list[dict]) -> dict:
+    from privaudit.core.config import RunConfig
+
+    return {
+        "setting": claims.setting(RunConfig(), 1000, 0.95, 0, 10.0, len(rows)),
+        "topologies": {r["defense"]: "ring" for r in rows},
+        "sigma": {r["defense"]: 1.0 for r in rows},
+        "rows": rows,
+        "complete": True,
+    }
+
+
+def _claim_cell(r: dict) -> str:
+    return claims.cells(r, claims.Notes("P"), claims.Notes("R"), claims.Notes("E"))[-2]
+
+
+def test_a_claim_beaten_only_beyond_its_unenforced_assumption_does_not_apply() -> None:
+    """ConstD²P without ``enforce``: the canaries that beat the claim have gradient norms
+    100 and 27.7, far above G; the one within G shows nothing. The evidence breaks the
+    assumption, not the claim."""
+    c = claims.claim_verdict(BEYOND, BOUNDED)
+    assert c["verdict"] == "does not apply" and c["refuted_by"] == []
+    assert c["measured"]["norm"] == 100.0 and c["measured"]["epsilon_lo"] == 25.9
+    assert c["epsilon_lo"] == 0.0 and c["under_assumption"] == "loose"
+    assert c["count"]["verdict"] == "loose" and c["rule"]["verdict"] == "loose"
+    cell = _claim_cell(_row("constd2p-half-model", BEYOND, BOUNDED))
+    assert cell == (
+        "assumption not enforced in this run: the claim does not apply (measured: ε ≥ 25.9 "
+        "with a canary of norm 100 > G = 3.5; with norm ≤ G: no evidence)"
+    )
+
+
+def test_a_claim_beaten_within_its_assumption_is_refuted() -> None:
+    """A canary of norm ≤ G that beats the claim refutes it under its own hypothesis."""
+    res = _audit(("dirac", 1.0, 0.9), ("dirac", 100.0, 25.9))
+    c = claims.claim_verdict(res, BOUNDED)
+    assert c["verdict"] == "violated" and c["refuted_by"] == ["count", "rule"]
+    assert c["epsilon_lo"] == 0.9 and "measured" not in c
+    assert _claim_cell(_row("constd2p-half-model", res, BOUNDED)) == "**violated** (count + rule)"
+    # at the bound itself (Muffliato's Dirac of norm G = 1) the canary respects it
+    at = claims.claim_verdict(_audit(("dirac", 1.0, 0.9), rule=None), ("G-Lipschitz loss", 1.0))
+    assert at["verdict"] == "violated"
+
+
+def test_a_claim_with_nothing_unenforced_is_tested_as_stated() -> None:
+    """No assumption (ClipD²P, or ConstD²P with -p enforce=true): every canary counts."""
+    c = claims.claim_verdict(BEYOND)
+    assert c["verdict"] == "violated" and c["refuted_by"] == ["count", "rule"]
+    assert "assumption" not in c and c["epsilon_lo"] == 25.9
+    assert "does not apply" not in _claim_cell(_row("clipd2p-half-model", BEYOND))
+
+
+def test_a_loose_claim_beyond_its_assumption_keeps_its_word() -> None:
+    """No canary beats the claim: the verdict is that of the canaries within G."""
+    res = _audit(("dirac", 1.0, 0.2), ("dirac", 100.0, 0.5))
+    c = claims.claim_verdict(res, BOUNDED)
+    assert c["verdict"] == "loose" and c["epsilon_lo"] == 0.2 and "measured" not in c
+    assert _claim_cell(_row("constd2p-half-model", res, BOUNDED)) == "loose"
+
+
+def test_no_evidence_is_not_loose() -> None:
+    """A lower bound of 0 shows nothing ("no evidence"); a positive one below half the
+    upper bound shows a leak smaller than allowed ("loose")."""
+    nothing = _row(
+        "clipd2p-half-model",
+        _audit(("dirac", 1.0, 0.0)),
+        accounting={"epsilon": CLAIM, "verdict": "loose"},
+    )
+    some = _row(
+        "clipd2p-weight",
+        _audit(("dirac", 1.0, 0.2)),
+        accounting={"epsilon": CLAIM, "verdict": "loose"},
+    )
+    notes = [claims.Notes(p) for p in "PRE"]
+    assert claims.cells(nothing, *notes)[-2:] == ["no evidence", "no evidence"]
+    assert claims.cells(some, *notes)[-2:] == ["loose", "loose"]
+    text = claims.markdown(_doc([nothing, some]))
+    assert "| no evidence | no evidence |" in text and "| loose | loose |" in text
+    assert "no evidence (lower bound 0" in text
+
+
+def test_headline_tells_refuted_claims_from_claims_that_do_not_apply() -> None:
+    rows = [
+        _row("constd2p-half-model", BEYOND, BOUNDED),
+        _row("constd2p-weight", BEYOND, BOUNDED),
+        _row("muffliato-model", BEYOND, ("G-Lipschitz loss", 1.0)),
+        _row("pdsl-cg", _audit(("opposite", 1e4, 7.7))),
+    ]
+    lines = claims.headline(_doc(rows))
+    refuted = next(x for x in lines if x.startswith("- Claims the evidence refutes"))
+    assert refuted.endswith(": `pdsl-cg`.")
+    moot = next(x for x in lines if "do not apply because their assumption" in x)
+    assert moot.endswith(
+        ": `constd2p-half-model`, `constd2p-weight` (bounded gradients: every per-example "
+        "gradient norm ≤ G (Assumption 6)); `muffliato-model` (G-Lipschitz loss)."
+    )
+    none = claims.headline(_doc(rows[3:]))
+    assert any(x.startswith("- Claims that do not apply") and x.endswith(": none.") for x in none)
+
+
+def test_the_terminal_table_wraps_what_the_markdown_keeps_whole() -> None:
+    """``privaudit claims`` prints a table narrow enough for a terminal (the long cells wrap);
+    the markdown keeps every cell on one line."""
+    rows = [
+        _row("constd2p-half-model", BEYOND, BOUNDED),
+        _row(
+            "dp-cga-model",
+            _audit(("dirac", 1.0, 0.0)),
+            paper="CGA has no DP analysis; the DPDL and PDSL papers describe this baseline",
+            paper_short="the DPDL and PDSL papers describe this…",
+            paper_claims=False,
+        ),
+    ]
+    doc = _doc(rows)
+    text = claims.table(doc)
+    lines = text.splitlines()
+    top = lines.index("") + 1  # the table, after the setting
+    grid = lines[top : lines.index("", top)]
+    assert max(map(len, grid)) <= 180
+    assert any(x.startswith("constd2p-half-model") for x in grid)
+    assert "assumption not enforced in" in text  # the claim cell, over lines of 30
+    md = claims.markdown(doc)
+    assert _claim_cell(rows[0]) in md  # whole, on the row's line
+
+
+@pytest.mark.parametrize(
+    "name, kind, bound, what",
+    [
+        ("constd2p", "half-model", "G", "bounded gradients"),
+        ("muffliato", "model", "grad_bound", "Lipschitz"),
+    ],
+)
+def test_unenforced_gradient_bounds_are_a_privacy_fact(name, kind, bound, what) -> None:
+    """ConstD²P and Muffliato assume a gradient bound G; unenforced, their Privacy says so
+    (what the ledger reads), enforced it does not. ClipD²P clips: nothing assumed."""
+    from privaudit.core.context import params_of
+    from privaudit.defenses import get_defense
+    from privaudit.scenario.topology import build_topology, metropolis_hastings
+
+    def W(d):
+        return metropolis_hastings(build_topology(d.topology or "ring", 6)).double()
+
+    d = get_defense(name)
+    for enforce in (False, True):
+        p = params_of(d.Params, {"sigma": 1.0, "enforce": enforce})
+        pr = d.privacy(p, kind, W(d))
+        if enforce:
+            assert pr.assumption is None and pr.formal
+        else:
+            assert pr.assumption[1] == getattr(p, bound) and what in pr.assumption[0]
+    clip = get_defense("clipd2p")
+    assert (
+        clip.privacy(params_of(clip.Params, {"sigma": 1.0}), "half-model", W(clip)).assumption
+        is None
+    )
+
+
+def test_a_rows_cache_key_holds_every_privacy_fact_but_functions() -> None:
+    """A row is cached under the digest of its kind's Privacy facts: its functions (σ(ε)
+    rule, pairwise bounds such as Muffliato's with an agent) are left out, the rest is in."""
+    from privaudit.core.context import params_of
+    from privaudit.core.files import digest
+    from privaudit.defenses import get_defense
+    from privaudit.scenario.topology import build_topology, metropolis_hastings
+
+    d = get_defense("muffliato")
+    W = metropolis_hastings(build_topology("ring", 6)).double()
+    pr = d.privacy(params_of(d.Params, {"sigma": 1.0}), "model", W, 0)
+    facts = claims.privacy_facts(pr)
+    assert digest(facts) and not any(callable(v) for v in facts.values())
+    assert facts["noise_multiplier"] == pr.noise_multiplier and "assumption" in facts

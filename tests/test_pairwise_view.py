@@ -163,6 +163,7 @@ def test_distance_audit_reaches_the_exact_view_and_refutes_the_theorem(tmp_path)
     exact, theorem = res["upper"]["pairwise"], res["upper"]["pairwise, paper's theorem"]
     assert exact == pytest.approx(gdp_epsilon(1.0, 1e-5)) and exact == pytest.approx(4.38, abs=0.01)
     assert theorem == pytest.approx(2.54, abs=0.01)
+    assert res["statistic"] == "whitened"
     assert "gdp" in res and res["epsilon_lo"] >= 0.8 * exact
     assert res["verdicts"]["pairwise, paper's theorem"] == "violated"
     assert res["verdicts"]["pairwise"] != "violated" and res["verdict"] != "violated"

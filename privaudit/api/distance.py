@@ -10,7 +10,8 @@ neighbourhood"), :func:`distance_sweep` gives at each d
 - beside it the upper bounds the audit compares with: the local-DP bound of v's releases
   over those rounds and, for a defense that states one (Muffliato,
   :attr:`~privaudit.core.privacy.Privacy.pairwise`), its pairwise network-DP bound towards u
-  (Cyffers et al., NeurIPS 2022, Theorem 1), each with its verdict;
+  from the exact view of what u holds, with the paper's own number beside it (Cyffers et
+  al., NeurIPS 2022, Theorem 1), each with its verdict;
 - the reconstruction PSNR of the gossip attack (``privaudit attack --threat coalition
   --attacker u --victim v``: the direct observation at d = 1, the gossip algebra past it,
   :func:`privaudit.api.gossip.observe_beyond`), None where v's update is not identifiable

@@ -183,8 +183,9 @@ def _report(r: dict[str, Any]) -> str:
     if r.get("beyond"):
         last = r["round"] + span
         lines.append(
-            f"observed: every message {r['threat']} receives in rounds {r['round']}..{last} "
-            f"(victim {r['distance']} hops away, no copy of its own message)"
+            f"observed: every message {r['threat']} receives or sends in rounds "
+            f"{r['round']}..{last} (victim {r['distance']} hops away, no copy of its own "
+            f"message), scored by the {r['statistic']} statistic"
         )
     if not acc["formal"]:
         lines.append(f"ε upper = ∞: no formal DP ({acc['reason']})")

@@ -36,7 +36,10 @@ def add_parser(sub: Any) -> None:
             "For every defense and message kind (privaudit targets) on one run configuration: "
             "the paper's privacy claim and the ε its own accounting gives, the correct "
             "accounted ε (∞ with the reason where there is no formal guarantee), a white-box "
-            "canary audit's ε lower bound for one release of round 1, and the verdicts. "
+            "canary audit's ε lower bound for one release of round 1, and the verdicts. A "
+            "claim that rests on a gradient bound G the run does not enforce is judged on the "
+            "canaries of norm ≤ G: beaten only by larger ones, it does not apply (-p "
+            "enforce=true, where the defense has it, tests it as stated). "
             "Finished rows are kept in OUT/rows: an interrupted ledger resumes. Writes "
             "OUT/ledger.json and OUT/claims.md (and --markdown PATH)."
         ),

@@ -40,15 +40,23 @@ compute (``defense.observe``):
   Gaussian shift).
 - **beyond the neighbourhood** (``attackers`` that receive no copy of the ``victim``'s
   message, e.g. an agent d ≥ 2 hops away): the canary joins the victim's round-t batch as
-  above, and the Observation is every message the coalition *receives* in rounds t..t+span
-  (its raw payloads, stacked), scored by the projection on their mean shift as for a span.
-  The canary's effect needs hops to arrive (D-PSGD: one per round, so span ≥ d − 1;
+  above, and the Observation is everything the coalition holds of rounds t..t+span: every
+  message a member receives or sends (its own, whose noise it knows), raw payloads stacked.
+  Gossip mixes every agent's noise into each message, so the projection on the mean shift
+  is not the best linear test: the score is the whitened (generalised-least-squares) one,
+  ⟨Σ⁺Δ, o⟩ (:func:`gls_direction`; Σ the noise covariance across the messages, measured
+  on noise-only trials), which on a linear Gaussian view is the likelihood-ratio test. The
+  canary's effect needs hops to arrive (D-PSGD: one per round, so span ≥ d − 1;
   Muffliato: K − 1 per round within the round's gossip), and an audit whose shift is zero
   everywhere is refused with the fix (raise ``span``). Upper bounds: the victim's releases
-  of rounds t..t+span composed (everything the coalition receives is a function of them,
-  of other agents' data and of fresh noise), and, where the defense states one
+  of rounds t..t+span composed (everything the coalition holds is a function of them, of
+  other agents' data and of fresh noise), and, where the defense states one
   (:attr:`Privacy.pairwise`, Muffliato), its pairwise network-DP bound over the same rounds
-  (:func:`privaudit.core.accounting.pairwise_epsilon`). Only Clopper–Pearson applies.
+  from the exact view of what the coalition holds, with the paper's own number beside it
+  (:func:`privaudit.core.accounting.pairwise_epsilon`). One round of a defense whose
+  messages are linear in its updates (it states a recursion) makes the score exactly
+  Gaussian, and the Gaussian-DP estimate applies beside Clopper–Pearson; otherwise
+  Clopper–Pearson alone.
 - **one run** (:func:`one_run`, Steinke, Nasr & Jagielski 2023): m Dirac canary gradients on
   distinct coordinates, each included with probability ½; an included canary joins the
   victim's batch in each round with the run's sampling rate q (Poisson, as accounted). One
@@ -489,6 +497,8 @@ class _Rerun:
         self.needed: set[tuple[int, int, str]] | None = None
         # beyond the neighbourhood: the number of messages stacked, when all have one size
         self.rows: int | None = None
+        # how a trial is scored: "projection" on the mean shift, or "whitened" (Σ⁺ shift)
+        self.statistic = "projection"
         self(-1, None, record=True)
 
     def __call__(self, i: int, canary: Canary | None, record: bool = False) -> Tensor:
@@ -568,6 +578,7 @@ class _Rerun:
         likelihood-ratio statistic)."""
         rows = self.rows if self.s.beyond else None
         if rows is not None and len(outs) > 1 and (len(outs) - 1) * shift.numel() >= 10 * rows**2:
+            self.statistic = "whitened"
             return gls_direction(shift, outs, rows)
         return shift / shift.norm() if float(shift.norm()) > 0 else shift
 
@@ -661,6 +672,7 @@ def white_box(
         # the attacking agents (the pairwise bound's observers); none for a link or global
         "attackers": sorted(s.threat.agents) if s.threat.uses_attackers else [],
         "copies": rerun.copies,
+        "statistic": rerun.statistic,
         "canary": {key: entries[winner][key] for key in ("kind", "norm", "impact")},
         "search": {
             "candidates": entries,

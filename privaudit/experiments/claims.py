@@ -13,9 +13,12 @@ one row puts side by side
 - **the evidence**: a white-box canary audit of round 1 (:func:`privaudit.experiments.audit.audit`),
   whose ε lower bound holds at the stated confidence whatever the accounting says;
 - **the verdicts**: the lower bound against the claim's per-release ε (a "violated" claim
-  is refuted by the evidence: its count or its rule promises less than is proven) and
-  against the correct per-release bound (a "violated" accounting would be a bug in the
-  accounting); a violation is re-audited at a Bonferroni level (:func:`row`).
+  is refuted by the evidence: its count or its rule promises less than is proven; a claim
+  resting on an assumption the run does not enforce is judged on the canaries that respect
+  it, and "does not apply" where only others beat it: :func:`claim_verdict`) and against
+  the correct per-release bound (a "violated" accounting would be a bug in the
+  accounting); a violation is re-audited at a Bonferroni level (:func:`row`). A "loose"
+  verdict whose lower bound is 0 is written "no evidence".
 
 Everything is accounted the way the tool accounts everything (:mod:`privaudit.core.accounting`):
 adjacency is adding or removing one example, each agent's batch is Poisson sampled at
@@ -34,6 +37,7 @@ import json
 import math
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +53,7 @@ from privaudit.core.files import atomic_write, digest, from_jsonable, to_jsonabl
 from privaudit.core.text import progress, sig
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.eval import bounds
-from privaudit.experiments.audit import HELD_OUT, audit, check_trials
+from privaudit.experiments.audit import HELD_OUT, audit, check_trials, verdict
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target, all_targets
 
@@ -72,6 +76,8 @@ COLUMNS = (
     "claim",
     "accounting",
 )
+# the terminal table's widest lines per column (privaudit claims' stdout): longer cells wrap
+TERMINAL_WIDTHS = (None, 20, 10, 10, 10, 10, 10, 16, 12, 30, 12)
 
 
 # -- the plan -------------------------------------------------------------------------------
@@ -109,13 +115,10 @@ def run_config(base: RunConfig, defense: str) -> RunConfig:
     return cfg.validate()
 
 
-def _facts(privacy: Any) -> dict[str, Any]:
-    """A Privacy's fields as data (its σ(ε) rule and pairwise bound, functions, left out)."""
-    return {
-        f.name: getattr(privacy, f.name)
-        for f in dataclasses.fields(privacy)
-        if f.name not in ("paper_epsilon", "pairwise")
-    }
+def privacy_facts(privacy: Any) -> dict[str, Any]:
+    """A Privacy's fields as data (its functions — σ(ε) rule, pairwise bounds — left out)."""
+    facts = {f.name: getattr(privacy, f.name) for f in dataclasses.fields(privacy)}
+    return {k: v for k, v in facts.items() if not callable(v)}
 
 
 # -- one row ------------------------------------------------------------------------------------
@@ -133,24 +136,61 @@ def short_claim(text: str, width: int = CLAIM_WIDTH) -> str:
     return cut + "…"
 
 
-SEVERITY = ("violated", "consistent", "loose", "no claim")
+SEVERITY = ("violated", "consistent", "loose", "no claim")  # of one promise, most severe first
+PROMISES = (("paper's count", "count"), ("paper", "rule"))  # the audit's upper bound, its name
 
 
-def _claim(upper: dict[str, float], verdicts: dict[str, str]) -> dict[str, Any]:
+def claim_verdict(
+    res: dict[str, Any], assumption: tuple[str, float] | None = None
+) -> dict[str, Any]:
     """The paper's promises for the one audited release — its count of releases at its
-    multiplier, and its own σ(ε) rule where it states one — and the evidence against each;
-    ``verdict`` is the most severe (a claim is refuted when any of its promises is)."""
-    out: dict[str, Any] = {}
-    found = []
-    for key, name in (("paper's count", "count"), ("paper", "rule")):
+    multiplier, and its own σ(ε) rule where it states one — and the evidence of the white-box
+    audit ``res`` against each; ``verdict`` is the most severe (a claim is refuted when any
+    of its promises is), ``epsilon_lo`` the lower bound it rests on.
+
+    A claim that rests on an ``assumption`` (what, G) which the run does not enforce
+    (:attr:`~privaudit.core.privacy.Privacy.assumption`) is judged on the searched canaries
+    that respect it, those of gradient norm ≤ G (their bounds hold together with the
+    others'): beaten by one of them, it is "violated" — refuted under its own hypothesis;
+    beaten only by canaries that break the hypothesis, it "does not apply" to this run —
+    the evidence refutes the hypothesis, not the claim — and ``measured`` is the strongest
+    of those canaries. ``under_assumption`` is the verdict of the canaries that respect it."""
+    upper = res["upper"]
+    out: dict[str, Any] = {"epsilon_lo": max(res["epsilon_lo"], 0.0)}
+    for key, name in PROMISES:
         eps = upper.get(key)
-        v = None if eps is None else "no claim" if math.isinf(eps) else verdicts[key]
+        v = None if eps is None else "no claim" if math.isinf(eps) else res["verdicts"][key]
         out[name] = {"epsilon": eps, "verdict": v}
-        if v is not None:
-            found.append((SEVERITY.index(v), name, v))
-    _, _, worst = min(found)
-    out["verdict"] = worst
-    out["refuted_by"] = [n for _, n, v in sorted(found) if v == "violated"]
+    judged = [
+        (key, name) for key, name in PROMISES if out[name]["verdict"] not in (None, "no claim")
+    ]
+    beyond: list[dict[str, Any]] = []  # the canaries that break the assumption and beat a promise
+    if assumption is not None and judged:
+        what, bound = assumption
+
+        def verdicts(c: dict[str, Any]) -> list[str]:
+            # a candidate carries the rule's ε at its own impact ("paper"); the count is one ε
+            lo = max(c["epsilon_lo"], 0.0)
+            return [verdict(lo, c.get(key, upper[key])) for key, _ in judged]
+
+        # a canary of unknown norm (none here: an example's is measured) counts on no side
+        cands = [c for c in res["search"]["candidates"] if c["norm"] is not None]
+        held = [c for c in cands if c["norm"] <= bound * (1 + 1e-9)]
+        found = [verdicts(c) for c in held] or [[verdict(0.0, upper[key]) for key, _ in judged]]
+        for j, (_, name) in enumerate(judged):
+            out[name]["verdict"] = min((v[j] for v in found), key=SEVERITY.index)
+        out["epsilon_lo"] = max((max(c["epsilon_lo"], 0.0) for c in held), default=0.0)
+        out["assumption"] = {"what": what, "norm": bound}
+        beyond = [c for c in cands if c not in held and "violated" in verdicts(c)]
+    promised = [out[name]["verdict"] for _, name in PROMISES if out[name]["verdict"] is not None]
+    out["verdict"] = min(promised, key=SEVERITY.index)
+    out["refuted_by"] = [name for _, name in PROMISES if out[name]["verdict"] == "violated"]
+    if "assumption" in out:
+        out["under_assumption"] = out["verdict"]
+        if beyond and not out["refuted_by"]:
+            top = max(beyond, key=lambda c: c["epsilon_lo"])
+            out["verdict"] = "does not apply"
+            out["measured"] = {k: top.get(k) for k in ("kind", "norm", "impact", "epsilon_lo")}
     return out
 
 
@@ -271,6 +311,11 @@ def row(
             "receiver": res["receiver"],
             "copies": res["copies"],
             "canary": res["canary"],
+            # every searched canary: its gradient norm and bound (claim_verdict reads them)
+            "candidates": [
+                {k: c[k] for k in ("kind", "norm", "impact", "epsilon_lo")}
+                for c in res["search"]["candidates"]
+            ],
             "seconds": res["seconds"],
         },
         upper=res["upper"],
@@ -286,7 +331,7 @@ def row(
             "impact": real["canary"]["impact"],
             "verdict": real["verdicts"]["accountant"],
         },
-        claim=_claim(res["upper"], res["verdicts"]),
+        claim=claim_verdict(res, privacy.assumption),
         accounting={
             "epsilon": res["upper"]["accountant"],
             "verdict": res["verdicts"]["accountant"],
@@ -458,7 +503,7 @@ def ledger(
                     facts = [
                         cfg.identity(),
                         run.resolved["kinds"][kind],
-                        _facts(privacy),
+                        privacy_facts(privacy),
                         doc["setting"]["audit"],
                     ]
                     path = out / "rows" / f"{target}-{digest(facts)}.json"
@@ -550,7 +595,7 @@ def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None
 
 
 # -- presentation -------------------------------------------------------------------------------
-class _Notes:
+class Notes:
     """Numbered notes, one per distinct text, prefixed (P: claims, R: reasons, E: errors)."""
 
     def __init__(self, prefix: str) -> None:
@@ -565,11 +610,36 @@ class _Notes:
         return [f"- **{ref}** {text}" for text, ref in self.texts.items()]
 
 
-def _verdict(v: str) -> str:
-    return "**violated**" if v == "violated" else v
+def _verdict(v: str, lower: float) -> str:
+    """A verdict as the ledger writes it: violated in bold, and a loose one whose lower
+    bound is 0 as "no evidence" (:func:`~privaudit.experiments.audit.verdict` calls both
+    loose, but a bound of 0 shows nothing, while a positive one well below the upper bound
+    shows some leak, less than promised)."""
+    if v == "violated":
+        return "**violated**"
+    return "no evidence" if v == "loose" and lower <= 0 else v
 
 
-def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) -> list[str]:
+def claim_text(c: dict[str, Any]) -> str:
+    """The claim column's verdict (see :func:`claim_verdict`): a claim beaten only by
+    canaries that break its unenforced assumption says so, with the strongest of them and
+    the verdict of those that respect it; one refuted by both its count and its rule says
+    so."""
+    if c["verdict"] == "does not apply":
+        m, bound = c["measured"], c["assumption"]["norm"]
+        within = _verdict(c["under_assumption"], c["epsilon_lo"])
+        return (
+            "assumption not enforced in this run: the claim does not apply (measured: "
+            f"ε ≥ {sig(m['epsilon_lo'])} with a canary of norm {sig(m['norm'])} > "
+            f"G = {sig(bound)}; with norm ≤ G: {within})"
+        )
+    text = _verdict(c["verdict"], c["epsilon_lo"])
+    if c["refuted_by"] and len([k for k in ("count", "rule") if c[k]["verdict"]]) > 1:
+        text += f" ({' + '.join(c['refuted_by'])})"
+    return text
+
+
+def cells(r: dict[str, Any], claims: Notes, reasons: Notes, errors: Notes) -> list[str]:
     """One table row's cells (see :data:`COLUMNS`)."""
     run_eps = sig(r["epsilon"])
     if math.isinf(r["epsilon"]):
@@ -591,11 +661,9 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
         notes.append(f"rechecked at {a['confidence']:.4g}")
     if notes:
         lo += f" ({', '.join(notes)})"
-    verdict = _verdict(c["verdict"])
-    if c["refuted_by"] and len([k for k in ("count", "rule") if c[k]["verdict"]]) > 1:
-        verdict += f" ({' + '.join(c['refuted_by'])})"
+    said = claim_text(c)
     if not r.get("paper_claims", True):
-        verdict = f"no claim in the paper; our reading of its count: {verdict}"
+        said = f"no claim in the paper; our reading of its count: {said}"
     real = r.get("real")
     found = "—"
     if real is not None:
@@ -612,8 +680,8 @@ def cells(r: dict[str, Any], claims: _Notes, reasons: _Notes, errors: _Notes) ->
         sig(r["accounting"]["epsilon"]),
         lo,
         found,
-        verdict,
-        _verdict(r["accounting"]["verdict"]),
+        said,
+        _verdict(r["accounting"]["verdict"], a["epsilon_lo"]),
     ]
 
 
@@ -621,11 +689,21 @@ def _names(targets: list[str], none: str = "none") -> str:
     return ", ".join(f"`{t}`" for t in targets) or none
 
 
+def _unenforced(rows: list[dict[str, Any]]) -> str:
+    """The targets of ``rows``, grouped by the assumption their claim rests on."""
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(r["claim"]["assumption"]["what"], []).append(r["target"])
+    return "; ".join(f"{_names(ts)} ({what})" for what, ts in by.items()) or "none"
+
+
 def headline(doc: dict[str, Any]) -> list[str]:
-    """The findings in a few lines: claims refuted, accounting violations, ∞ kinds."""
+    """The findings in a few lines: claims refuted, claims that do not apply, accounting
+    violations, ∞ kinds."""
     rows = doc["rows"]
     audited = [r for r in rows if r["error"] is None]
     refuted = [r["target"] for r in audited if r["claim"]["verdict"] == "violated"]
+    moot = [r for r in audited if r["claim"]["verdict"] == "does not apply"]
     readings = [r["target"] for r in rows if not r.get("paper_claims", True)]
     refuted, misread = (
         [t for t in refuted if t not in readings],
@@ -647,8 +725,13 @@ def headline(doc: dict[str, Any]) -> list[str]:
     out = [
         f"- {len(rows)} message kinds of {len({r['defense'] for r in rows})} defenses; "
         f"{len(rows) - len(informal)} have a formal guarantee, {len(informal)} have none (∞).",
-        "- Claims the evidence refutes (audit lower bound > the claim's ε for one release): "
+        "- Claims the evidence refutes (audit lower bound > the claim's ε for one release, "
+        "with canaries that respect the claim's assumptions): "
         f"{_names(refuted, 'none at this setting')}.",
+        "- Claims that do not apply because their assumption is not enforced in this run "
+        "(only canaries that break it beat the claim; the R-notes say how to enforce it where "
+        "the defense can): "
+        f"{_unenforced(moot)}.",
         "- No claim in the paper, but the evidence refutes our reading of how its users "
         f"count its releases: {_names(misread, 'none at this setting')}.",
         f"- Kinds with no formal guarantee whose paper still claims a finite ε over the run: "
@@ -728,16 +811,23 @@ LEGEND = [
     "violated = above the accounted ε for one release.",
     "- **claim**: the lower bound against the claimed ε for one release (count and rule; "
     "the more severe verdict); violated = the evidence refutes the claim; no claim = the "
-    "paper promises nothing finite.",
+    "paper promises nothing finite; otherwise consistent, loose or no evidence as for the "
+    "accounting. A claim that rests on an assumption the run does not enforce (a bound G on "
+    "every per-example gradient norm: the R-note says which) is judged on the canaries of "
+    "norm ≤ G: beaten by one of those it is violated; beaten only by canaries of norm > G, "
+    '"assumption not enforced in this run: the claim does not apply", with the strongest '
+    "of them (measured) and the verdict of the canaries of norm ≤ G.",
     "- **accounting**: the lower bound against the accounted ε for one release; consistent "
-    "(lower bound ≥ half the upper bound), loose (below half: more trials or a stronger "
-    "adversary could tighten it), no guarantee (∞), violated (a bug in the accounting).",
+    "(lower bound ≥ half the upper bound), loose (above 0 but below half: some leak shown, "
+    "less than the bound allows; more trials or a stronger adversary could tighten it), no "
+    "evidence (lower bound 0: the trials showed nothing), no guarantee (∞), violated (a bug "
+    "in the accounting).",
 ]
 
 
 def markdown(doc: dict[str, Any]) -> str:
     """The ledger as markdown: setting, headline, table, legend, notes."""
-    claims, reasons, errors = _Notes("P"), _Notes("R"), _Notes("E")
+    claims, reasons, errors = Notes("P"), Notes("R"), Notes("E")
     body = [cells(r, claims, reasons, errors) for r in doc["rows"]]
     lines = ["# Claims ledger", ""]
     if not doc.get("complete", True):
@@ -772,21 +862,40 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _wrap(text: str, width: int | None) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, cut at spaces only (a longer word
+    keeps its line); one line when ``width`` is None."""
+    if width is None or len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 def table(doc: dict[str, Any]) -> str:
-    """The ledger for a terminal: setting, table, headline, notes (plain text)."""
-    claims, reasons, errors = _Notes("P"), _Notes("R"), _Notes("E")
+    """The ledger for a terminal: setting, table, headline, notes (plain text). Cells longer
+    than their column's :data:`TERMINAL_WIDTHS` wrap onto more lines, so the table stays
+    about 170 characters wide; the markdown keeps each cell on one line."""
+    claims, reasons, errors = Notes("P"), Notes("R"), Notes("E")
     body = [
         [c.replace("**", "").replace("`", "") for c in cells(r, claims, reasons, errors)]
         for r in doc["rows"]
     ]
-    head = list(COLUMNS)
-    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    grid = [
+        [_wrap(c, w) for c, w in zip(cs, TERMINAL_WIDTHS, strict=True)]
+        for cs in [list(COLUMNS), *body]
+    ]
+    widths = [max(len(x) for cell in col for x in cell) for col in zip(*grid, strict=True)]
 
-    def line(cs: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cs, widths, strict=True)).rstrip()
+    def lines(cs: list[list[str]]) -> list[str]:
+        return [
+            "  ".join(
+                (c[i] if i < len(c) else "").ljust(w) for c, w in zip(cs, widths, strict=True)
+            ).rstrip()
+            for i in range(max(len(c) for c in cs))
+        ]
 
-    out = [f"claims ledger · {describe(doc)}", "", line(head), line(["-" * w for w in widths])]
-    out += [line(b) for b in body]
+    rule = "  ".join("-" * w for w in widths)
+    out = [f"claims ledger · {describe(doc)}", "", *lines(grid[0]), rule]
+    out += [x for cs in grid[1:] for x in lines(cs)]
     out += ["", *[h[2:].replace("`", "") for h in headline(doc)], ""]
     for title, notes in (("paper claims", claims), ("why ∞", reasons), ("not audited", errors)):
         if notes.texts:
