@@ -229,3 +229,73 @@ def one_run_canaries_needed(delta: float, confidence: float, guesses: int = 6) -
             return m
         m *= 2
     raise PrivauditError("no number of canaries gives a bound at this confidence and δ")
+
+
+# -- one run over pairs: each coin swaps one example (group privacy) --------------------------
+def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """What (ε, δ)-DP for adding or removing one example gives datasets ``k`` changes apart:
+    (kε, δ·Σ_{i<k} e^{iε}), by chaining the definition k times (Dwork & Roth 2014, Thm. 2.2
+    for δ = 0; with δ, P[M(D₀) ∈ S] ≤ e^ε(e^ε P[M(D₂) ∈ S] + δ) + δ for k = 2). Replacing
+    one example is k = 2: one removal and one addition."""
+    if k < 1:
+        raise PrivauditError(f"a group has at least one change, got k = {k}")
+    if math.isinf(epsilon):
+        return math.inf, 1.0
+    # e^{iε} capped where δ·e^{iε} is past 1 for any δ ≥ DELTA_MIN (no overflow)
+    return k * epsilon, min(1.0, delta * sum(math.exp(min(i * epsilon, 700.0)) for i in range(k)))
+
+
+def one_run_group_epsilon(m: int, r: int, v: int, delta: float, p: float, group: int) -> float:
+    """The largest ε (of one addition or removal) whose ``group``-fold guarantee
+    (:func:`group_privacy`) the one-run outcome (m canaries, r guesses, v correct) rejects
+    at level ``p``: :func:`one_run_p_value` at (kε, δ Σ e^{iε}) below ``p`` (bisection, as
+    :func:`one_run_epsilon`, which is ``group = 1``)."""
+
+    def rejects(eps: float) -> bool:
+        e, d = group_privacy(eps, delta, group)
+        return one_run_p_value(m, r, v, e, d) < p
+
+    if r == 0 or not rejects(0.0):
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while rejects(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            return lo
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if rejects(mid) else (lo, mid)
+    return lo
+
+
+def one_run_group_audit(
+    scores: np.ndarray,
+    included: np.ndarray,
+    delta: float,
+    confidence: float,
+    group: int,
+    guesses: Sequence[float] = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+) -> dict[str, float]:
+    """The one-run audit (:func:`one_run_audit`) for canaries whose coin changes the input in
+    ``group`` places (a coin that picks which of two examples is in swaps one: ``group``
+    = 2), with signed scores: canary j is guessed "in" where its score is positive and "out"
+    where negative, the r of largest |score| (zeros never), for r = each fraction of m in
+    ``guesses``, the level split over them (Bonferroni); each outcome turned into an ε of
+    one addition or removal by :func:`one_run_group_epsilon`."""
+    check_levels(confidence, delta)
+    scores, included = np.asarray(scores, float), np.asarray(included, bool)
+    m = len(scores)
+    order = np.argsort(-np.abs(scores), kind="stable")
+    signed = int(np.count_nonzero(scores))
+    p = (1 - confidence) / len(guesses)
+    best = {"epsilon": 0.0, "guesses": 0, "correct": 0, "canaries": m}
+    for frac in guesses:
+        r = min(max(1, int(round(frac * m))), signed)
+        if r == 0:
+            continue
+        top = order[:r]
+        v = int(np.sum((scores[top] > 0) == included[top]))
+        eps = one_run_group_epsilon(m, r, v, delta, p, group)
+        if eps > best["epsilon"]:
+            best = {"epsilon": eps, "guesses": r, "correct": v, "canaries": m}
+    return best

@@ -7,9 +7,11 @@ candidates that were members, ``scores_out`` of candidates that were not. Where 
 statistical claim (a confidence interval, a violation, an ε lower bound) it assumes what a DP
 audit assumes: the scores are independent trials, each candidate's membership decided
 independently of everything else. Many candidates scored against *one* message or model
-are not independent trials; for those, use ``method="one-run"`` of
-:func:`epsilon_lower_bound` (Steinke, Nasr & Jagielski 2023), which needs exactly that each
-candidate's membership was decided by its own fair coin.
+are not independent trials; for those, use the one-run analysis (Steinke, Nasr & Jagielski
+2023), which holds under any dependence between the scores and needs only independent fair
+coins: ``method="one-run"`` of :func:`epsilon_lower_bound` where each candidate's membership
+was its own coin, :func:`pair_audit` (``method="pairs"``) where a coin picked which of two
+candidates is in.
 
 The region (ε, δ)-DP allows (Kairouz, Oh & Viswanath 2015, Thm. 2.1; the hypothesis-testing
 view of Wasserman & Zhou 2010): every test of "member" against "not a member" has
@@ -42,6 +44,7 @@ from privaudit.eval.bounds import (
     cp_lower,
     cp_upper,
     one_run_audit,
+    one_run_group_audit,
 )
 from privaudit.eval.figures import save_figure
 
@@ -55,6 +58,7 @@ __all__ = [
     "lira_online",
     "logit_confidence",
     "loss_score",
+    "pair_audit",
     "plot_roc",
     "rmia",
     "roc",
@@ -257,15 +261,21 @@ def epsilon_lower_bound(
     :func:`~privaudit.eval.bounds.one_run_audit` on the pooled scores, with the members as
     the included canaries. Valid only when each candidate's membership was decided by its
     own fair coin, independently of the others.
+
+    ``pairs`` (one message or model, a fair coin per member/non-member pair): the bound of
+    :func:`pair_audit`, ``scores_in[j]`` and ``scores_out[j]`` being pair j's member and
+    non-member.
     """
     check_levels(confidence, delta)
+    if method == "pairs":
+        return pair_audit(scores_in, scores_out, delta, confidence, seed=seed)["epsilon"]
     a, b = _pair(scores_in, scores_out)
     if method == "one-run":
         scores = np.concatenate([a, b])
         included = np.concatenate([np.ones(len(a), bool), np.zeros(len(b), bool)])
         return float(one_run_audit(scores, included, delta, confidence)["epsilon"])
     if method != "split":
-        raise PrivauditError(f"unknown method {method!r}; choose one of: one-run, split")
+        raise PrivauditError(f"unknown method {method!r}; choose one of: one-run, pairs, split")
     rng = np.random.default_rng(seed)
     a, b = rng.permutation(a), rng.permutation(b)
     ha, hb = len(a) // 2, len(b) // 2
@@ -273,6 +283,53 @@ def epsilon_lower_bound(
         return 0.0
     thr = best_threshold(a[:ha], b[:hb], delta, confidence)
     return float(clopper_pearson_epsilon(a[ha:], b[hb:], thr, delta, confidence))
+
+
+def pair_audit(
+    scores_in: Any,
+    scores_out: Any,
+    delta: float,
+    confidence: float = 0.95,
+    *,
+    seed: int = 0,
+) -> dict[str, float]:
+    """An ε lower bound (of adding or removing one example) from member/non-member pairs
+    whose scores may depend on each other in any way (one message, one model, one run).
+
+    ``scores_in[j]`` and ``scores_out[j]`` are pair j's member and non-member, where a fair
+    coin, given the pair and independently of the other pairs' coins, decided which of the
+    two is the member: the model-level game (:mod:`privaudit.api.references`) flips it; in
+    a message's Poisson batch matched with as many non-members drawn at random from the rest
+    of the shard, every way of picking one per pair is equally likely (the batch's
+    probability depends on its size alone).
+
+    The one-run analysis of Steinke, Nasr & Jagielski 2023 ("Privacy Auditing with One (1)
+    Training Run", Thm. 3.1 and its δ > 0 form): canary j is pair j in an order drawn by a
+    fair coin (``seed``, independent of the scores), S_j whether its first is the member,
+    its score first − second (:func:`~privaudit.eval.bounds.one_run_group_audit` guesses the
+    most extreme). Flipping S_j swaps one example for another: two changes, so a mechanism
+    (ε, δ)-DP for one addition or removal is (2ε, (1 + e^ε)δ)-DP in each coin
+    (:func:`~privaudit.eval.bounds.group_privacy`), and the bound is on that ε. The theorem
+    asks nothing of the scores' joint law, only of the coins: independent fair coins.
+
+    Returns ``epsilon``, ``pairs`` (the independent coins it rests on), ``guesses`` and
+    ``correct``."""
+    check_levels(confidence, delta)
+    a, b = _scores(scores_in, "scores_in"), _scores(scores_out, "scores_out")
+    if len(a) != len(b):
+        raise PrivauditError(
+            f"pairs need one member and one non-member each, got {len(a)} members and "
+            f"{len(b)} non-members; pass scores_in[j], scores_out[j] of pair j"
+        )
+    first_in = np.random.default_rng(seed).random(len(a)) < 0.5
+    diff = np.where(first_in, a - b, b - a)
+    res = one_run_group_audit(diff, first_in, delta, confidence, group=2)
+    return {
+        "epsilon": float(res["epsilon"]),
+        "pairs": len(a),
+        "guesses": int(res["guesses"]),
+        "correct": int(res["correct"]),
+    }
 
 
 # -- model-level scorers -----------------------------------------------------------------------

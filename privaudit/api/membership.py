@@ -18,11 +18,27 @@ defaults: :func:`privaudit.sim.plan.locate`, one per round of ``rounds`` and vic
 - **labels**: the label counts inferred from the message's last layer
   (:func:`privaudit.attacks.infer_labels`) against the batch's true counts.
 
-The pooled scores give the ROC, AUC, TPR at low FPR with Clopper–Pearson intervals
-(:mod:`privaudit.eval.membership`), the region (ε, δ)-DP allows for the attacked kind's
-one-release ε where it is formal (the message is one Gaussian release of the batch it
-contains: membership in it is add/remove of one example at sample rate 1), the points
-above it (violations) and an ε lower bound from real examples.
+The pooled scores give the ROC, AUC and TPR at low FPR with Clopper–Pearson intervals
+(:mod:`privaudit.eval.membership`): what the attack achieves. The candidates of one message
+share its noise, so they are not independent trials, and the two statistical claims are made
+only where they hold:
+
+- **the ε lower bound** is the one-run analysis of Steinke, Nasr & Jagielski 2023 over
+  member/non-member **pairs** (:func:`privaudit.eval.membership.pair_audit`): each message's
+  members are matched at random with its non-members. Given the pairs, every way of picking
+  one member per pair is equally likely, because a Poisson batch's probability depends on its
+  size alone and the non-members are drawn uniformly from the rest of the shard. So which
+  one of a pair is in is an independent fair coin, whatever the scores share. The scorer
+  sees each message's candidates in a random order, so its scores are a function of the
+  message and the unordered candidates. A coin swaps one example of one batch, so the bound
+  is on the ε of one addition or removal through group privacy (2ε, (1 + e^ε)δ); it refutes
+  the stated ε (``refuted``) where it exceeds the ε of every release of a batch in its round
+  (one, or one per neighbour), through which alone a coin reaches the observed messages;
+- **the violations** are ROC points above that swap's region for the attacked kind's
+  one-release ε where it is formal (the message is one Gaussian release of the batch it
+  contains, at sample rate 1), counted over **independent trials only**: one pair per
+  message, in an order drawn by a fair coin (:func:`independent_trials`), checked by
+  :func:`privaudit.eval.membership.violations` at the run's ``confidence``.
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import to_jsonable, write_json
 from privaudit.eval import membership as M
+from privaudit.eval.bounds import group_privacy
 from privaudit.eval.labelcounts import count_accuracy, count_tv
 from privaudit.sim.plan import locate
 from privaudit.sim.run import Run
@@ -53,11 +70,44 @@ FPRS = (0.001, 0.01)  # the low false-positive rates reported (LiRA's convention
 @dataclass
 class Scores:
     """Pooled, calibrated scores of every member and non-member over the observed messages,
-    and per message its round, victim and label-count accuracy."""
+    per scored message its pairs (the scores of its members and of the non-members matched
+    with them, pair j = entry j of each), and per message its round, victim and label-count
+    accuracy."""
 
     members: np.ndarray
     nonmembers: np.ndarray
+    pairs: list[tuple[np.ndarray, np.ndarray]]
     messages: list[dict[str, Any]]
+
+    def paired(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every pair's member and non-member score, over all messages."""
+        if not self.pairs:
+            return np.zeros(0), np.zeros(0)
+        return (
+            np.concatenate([s_in for s_in, _ in self.pairs]),
+            np.concatenate([s_out for _, s_out in self.pairs]),
+        )
+
+
+def independent_trials(
+    pairs: list[tuple[np.ndarray, np.ndarray]], seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """One trial per message, so that no two trials share a message's noise: a pair drawn at
+    random, in an order drawn by a fair coin, scored first − second; returned as the scores
+    of the trials whose first is the member and of those whose first is not. A trial tests
+    which of two examples is in: a swap, so its region is (2ε, (1 + e^ε)δ) for an (ε, δ)
+    claim of one addition or removal (module docstring)."""
+    rng = np.random.default_rng(seed + 7919)
+    first_in, stat = [], []
+    for s_in, s_out in pairs:
+        if len(s_in) == 0:
+            continue
+        j = int(rng.integers(len(s_in)))
+        coin = bool(rng.random() < 0.5)
+        first_in.append(coin)
+        stat.append(s_in[j] - s_out[j] if coin else s_out[j] - s_in[j])
+    first, stat_a = np.asarray(first_in, bool), np.asarray(stat, float)
+    return stat_a[first], stat_a[~first]
 
 
 def message_scores(
@@ -78,7 +128,7 @@ def message_scores(
     data = run.data
     pop = torch.randperm(len(data.test_x), generator=gen)[:population]
     ref = (data.test_x[pop], data.test_y[pop])
-    members, nonmembers, rows = [], [], []
+    members, nonmembers, pairs, rows = [], [], [], []
     for t in rounds:
         for sighting, obs in locate(
             run, target, t, threat=threat, attackers=attackers, victims=victims, progress=progress
@@ -91,13 +141,20 @@ def message_scores(
             shard = run.ctx.parts[v].cpu()
             rest = shard[~torch.isin(shard, batch)]
             out = rest[torch.randperm(len(rest), generator=gen)[: len(batch)]]
-            xs = torch.cat([data.train_x[batch], data.train_x[out], ref[0]])
-            ys = torch.cat([data.train_y[batch], data.train_y[out], ref[1]])
+            cands = torch.cat([batch, out])
+            order = torch.randperm(len(cands), generator=gen)  # not members first
+            xs = torch.cat([data.train_x[cands[order]], ref[0]])
+            ys = torch.cat([data.train_y[cands[order]], ref[1]])
             s = score_candidates(obs, xs, ys, scorer, reference=ref).double().cpu().numpy()
-            s_in, s_out, s_ref = np.split(s, [len(batch), len(batch) + len(out)])
+            s_ref = s[len(cands) :]
+            s_cand = np.empty(len(cands))
+            s_cand[order.numpy()] = s[: len(cands)]
             mu, sd = s_ref.mean(), s_ref.std() or 1.0
-            members.append((s_in - mu) / sd)
-            nonmembers.append((s_out - mu) / sd)
+            s_in, s_out = np.split((s_cand - mu) / sd, [len(batch)])
+            members.append(s_in)
+            nonmembers.append(s_out)
+            k = min(len(s_in), len(s_out))  # out is a random draw: a random matching
+            pairs.append((s_in[:k], s_out[:k]))
             true, guess = data.train_y[batch], infer_labels(obs, "auto").cpu()
             rows.append(
                 {
@@ -106,6 +163,7 @@ def message_scores(
                     "receiver": sighting.dst,
                     "threat": sighting.threat.describe(),
                     "members": len(batch),
+                    "pairs": k,
                     "auc": M.auc(s_in, s_out) if len(out) else None,
                     "label_counts_exact": count_accuracy(guess, true, obs.num_classes),
                     "label_tv": count_tv(guess, true, obs.num_classes),
@@ -116,7 +174,7 @@ def message_scores(
             f"every victim's batch of {target} is empty in rounds {rounds[0]}..{rounds[-1]} "
             "(Poisson sampling): nothing is a member; observe more rounds (--messages)"
         )
-    return Scores(np.concatenate(members), np.concatenate(nonmembers), rows)
+    return Scores(np.concatenate(members), np.concatenate(nonmembers), pairs, rows)
 
 
 def mia(
@@ -162,15 +220,25 @@ def mia(
     q = run.resolved["agents"][victim]["sample_rate"]
     acc = account(privacy, delta, q, run.cfg.rounds, run.cfg.accountant)
     bound = acc["release"]  # one Gaussian release of the batch: ∞ where not formal
+    finite = math.isfinite(bound)
     points = {
         f"{f:g}": dataclass_dict(M.tpr_at_fpr(sc.members, sc.nonmembers, f, confidence))
         for f in FPRS
     }
+    t_in, t_out = independent_trials(sc.pairs, seed)
+    region = group_privacy(bound, delta, 2)  # a trial tells which of two is in: a swap
     found = (
-        [dataclass_dict(v) for v in M.violations(sc.members, sc.nonmembers, bound, delta)]
-        if math.isfinite(bound)
+        [dataclass_dict(v) for v in M.violations(t_in, t_out, *region, confidence)]
+        if finite and len(t_in) and len(t_out)
         else []
     )
+    p_in, p_out = sc.paired()
+    one_run = M.pair_audit(p_in, p_out, delta, confidence, seed=seed)
+    lo = one_run["epsilon"] if len(p_in) else None
+    # a coin's batch reaches every later message, but only through its round's releases
+    per_coin = account(
+        privacy, delta, q, run.cfg.rounds, run.cfg.accountant, copies=privacy.releases
+    )["release"]
     fpr, tpr = M.roc(sc.members, sc.nonmembers)
     scored = [m for m in sc.messages if m["members"]]
     result: dict[str, Any] = {
@@ -183,13 +251,30 @@ def mia(
         "nonmembers": int(len(sc.nonmembers)),
         "auc": M.auc(sc.members, sc.nonmembers),
         "tpr_at_fpr": points,
-        "epsilon_release": bound if math.isfinite(bound) else None,
-        "epsilon_release_reason": None if math.isfinite(bound) else privacy.reason,
+        "epsilon_release": bound if finite else None,
+        "epsilon_release_reason": None if finite else privacy.reason,
         "delta": delta,
         "violations": found,
-        "epsilon_lo": M.epsilon_lower_bound(
-            sc.members, sc.nonmembers, delta, confidence, seed=seed
-        ),
+        "violations_analysis": {
+            "method": "independent messages: one member/non-member pair per message",
+            "trials": int(len(t_in) + len(t_out)),
+            "region": {"epsilon": region[0], "delta": region[1]} if finite else None,
+        },
+        "epsilon_lo": lo,
+        "epsilon_lo_analysis": {
+            "method": "one-run over member/non-member pairs (Steinke, Nasr & Jagielski 2023)",
+            "trials": one_run["pairs"],
+            "guesses": one_run["guesses"],
+            "correct": one_run["correct"],
+            "epsilon_stated": per_coin if finite else None,
+            "stated": "the ε of one round's releases of a batch, at sample rate 1 (every "
+            "observed message depends on a pair's coin only through them)",
+            "reason": None
+            if lo is not None
+            else "no message left a non-member to pair with a member (its batch took the "
+            "whole shard): nothing to bound",
+        },
+        "refuted": None if not finite or lo is None else bool(lo > per_coin),
         "confidence": confidence,
         "label_counts_exact": float(np.mean([m["label_counts_exact"] for m in scored])),
         "label_tv": float(np.mean([m["label_tv"] for m in scored])),
@@ -203,7 +288,7 @@ def mia(
         M.plot_roc(
             {f"{scorer} (AUC {result['auc']:.3f})": (fpr, tpr)},
             out / "roc.png",
-            bound=(bound, delta) if math.isfinite(bound) else None,
+            bound=(bound, delta) if finite else None,
             title=title,
         )
         result["figure"] = str(out / "roc.png")

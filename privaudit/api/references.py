@@ -8,10 +8,23 @@ message; this module asks who is in the victim's *training set*, from a model:
   or the run's final average model (``on="final"``: the mean of every agent's model after the
   last round, what a decentralized run hands out; the default where the target's kind is not
   a model);
-- **candidates**: ``m`` members, examples of the victim's shard (``run.ctx.parts[victim]``),
-  and ``m`` non-members from the run's test split (a held-out tenth of the training split
-  when the run is evaluated on ``eval_split="validation"``), one of each member's label:
-  never trained on, and with the members' label histogram (shards are label-skewed);
+- **candidates**: ``m`` examples of the victim's shard (``run.ctx.parts[victim]``) and ``m``
+  from the run's test split (a held-out tenth of the training split when the run is
+  evaluated on ``eval_split="validation"``), one of each shard example's label, in ``m``
+  pairs of one label (shards are label-skewed);
+- **the game** (the membership game of Steinke, Nasr & Jagielski 2023, in pairs): a fair
+  coin per pair picks which of its two examples the victim trains on, and the attacked model
+  is the run's, replayed (:func:`simulate_copies`, the run's own seed) with the victim's
+  shard its non-candidate examples plus the picked ones. Members and non-members then have
+  one distribution, so a shift between the shard and the test split separates nothing, and
+  the shard keeps its size and Poisson rate (so the run's ε is the game's). The ε lower
+  bound, and whether it refutes the run's ε, are the game's
+  (:func:`privaudit.eval.membership.pair_audit`: each coin swaps one example, and the
+  coins are independent and fair whatever the candidates' scores share); one model is one
+  trial, so no ROC point is checked against the DP region;
+- **the natural split**: the run's own model, the shard examples (members) against the test
+  ones (non-members), reported as ``natural`` with no bound: a train/test shift raises it as
+  much as membership does;
 - **population** ``z``: further test-split examples, never a candidate and never trained on
   by any run (RMIA's reference population);
 - **reference runs** (shadow models): ``K`` runs of the same defense at the same operating
@@ -39,8 +52,9 @@ A defense without ``union_exact`` (its round reads the number of agents or the s
 W) simulates its references one copy at a time: exact, not batched.
 
 Reference runs are cached under ``<run>/references/<key>/`` (the key: the run's identity,
-K, the seed, the victim, the attacked model and the candidates): a second call with the same
-settings reads them back instead of training again.
+K, the seed, the victim, the attacked model and the candidates), and so is the game's model
+(the key: the run's identity, the victim, the attacked model and the game's shard): a second
+call with the same settings reads them back instead of training again.
 """
 
 from __future__ import annotations
@@ -74,6 +88,7 @@ from privaudit.sim.targets import Target
 ATTACKS = ("loss", "lira", "rmia")  # what ``privaudit mia --attack`` runs at model level
 SCORES = ("loss", "lira-online", "lira-offline", "rmia")  # every score a model-level call reports
 HEADLINE = {"loss": "loss", "lira": "lira-online", "rmia": "rmia"}
+ONE_RUN = "one-run over the game's pairs (Steinke, Nasr & Jagielski 2023)"
 MODEL_KINDS = ("model", "half-model")  # message kinds that carry an agent's model
 ON = ("message", "final")
 FPRS = (0.001, 0.01)
@@ -146,6 +161,42 @@ def draw_candidates(
         population=(left[-min(population, len(left)) :] + n_train).sort().values,
         n_train=n_train,
     )
+
+
+@dataclass
+class Game:
+    """The game's draw (module docstring): ``pairs`` (m, 2) positions in
+    :attr:`Candidates.pool`, a shard example and a test example of one label; ``coins``
+    (m,) True where the pair's shard example is the one trained on."""
+
+    pairs: np.ndarray
+    coins: np.ndarray
+
+    @property
+    def member(self) -> np.ndarray:
+        """(2m,) booleans over the pool: the candidates the game's victim trains on."""
+        out = np.zeros(2 * len(self.pairs), bool)
+        out[np.where(self.coins, self.pairs[:, 0], self.pairs[:, 1])] = True
+        return out
+
+    def split(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's member's and non-member's score (pair j = entry j of each)."""
+        first, second = scores[self.pairs[:, 0]], scores[self.pairs[:, 1]]
+        return np.where(self.coins, first, second), np.where(self.coins, second, first)
+
+
+def draw_game(run: Run, candidates: Candidates, seed: int = 0) -> Game:
+    """Pair each shard candidate with a test candidate of its label (both in index order)
+    and flip a fair coin per pair (a generator seeded by ``seed`` alone)."""
+    m = len(candidates.members)
+    y = labels_of(run, candidates.pool).numpy()
+    pairs = []
+    for c in np.unique(y[:m]):
+        shard, test = np.flatnonzero(y[:m] == c), m + np.flatnonzero(y[m:] == c)
+        pairs += list(zip(shard.tolist(), test.tolist(), strict=True))
+    order = np.asarray(sorted(pairs), dtype=np.int64).reshape(-1, 2)
+    coins = np.random.default_rng(seed + 15485863).random(len(order)) < 0.5
+    return Game(order, coins)
 
 
 def reference_seed(run_seed: int, seed: int, copy: int) -> int:
@@ -308,17 +359,102 @@ def reference_models(
         "receiver": receiver,
         "candidates": digest([candidates.pool.tolist(), candidates.known.tolist()], 16),
     }
+    pool = candidates.pool
+    shards = [torch.cat([candidates.known, pool[inside[c]]]).sort().values for c in range(k)]
+    models, folder, trained, seconds = cached_copies(
+        run,
+        victim,
+        key,
+        shards,
+        seeds,
+        inside,
+        until=until,
+        kind=kind,
+        receiver=receiver,
+        batch=batch,
+        progress=progress,
+    )
+    return References(models, inside, seeds, folder, trained, seconds)
+
+
+@dataclass
+class Played:
+    """The game's attacked model (:func:`game_model`)."""
+
+    model: Tensor  # (D,)
+    path: Path
+    trained: bool
+    seconds: float
+
+
+def game_model(
+    run: Run,
+    victim: int,
+    candidates: Candidates,
+    game: Game,
+    *,
+    until: int,
+    kind: str | None = None,
+    receiver: int | None = None,
+    progress: bool = False,
+) -> Played:
+    """The game's attacked model (module docstring): ``run`` replayed with its own seed and
+    the victim's shard its non-candidate examples plus the game's members; the victim's
+    ``kind`` message of round ``until`` to ``receiver``, or the average model after round
+    ``until`` (``kind`` None). Cached under ``<run>/references/`` as the reference runs."""
+    member = game.member
+    shard = torch.cat([candidates.known, candidates.pool[member]]).sort().values
+    key = {
+        "version": CACHE_VERSION,
+        "run": run.cfg.identity(),
+        "game": digest(shard.tolist(), 16),
+        "victim": victim,
+        "until": until,
+        "kind": kind,
+        "receiver": receiver,
+    }
+    models, folder, trained, seconds = cached_copies(
+        run,
+        victim,
+        key,
+        [shard],
+        [run.cfg.seed],
+        member[None],
+        until=until,
+        kind=kind,
+        receiver=receiver,
+        progress=progress,
+    )
+    return Played(models[0], folder, trained, seconds)
+
+
+def cached_copies(
+    run: Run,
+    victim: int,
+    key: dict[str, Any],
+    shards: list[Tensor],
+    seeds: list[int],
+    inside: np.ndarray,
+    *,
+    until: int,
+    kind: str | None,
+    receiver: int | None,
+    batch: int | None = None,
+    progress: bool = False,
+) -> tuple[Tensor, Path, bool, float]:
+    """:func:`simulate_copies` of ``shards`` and ``seeds`` through the cache: read from
+    ``<run>/references/<digest of key>/`` when it holds them (and their ``inside``, the
+    candidates each copy trained on), else simulated ``batch`` copies at a time (default: all
+    at once for a defense with ``union_exact``, one at a time otherwise) and written there.
+    Returns the models, the folder, whether this call trained them and its seconds."""
     folder = run.dir.path / "references" / digest(key, 16)
     blob, meta = folder / "models.safetensors", folder / "key.json"
     started = time.perf_counter()
+    k = len(shards)
     if blob.is_file() and meta.is_file():
         got = load_file(str(blob))
         if got["models"].shape[0] == k and np.array_equal(got["inside"].numpy(), inside):
-            return References(
-                got["models"], inside, seeds, folder, False, time.perf_counter() - started
-            )
-    pool = candidates.pool
-    shards = [torch.cat([candidates.known, pool[inside[c]]]).sort().values for c in range(k)]
+            return got["models"], folder, False, time.perf_counter() - started
     step = batch or (k if run.defense.union_exact else 1)
     models = torch.cat(
         [
@@ -338,7 +474,7 @@ def reference_models(
     tensors = {"models": models.contiguous(), "inside": torch.from_numpy(inside)}
     atomic_write(blob, lambda tmp: save_file(tensors, tmp))
     write_json(meta, to_jsonable({**key, "seeds": seeds}))
-    return References(models, inside, seeds, folder, True, time.perf_counter() - started)
+    return models, folder, True, time.perf_counter() - started
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -497,6 +633,9 @@ def model_mia(
         flat = run.train(progress=progress)["x"].mean(0).float().cpu()
         dst, seen_by = None, "anyone: the final average model is the run's output"
     cands = draw_candidates(run, v, candidates, population, seed)
+    game = draw_game(run, cands, seed)
+    kind = tgt.kind if on == "message" else None
+    played = game_model(run, v, cands, game, until=t, kind=kind, receiver=dst, progress=progress)
     refs = None
     if attack != "loss":
         refs = reference_models(
@@ -505,13 +644,13 @@ def model_mia(
             cands,
             references,
             until=t,
-            kind=tgt.kind if on == "message" else None,
+            kind=kind,
             receiver=dst,
             seed=seed,
             progress=progress,
         )
-    scores = model_scores(run, flat, cands, refs)
-    member = cands.member
+    scores = model_scores(run, played.model, cands, refs)
+    natural = model_scores(run, flat, cands, refs)
     delta = run.cfg.delta
     if on == "final":
         bound = float(run.resolved["agents"][v]["epsilon"])
@@ -522,23 +661,11 @@ def model_mia(
         bound = float(account(privacy, delta, q, t, run.cfg.accountant)["run"])
         reason = privacy.reason
     finite = math.isfinite(bound)
-    table: dict[str, Any] = {}
-    curves = {}
-    for name, s in scores.items():
-        s_in, s_out = s[member], s[~member]
-        table[name] = {
-            "auc": M.auc(s_in, s_out),
-            "tpr_at_fpr": {
-                f"{f:g}": _point(M.tpr_at_fpr(s_in, s_out, f, confidence)) for f in FPRS
-            },
-        }
-        curves[f"{name} (AUC {table[name]['auc']:.3f})"] = M.roc(s_in, s_out)
+    table = _table(scores, game.member, confidence)
+    plain = _table(natural, cands.member, confidence)
     head = HEADLINE[attack]
-    s = scores[head]
-    s_in, s_out = s[member], s[~member]
-    found = (
-        [_point(x) for x in M.violations(s_in, s_out, bound, delta, confidence)] if finite else []
-    )
+    one_run = M.pair_audit(*game.split(scores[head]), delta, confidence, seed=seed)
+    lo = one_run["epsilon"]
     result: dict[str, Any] = {
         "target": target,
         "attack": attack,
@@ -548,25 +675,50 @@ def model_mia(
         "victim": v,
         "receiver": dst,
         "threat": seen_by,
-        "members": int(member.sum()),
-        "nonmembers": int((~member).sum()),
+        "members": int(game.member.sum()),
+        "nonmembers": int((~game.member).sum()),
         "auc": table[head]["auc"],
         "tpr_at_fpr": table[head]["tpr_at_fpr"],
         "scores": table,
+        "natural": {
+            "what": "the run's own model: members of the victim's shard against test-split "
+            "non-members; a train/test shift raises it as membership does, so no ε bound or "
+            "violation rests on it",
+            "members": int(cands.member.sum()),
+            "nonmembers": int((~cands.member).sum()),
+            "auc": plain[head]["auc"],
+            "tpr_at_fpr": plain[head]["tpr_at_fpr"],
+            "scores": plain,
+        },
         "epsilon": bound if finite else None,
         "epsilon_reason": None if finite else reason,
         "epsilon_rounds": t,
         "delta": delta,
-        "violations": found,
-        "epsilon_lo": M.epsilon_lower_bound(s_in, s_out, delta, confidence, seed=seed),
+        "epsilon_lo": lo,
+        "epsilon_lo_analysis": {
+            "method": ONE_RUN,
+            "trials": one_run["pairs"],
+            "guesses": one_run["guesses"],
+            "correct": one_run["correct"],
+            "reason": None,
+        },
+        "refuted": bool(lo > bound) if finite else None,
         "confidence": confidence,
+        "game": {
+            "pairs": [[int(cands.pool[a]), int(cands.pool[b])] for a, b in game.pairs],
+            "members": cands.pool[game.member].tolist(),
+            "seed": run.cfg.seed,
+            "trained": played.trained,
+            "seconds": played.seconds,
+            "path": str(played.path),
+        },
         "split": {
             "victim": v,
             "members": cands.members.tolist(),
             "nonmembers_test": (cands.nonmembers - cands.n_train).tolist(),
             "known_members": len(cands.known),
             "population": len(cands.population),
-            "other_agents": "their shards of the run, in the target and every reference run",
+            "other_agents": "their shards of the run, in the game and every reference run",
         },
         "references": None
         if refs is None
@@ -585,14 +737,36 @@ def model_mia(
         out = Path(out)
         write_json(out / "result.json", to_jsonable(result))
         where = f"round {t}" if on == "message" else "final average model"
+        curves = {
+            f"{name} (AUC {table[name]['auc']:.3f})": M.roc(s[game.member], s[~game.member])
+            for name, s in scores.items()
+        }
+        nat = natural[head]
+        curves[f"natural {head} (AUC {plain[head]['auc']:.3f})"] = M.roc(
+            nat[cands.member], nat[~cands.member]
+        )
         M.plot_roc(
             curves,
             out / "roc.png",
             bound=(bound, delta) if finite else None,
-            title=f"{target} · {where} · {references if refs else 0} references",
+            title=f"{target} · {where} · game · {references if refs else 0} references",
         )
         result["figure"] = str(out / "roc.png")
     return result
+
+
+def _table(scores: dict[str, np.ndarray], member: np.ndarray, confidence: float) -> dict[str, Any]:
+    """Per score: AUC and TPR at :data:`FPRS` of ``member`` against the rest."""
+    table: dict[str, Any] = {}
+    for name, s in scores.items():
+        s_in, s_out = s[member], s[~member]
+        table[name] = {
+            "auc": M.auc(s_in, s_out),
+            "tpr_at_fpr": {
+                f"{f:g}": _point(M.tpr_at_fpr(s_in, s_out, f, confidence)) for f in FPRS
+            },
+        }
+    return table
 
 
 def _point(obj: Any) -> dict[str, float]:

@@ -82,8 +82,9 @@ def add_parser(sub: Any) -> None:
         "--candidates",
         type=int,
         default=None,
-        help="loss/lira/rmia: members scored, and as many non-members (default: as many as "
-        "the victim's shard and the test split allow)",
+        help="loss/lira/rmia: pairs of a shard and a test example of one label, a fair coin "
+        "picking the member of each (default: as many as the victim's shard and the test "
+        "split allow)",
     )
     m.add_argument(
         "--threat", default=None, help=f"{threat_help()} (default: the weakest that observes it)"
@@ -98,7 +99,10 @@ def add_parser(sub: Any) -> None:
     )
     m.add_argument("--confidence", type=float, default=0.95, help="of every interval and bound")
     m.add_argument(
-        "--mia-seed", type=int, default=0, help="draws the candidates and the reference runs"
+        "--mia-seed",
+        type=int,
+        default=0,
+        help="draws the candidates, the pairs' coins and the reference runs",
     )
     m.add_argument("--run", default=None, help="an existing run directory (else one is trained)")
     m.add_argument("--out", default=None, help="output folder (default privaudit-out/mia-T)")
@@ -183,22 +187,44 @@ def cmd_mia(a: argparse.Namespace) -> int:
     if eps is None:
         print(f"DP bound: none ({r['epsilon_release_reason']})")
     else:
+        va = r["violations_analysis"]
+        swap = va["region"]
         verdict = (
             f"{len(r['violations'])} ROC point(s) above it: the messages leak more than "
             "their stated ε"
             if r["violations"]
             else "no ROC point above it"
         )
-        print(f"DP bound of one message: ε = {eps:.3g}, δ = {r['delta']:g}: {verdict}")
-    lo = r["epsilon_lo"]
+        print(
+            f"DP bound of one message: ε = {eps:.3g}, δ = {r['delta']:g}; a swap's region "
+            f"(ε = {swap['epsilon']:.3g}, δ = {swap['delta']:.3g}) over {va['trials']} "
+            f"independent trials (one pair per message): {verdict}"
+        )
+    print(_lower_bound_line(r, r["epsilon_lo_analysis"]["epsilon_stated"]))
     print(
-        f"ε lower bound from these examples: {lo:.3g}"
-        + (f" (≤ {eps:.3g} stated)" if eps is not None and lo <= eps else "")
-        + f"; label counts exact {100 * r['label_counts_exact']:.1f} %, "
-        f"TV to the batch's label histogram {r['label_tv']:.3f}"
+        f"label counts exact {100 * r['label_counts_exact']:.1f} %, TV to the batch's label "
+        f"histogram {r['label_tv']:.3f}"
     )
     print(f"wrote {out / 'result.json'} and {r['figure']}")
     return 0
+
+
+def _lower_bound_line(r: dict[str, Any], eps: float | None) -> str:
+    """The ε lower bound, the analysis it used and the independent trials it rests on, and
+    whether it refutes the stated ε."""
+    lo, how = r["epsilon_lo"], r["epsilon_lo_analysis"]
+    if lo is None:
+        return f"ε lower bound: none ({how['reason']})"
+    guessed = f", {how['correct']} of {how['guesses']} guesses right" if how["guesses"] else ""
+    line = (
+        f"ε lower bound from these examples at {100 * r['confidence']:g} %: {lo:.3g} "
+        f"[{how['method']}; {how['trials']} independent coins{guessed}]"
+    )
+    if eps is None:
+        return line
+    if r["refuted"]:
+        return f"{line} > {eps:.3g} stated: the stated ε is refuted"
+    return f"{line} ≤ {eps:.3g} stated"
 
 
 def cmd_model_mia(a: argparse.Namespace) -> int:
@@ -288,33 +314,30 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
         + ("read from the cache" if not refs["trained"] else f"trained in {refs['seconds']:.1f} s")
         + ")"
     )
+    game = r["game"]
+    played = "read from the cache" if not game["trained"] else f"{game['seconds']:.1f} s"
     pts = r["tpr_at_fpr"]
     others = ", ".join(
         f"{name} {s['auc']:.3f}" for name, s in r["scores"].items() if name != r["score"]
     )
     print(
-        f"{r['score']} on {what}, {drawn}: {r['members']} members of agent {r['victim']}'s "
-        f"shard vs {r['nonmembers']} test-split non-members: AUC {r['auc']:.3f}; TPR "
-        f"{_rate(pts['0.001'])} at 0.1 % FPR, {_rate(pts['0.01'])} at 1 % FPR "
-        f"({100 * r['confidence']:g} % intervals)" + (f"; AUC of {others}" if others else "")
+        f"{r['score']} on {what}, replayed as the membership game ({r['members']} pairs of "
+        f"agent {r['victim']}'s shard and the test split, a fair coin per pair picks the "
+        f"member; {played}), {drawn}: AUC {r['auc']:.3f}; TPR {_rate(pts['0.001'])} at 0.1 % "
+        f"FPR, {_rate(pts['0.01'])} at 1 % FPR ({100 * r['confidence']:g} % intervals)"
+        + (f"; AUC of {others}" if others else "")
+    )
+    nat = r["natural"]
+    print(
+        f"natural split (the run's own model, {nat['members']} shard members vs "
+        f"{nat['nonmembers']} test-split non-members; a train/test shift shows here too, no "
+        f"bound): AUC {nat['auc']:.3f}, TPR {_rate(nat['tpr_at_fpr']['0.01'])} at 1 % FPR"
     )
     eps = r["epsilon"]
     if eps is None:
         print(f"DP bound: none ({r['epsilon_reason']})")
     else:
-        verdict = (
-            f"{len(r['violations'])} ROC point(s) above it: the model leaks more than its stated ε"
-            if r["violations"]
-            else "no ROC point above it"
-        )
-        print(
-            f"DP bound over {r['epsilon_rounds']} rounds: ε = {eps:.3g}, δ = {r['delta']:g}: "
-            f"{verdict}"
-        )
-    lo = r["epsilon_lo"]
-    print(
-        f"ε lower bound from these examples: {lo:.3g}"
-        + (f" (≤ {eps:.3g} stated)" if eps is not None and lo <= eps else "")
-    )
+        print(f"DP bound over {r['epsilon_rounds']} rounds: ε = {eps:.3g}, δ = {r['delta']:g}")
+    print(_lower_bound_line(r, eps))
     print(f"wrote {out / 'result.json'} and {r['figure']}")
     return 0
