@@ -12,7 +12,9 @@ Observation ``i`` of a call uses seed ``seed + i``. Results are put on the devic
 observation's params; the work runs on ``device`` (default: that same device).
 :func:`run_attack` also takes observations of different batch sizes (Poisson batches: the
 realised size of each victim's batch), attacking each run of equal sizes as one problem, and
-answers an observation of an empty batch with an empty Reconstruction.
+answers an observation of an empty batch with an empty Reconstruction. A plugin's attack that
+raises, or answers anything but one such Reconstruction per Observation, is one line naming
+the attack, its plugin and what went wrong (:mod:`privaudit.core.extensions`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from privaudit.core.errors import unknown
+from privaudit.core.extensions import calling, failure
 from privaudit.core.observation import Observation, Reconstruction, check_finite
 
 # importing an attack's module registers it (:mod:`.registry`)
@@ -64,7 +67,7 @@ def run_attack(
     check_finite(obs)
     sizes = [int(o.batch_size) for o in obs]
     if not obs or (min(sizes) > 0 and len(set(sizes)) == 1):
-        return ATTACKS[name](obs, **kw)
+        return _called(name, obs, kw)
     seed = kw.pop("seed", 0)
     out: list[Reconstruction] = []
     start = 0
@@ -76,9 +79,52 @@ def run_attack(
         if sizes[start] == 0:
             out += [_empty(o) for o in group]
         else:
-            out += ATTACKS[name](group, seed=seed + start, **kw)
+            out += _called(name, group, {**kw, "seed": seed + start})
         start = end
     return out
+
+
+ANSWER = (
+    "return a list of Reconstruction(images (b, *input_shape), labels (b,), loss, meta), "
+    "one per Observation, in order (b: its batch_size)"
+)
+
+
+def _called(name: str, obs: list[Observation], kw: dict[str, Any]) -> list[Reconstruction]:
+    """The attack ``name`` on ``obs``, its answer checked: one Reconstruction per
+    Observation with the Observation's batch of images and labels. A plugin's exception or
+    malformed answer is one line naming it; a built-in's is a bug (raised as it is)."""
+    fn = ATTACKS[name]
+    with calling("attack", name, fn, "attack function"):
+        out = fn(obs, **kw)
+    problem = _malformed(out, obs)
+    if problem:
+        raise failure("attack", name, fn, "attack function", problem, ANSWER)
+    return list(out)
+
+
+def _malformed(out: Any, obs: list[Observation]) -> str | None:
+    """What is wrong with an attack's answer ``out`` for ``obs``, or None."""
+    if not isinstance(out, list | tuple):
+        return f"returned a {type(out).__name__}, not a list of Reconstruction"
+    if len(out) != len(obs):
+        return f"returned {len(out)} reconstruction(s) for {len(obs)} observation(s)"
+    for i, (r, o) in enumerate(zip(out, obs, strict=True)):
+        b, shape = int(o.batch_size), tuple(o.input_shape)
+        if not isinstance(r, Reconstruction):
+            return f"returned a {type(r).__name__} for observation {i}, not a Reconstruction"
+        images, labels = r.images, r.labels
+        if not isinstance(images, torch.Tensor) or tuple(images.shape) != (b, *shape):
+            got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            return f"returned images of shape {got} for observation {i}, not {(b, *shape)}"
+        if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != (b,):
+            got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+            return f"returned labels of shape {got} for observation {i}, not {(b,)}"
+        if not isinstance(r.meta, dict):
+            return (
+                f"returned a meta of type {type(r.meta).__name__} for observation {i}, not a dict"
+            )
+    return None
 
 
 def _empty(obs: Observation) -> Reconstruction:

@@ -49,6 +49,7 @@ from types import ModuleType
 from typing import Any
 
 from privaudit.attacks import ATTACKS, check_attack, register_attack
+from privaudit.core import extensions
 from privaudit.core.accountants import ACCOUNTANTS, Accountant, register_accountant
 from privaudit.core.context import params_of
 from privaudit.core.errors import PLUGIN_DOCS, PLUGIN_ENV, NameTaken, PrivauditError
@@ -302,6 +303,18 @@ def _check_threat(name: str, cls: Any) -> None:
     try:
         th = cls.build(link=(0, 1), attackers=[0])
         seen = th.sees(0, 1)
+    except extensions.ExtensionFailed as e:  # its guarded hook (privaudit.core.threat)
+        if e.__cause__ is None:  # an answer that is not a bool
+            raise _Broken(
+                f"threat model {name!r}'s {e.hook} {e.problem}", "return True or False"
+            ) from None
+        text = extensions.first_line(e.__cause__)
+        raise _Broken(
+            f"threat model {name!r} cannot be built for agent 0 "
+            f"({type(e.__cause__).__name__}: {text})",
+            "let build(link=..., attackers=[...]) return an adversary whose sees(src, dst) "
+            "answers True or False",
+        ) from None
     except Exception as e:
         text = (str(e).strip().splitlines() or [""])[0][:200]
         raise _Broken(
@@ -405,6 +418,9 @@ def origin(what: str, name: str) -> str:
     an error line: ``plugin LABEL`` (its file or entry point), ``the built-in defense`` /
     ``the built-in attack``, or ``module M`` (registered by importing M)."""
     return _owner(what, name)
+
+
+extensions.set_origin(origin)  # how core names a failing extension's plugin
 
 
 def _owner(what: str, name: str, registries: dict[str, dict[str, Any]] | None = None) -> str:

@@ -125,7 +125,7 @@ def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
         (["--victims", "4"], "--victims must be 1..3"),
         (["--rounds", "0,2"], "--rounds must be ≥ 1"),
         (["--rounds", "a"], "--rounds must be a comma-separated list"),
-        (["--sigma", "1"], "--sigma is not supported"),
+        (["--sigma", "1"], "--sigma does nothing in compare"),
         (["--threat", "bogus"], "--threat must be one of"),
         (["--audit", "--audit-trials", "16"], "--trials 16 is too few"),
         (["--preset", "nope"], "--preset must be one of"),

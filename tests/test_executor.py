@@ -95,7 +95,7 @@ def test_executor_ray_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
     assert err == f"privaudit: error: {RAY_MISSING}\n"
     assert not (tmp_path / "o").exists()
     assert main([*ARGS, "--out", str(tmp_path / "o"), "--ray-address", "auto"]) == 2
-    assert "--ray-address is a setting of --executor ray" in capsys.readouterr().err
+    assert "--ray-address does nothing with --executor local" in capsys.readouterr().err
 
 
 # -- a real Ray cluster -----------------------------------------------------------------------
@@ -143,10 +143,12 @@ def cluster(tmp_path_factory):
 
 def _entries(out: Path) -> dict[str, dict[str, bytes]]:
     """Every cache entry's files, by ``target/name``, with the output folder's own path
-    (which ``result.json`` records) taken out."""
+    (which ``result.json`` records) taken out, and its manifest (``entry.json``, which
+    records the SHA-256 of that ``result.json``) checked present and left out."""
     got = {}
     for d in sorted((out / "results").glob("*/*")):
         files = {p.name: p.read_bytes() for p in d.iterdir()}
+        assert json.loads(files.pop("entry.json"))["files"].keys() == files.keys()
         files["result.json"] = files["result.json"].replace(str(out).encode(), b"OUT")
         got[f"{d.parent.name}/{d.name}"] = files
     return got

@@ -150,9 +150,9 @@ BAD = {
     # flags that would be ignored or silently lose to another
     "attack --run with training flags": (
         [*ATTACK, "--agents", "6", "--dataset", "mnist", "--epsilon", "8"],
-        "--agents, --dataset, --epsilon would be ignored: --run",
+        "--agents, --dataset, --epsilon do nothing with --run",
     ),
-    "audit --run with a seed": ([*AUDIT, "--seed", "3"], "--seed would be ignored: --run"),
+    "audit --run with a seed": ([*AUDIT, "--seed", "3"], "--seed does nothing with --run"),
     "sigma for a defense whose noise is a paper constant": (
         ["train", "--defense", "adad2p", "--sigma", "1", "--out", "{tmp}/x"],
         "--sigma 1 would be ignored: adad2p's noise",

@@ -161,7 +161,7 @@ def test_cli_end_to_end_and_bad_input(tmp_path, capsys):
     for argv, needle in (
         (["--references", "0"], "--references 0"),
         (["--references", "3"], "even number"),
-        (["--scorer", "lr"], "--scorer is for the message-level attack"),
+        (["--scorer", "lr"], "--scorer does nothing in the model-level attack"),
         (["--on", "later"], "--on must be"),
     ):
         code, _, err = run_cli(

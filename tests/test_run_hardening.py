@@ -149,7 +149,15 @@ def edit_config(run: Path, **change) -> None:
     rd.manifest.path.write_bytes(rd.manifest.text(files))
 
 
-EDITS = {  # field → (new value, what the line says)
+def forget_record(run: Path) -> None:
+    """Rewrite the manifest without the run's record, as privaudit wrote manifests before
+    runs recorded what they are (the files' digests kept)."""
+    rd = RunDir(run)
+    doc = {"format": 1, "files": rd.manifest.files()}
+    rd.manifest.path.write_text(json.dumps(doc))
+
+
+EDITS = {  # field → (new value, what the line says of a run without a record)
     "agents": (5, "checkpoint 2 holds 4 agents'"),
     "model": ("cnn", "holds models of [15826] parameters"),
     "rounds": (2, "it holds checkpoints of round 3"),
@@ -157,12 +165,20 @@ EDITS = {  # field → (new value, what the line says)
 }
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "older-manifest"])
 @pytest.mark.parametrize("field", list(EDITS))
-def test_a_config_edited_against_its_files_is_refused(tmp_path, capsys, field):
+def test_a_config_edited_against_its_files_is_refused(tmp_path, capsys, field, recorded):
+    """Refused by the record of what the run is (its manifest's), and — for a run whose
+    manifest predates that record — by its files' shapes."""
     run = tmp_path / "run"
     base = ["train", "--defense", "nd", "--rounds", "3", "--agents", "4", *SMALL[2:]]
     assert main([*base, "--capture", "1", "--out", str(run)]) == 0
     value, needle = EDITS[field]
+    if not recorded:
+        forget_record(run)
+    else:
+        old = json.loads((run / "config.json").read_text())[field]
+        needle = f"{field} = {value!r} in config.json, {old!r} when it was created"
     edit_config(run, **{field: value})
     before = snapshot(run)
     capsys.readouterr()
@@ -175,6 +191,45 @@ def test_a_config_edited_against_its_files_is_refused(tmp_path, capsys, field):
         edited = [a if a != "4" else "5" for a in base]
         assert failed(capsys, *edited, "--capture", "1", "--out", str(run))[0] == line
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "older-manifest"])
+def test_more_rounds_written_into_config_are_refused_edited_hash_or_not(tmp_path, capsys, recorded):
+    """Issue 44: ``rounds`` raised in config.json with its hash updated. No file contradicts
+    it (none is of a round past the new last), so the files' shapes cannot tell; the record
+    of what the run is does — the rounds themselves, or, for a manifest written before runs
+    recorded them, σ: calibrated for the edited rounds, it is not the σ the run was trained
+    with. Before, the run went on with σ recalibrated and reported ε over 4 rounds."""
+    run = tmp_path / "run"
+    train = ["train", "--defense", "dp-dpsgd", "--rounds", "2", "--epsilon", "8", *SMALL]
+    assert main([*train, "--out", str(run)]) == 0
+    sigma = json.loads((run / "config.json").read_text())["resolved"]["sigma"]
+    if not recorded:
+        forget_record(run)
+    edit_config(run, rounds=4)
+    before = snapshot(run)
+    capsys.readouterr()
+    attack = ["attack", "--target", "dp-dpsgd-half-model", "--round", "3", "--run", str(run)]
+    attack += ["--iterations", "2", "--no-lpips", "--no-progress", "--out", str(tmp_path / "a")]
+    line, _ = failed(capsys, *attack)
+    assert "does not agree with its config.json" in line and "new --out" in line, line
+    if recorded:
+        assert "rounds = 4 in config.json, 2 when it was created" in line, line
+    else:
+        assert f"recomputed from config.json, {sigma:.6g} when it was created" in line, line
+    assert snapshot(run) == before and RunDir(run).checkpoint_rounds() == [2]
+
+
+def test_an_edited_resolved_sigma_is_refused(tmp_path, capsys):
+    """The σ config.json reports (what attacks print and audits read) is checked against the
+    record too: changing it, hash updated, is refused (nd adds no noise: σ = 0)."""
+    run = tmp_path / "run"
+    assert main([*ND, "--out", str(run)]) == 0
+    doc = json.loads((run / "config.json").read_text())
+    edit_config(run, resolved={**doc["resolved"], "sigma": 5.0})
+    capsys.readouterr()
+    line, _ = failed(capsys, *ND, "--out", str(run))
+    assert "σ = 5 in config.json, 0 when it was created" in line, line
 
 
 # -- 4. a defense that raises ---------------------------------------------------------------------

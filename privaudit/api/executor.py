@@ -4,8 +4,10 @@ A study (``privaudit compare``: targets × rounds × ε × seeds) is a small gra
 :class:`Task` s: the training of each run, then the attacks of its cells, which depend on it
 (and its audit). Every task is a pure function of its canonical configuration and writes its
 result into the content-addressed cache under ``--out``, keyed by the digest the cache
-already uses (:func:`privaudit.core.files.digest`, with the result format version inside):
-the executor only decides *where* a task runs. Two implement :class:`Executor`:
+already uses (:func:`privaudit.core.files.digest`; the code that computed an entry is
+checked apart: :mod:`privaudit.api.cache`): the executor only decides *where* a task runs.
+A Ray worker whose privaudit, torch or plugins differ from the driver's refuses every task
+with one line naming both (:func:`privaudit.api.cache.require`). Two implement :class:`Executor`:
 
 - :class:`LocalExecutor`, the default: every task in this process, one after the other, in
   the order given; the first error ends the study (what ``privaudit compare`` always did).
@@ -30,6 +32,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -44,6 +47,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from privaudit.api import cache
 from privaudit.core.errors import Interrupted, PrivauditError
 
 __all__ = [
@@ -154,16 +158,30 @@ class LocalExecutor:
             yield t, result
 
 
-def _call(threads: int | None, setup: Callable[[], None] | None, task: Task, *deps: Any) -> Any:
+# what --ray-address accepts: Ray's "auto" (the running cluster), a head's HOST:PORT, or a
+# Ray Client address ray://HOST:PORT (anything else Ray rejects with an internal ValueError)
+ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")
+
+
+def _call(
+    threads: int | None,
+    setup: Callable[[], None] | None,
+    producer: dict[str, Any] | None,
+    task: Task,
+    *deps: Any,
+) -> Any:
     """A task as it runs in a Ray worker: the driver's torch thread count (the same kernels,
     so the same floating-point sums, as a local run), the caller's ``setup`` (e.g. loading
-    plugins), then the task."""
+    plugins), the check that this worker runs the driver's code (``producer``), then the
+    task."""
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
     if setup is not None:
         setup()
+    if producer is not None:
+        cache.require(producer)
     return task.fn(*task.args, *deps)
 
 
@@ -223,10 +241,15 @@ class RayExecutor:
         threads: int | None = None,
     ) -> None:
         _import_ray()  # refuse at once, before any work, where Ray is not installed
-        if cell_cpus <= 0:
-            raise PrivauditError(f"--cell-cpus must be > 0, got {cell_cpus:g}")
-        if cell_gpus is not None and cell_gpus < 0:
-            raise PrivauditError(f"--cell-gpus must be ≥ 0, got {cell_gpus:g}")
+        if not (math.isfinite(cell_cpus) and cell_cpus > 0):
+            raise PrivauditError(f"--cell-cpus must be a number > 0, got {cell_cpus:g}")
+        if cell_gpus is not None and not (math.isfinite(cell_gpus) and cell_gpus >= 0):
+            raise PrivauditError(f"--cell-gpus must be a number ≥ 0, got {cell_gpus:g}")
+        if address is not None and not ADDRESS.fullmatch(address):
+            raise PrivauditError(
+                f"--ray-address must be auto, HOST:PORT or ray://HOST:PORT, got {address!r}; "
+                "leave it out to start a cluster here"
+            )
         if max_retries < 0:
             raise PrivauditError(f"max_retries must be ≥ 0, got {max_retries}")
         if threads is None:
@@ -240,6 +263,7 @@ class RayExecutor:
         self.max_retries = max_retries
         self.setup = setup
         self.threads = threads
+        self.producer = cache.producer()  # the driver's code and plugins, loaded by now
 
     # -- the cluster ------------------------------------------------------------------------
     def _connect(self, ray: Any) -> bool:
@@ -323,7 +347,11 @@ class RayExecutor:
             if calls not in remotes:
                 remotes[calls] = ray.remote(max_calls=calls)(_call)
             deps = [refs[d] for d in t.depends]
-            ref = remotes[calls].options(**opts).remote(self.threads, self.setup, t, *deps)
+            ref = (
+                remotes[calls]
+                .options(**opts)
+                .remote(self.threads, self.setup, self.producer, t, *deps)
+            )
             refs[t.key] = ref
             pending[ref] = t
         cells = sum(t.cell for t in tasks)

@@ -12,7 +12,8 @@ frontier:
 
 Both centralised references train at :data:`REFERENCE_DEFENSE`'s operating point for that ε
 (its model, expected batch size, steps, lr and clip). Results are cached under
-``OUT/references/`` like the sweep's runs, so a resumed or widened sweep reuses them.
+``OUT/references/`` like the sweep's runs, so a resumed or widened sweep reuses them (checked
+as the sweep's cache: :mod:`privaudit.api.cache`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from privaudit.api.sweeps import Sweep, accuracy_path, configure, load_json, plan, run_dir
+from privaudit.api import cache
+from privaudit.api.sweeps import (
+    Sweep,
+    adopt_run,
+    configure,
+    plan,
+    read_accuracy,
+    run_dir,
+    write_accuracy,
+)
 from privaudit.core.config import RunConfig
-from privaudit.core.files import atomic_write, digest, to_jsonable, write_json
+from privaudit.core.files import atomic_write, digest
 from privaudit.eval.report import eps_text, save_png_pdf, style_axes, summarize, target_style
 from privaudit.experiments.reference import reference_for
 from privaudit.sim.run import Run
@@ -77,21 +87,22 @@ def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Ref
         name = "centralised DP-SGD (opacus)" if private else "centralised SGD, non-private"
         tag = f"{'dpsgd' if private else 'sgd'}-eps{eps:g}-{digest(cfg.identity())}"
         path = out / "references" / f"{tag}.json"
-        if not path.exists():
+        key = {"reference": cfg.identity(), "epsilon": eps}
+        res = cache.read_value(path, key)
+        if res is None:
             if progress:
                 print(f"reference: {name} at ε = {eps:g} ({setting(cfg)})", flush=True)
-            res = reference_for(cfg, eps if private else None)
-            write_json(path, to_jsonable(dataclasses.asdict(res)))
-        res = load_json(path)
+            res = dataclasses.asdict(reference_for(cfg, eps if private else None))
+            cache.write_value(path, key, res)
         refs.append(Reference(name, eps, res["epsilon"], res["accuracy"], setting(cfg)))
     ceiling = configure(sweep, CEILING_DEFENSE, None, seed)
     rdir = run_dir(out, ceiling)
-    path = accuracy_path(rdir)
-    if not path.exists():
+    acc = read_accuracy(rdir, ceiling)
+    if acc is None:
+        adopt_run(ceiling, rdir)
         run = Run.create(ceiling, rdir)
         acc = run.test_accuracy(run.train(progress=progress))
-        write_json(path, {"test_acc": acc, "round": ceiling.rounds})
-    acc = load_json(path)["test_acc"]
+        write_accuracy(rdir, ceiling, acc)
     refs.append(Reference("D-PSGD, non-private", math.inf, math.inf, acc, setting(ceiling)))
     return refs
 

@@ -54,7 +54,9 @@ W) simulates its references one copy at a time: exact, not batched.
 Reference runs are cached under ``<run>/references/<key>/`` (the key: the run's identity,
 K, the seed, the victim, the attacked model and the candidates), and so is the game's model
 (the key: the run's identity, the victim, the attacked model and the game's shard): a second
-call with the same settings reads them back instead of training again.
+call with the same settings reads them back instead of training again — only when the files
+are what was written and by the code running now (:mod:`privaudit.api.cache`: a damaged
+entry, or one written by another privaudit or plugin, is recomputed with one line on stderr).
 """
 
 from __future__ import annotations
@@ -68,15 +70,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 from torch import Tensor
 from torch.func import functional_call
 
+from privaudit.api import cache
+from privaudit.api.executor import commit_folder
 from privaudit.core import text
 from privaudit.core.accounting import account
 from privaudit.core.context import Context, agent_seed
 from privaudit.core.errors import PrivauditError, Unobservable
-from privaudit.core.files import atomic_write, digest, to_jsonable, write_json
+from privaudit.core.files import digest, to_jsonable, write_json
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
 from privaudit.eval import membership as M
@@ -93,7 +97,7 @@ MODEL_KINDS = ("model", "half-model")  # message kinds that carry an agent's mod
 ON = ("message", "final")
 FPRS = (0.001, 0.01)
 GLOBAL_VARIANCE_BELOW = 64  # LiRA pools σ² over candidates below this many references (§VI.B)
-CACHE_VERSION = 1
+MODELS = "models.safetensors"  # a reference entry's tensors: the models and their ``inside``
 
 
 # -- candidates -------------------------------------------------------------------------------
@@ -349,7 +353,6 @@ def reference_models(
     inside = reference_shards(candidates, k, seed)
     seeds = [reference_seed(run.cfg.seed, seed, c) for c in range(k)]
     key = {
-        "version": CACHE_VERSION,
         "run": run.cfg.identity(),
         "references": k,
         "seed": seed,
@@ -405,7 +408,6 @@ def game_model(
     member = game.member
     shard = torch.cat([candidates.known, candidates.pool[member]]).sort().values
     key = {
-        "version": CACHE_VERSION,
         "run": run.cfg.identity(),
         "game": digest(shard.tolist(), 16),
         "victim": victim,
@@ -444,17 +446,20 @@ def cached_copies(
 ) -> tuple[Tensor, Path, bool, float]:
     """:func:`simulate_copies` of ``shards`` and ``seeds`` through the cache: read from
     ``<run>/references/<digest of key>/`` when it holds them (and their ``inside``, the
-    candidates each copy trained on), else simulated ``batch`` copies at a time (default: all
-    at once for a defense with ``union_exact``, one at a time otherwise) and written there.
-    Returns the models, the folder, whether this call trained them and its seconds."""
+    candidates each copy trained on), checked by :mod:`privaudit.api.cache` (a damaged entry,
+    or one written by other code, is recomputed with one line on stderr), else simulated
+    ``batch`` copies at a time (default: all at once for a defense with ``union_exact``, one
+    at a time otherwise) and written there whole. Returns the models, the folder, whether
+    this call trained them and its seconds."""
     folder = run.dir.path / "references" / digest(key, 16)
-    blob, meta = folder / "models.safetensors", folder / "key.json"
     started = time.perf_counter()
     k = len(shards)
-    if blob.is_file() and meta.is_file():
-        got = load_file(str(blob))
-        if got["models"].shape[0] == k and np.array_equal(got["inside"].numpy(), inside):
-            return got["models"], folder, False, time.perf_counter() - started
+    got = cache.read(folder, [MODELS], key)
+    if got is not None:
+        held = load(got[MODELS])
+        if held["models"].shape[0] == k and np.array_equal(held["inside"].numpy(), inside):
+            return held["models"], folder, False, time.perf_counter() - started
+        cache.discard(folder, "it holds other candidates under this key")
     step = batch or (k if run.defense.union_exact else 1)
     models = torch.cat(
         [
@@ -472,8 +477,12 @@ def cached_copies(
         ]
     )
     tensors = {"models": models.contiguous(), "inside": torch.from_numpy(inside)}
-    atomic_write(blob, lambda tmp: save_file(tensors, tmp))
-    write_json(meta, to_jsonable({**key, "seeds": seeds}))
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / MODELS))
+        cache.seal(tmp, key, {"seeds": seeds})
+
+    commit_folder(folder, write, cache.MANIFEST)
     return models, folder, True, time.perf_counter() - started
 
 

@@ -6,7 +6,12 @@ under ``OUT/results/`` as ``result.json`` (scores) beside ``recon.safetensors`` 
 and the matched reconstructed images, for the figures). Both paths end in a hash of
 everything that determines their content, so re-running the same sweep reuses every
 finished run and result (and reproduces the same numbers), an interrupted sweep resumes
-where it stopped, and sweeps with other settings can share one ``OUT``.
+where it stopped, and sweeps with other settings can share one ``OUT``. Every cached result,
+audit, membership inference and accuracy is read only when its files are what was written
+and it was written by the code running now (:mod:`privaudit.api.cache`: privaudit's code
+identity and the loaded plugins' sources); a run folder is kept only while the code that
+trained it is the code running now (:func:`adopt_run`). Anything else is recomputed, with
+one line on stderr saying why.
 
 A defense whose σ is not set from ε (no Gaussian noise multiplier: dsgd, nd, lppa,
 adad2p, …) is run once per seed and reported with ε = ∞ at every ε.
@@ -24,8 +29,9 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
+from privaudit.api import cache
 from privaudit.api.executor import (
     Executor,
     LocalExecutor,
@@ -41,7 +47,7 @@ from privaudit.core.accounting import noised as sigma_noised
 from privaudit.core.config import RunConfig
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError, unknown
-from privaudit.core.files import digest, from_jsonable, to_jsonable, write_json
+from privaudit.core.files import digest, from_jsonable, to_jsonable
 from privaudit.core.messages import CaptureSpec
 from privaudit.defenses import get_defense
 from privaudit.experiments.audit import audit, check_trials
@@ -55,6 +61,9 @@ __all__ = [
     "Sweep",
     "Cell",
     "accuracy_path",
+    "read_accuracy",
+    "write_accuracy",
+    "adopt_run",
     "configure",
     "plan",
     "execute",
@@ -62,7 +71,8 @@ __all__ = [
     "result_dir",
 ]
 
-RESULT_VERSION = 3  # bump when the content of a cached result changes
+RESULT = "result.json"  # a cell's scores, beside RECON (the images, for the figures)
+RECON = "recon.safetensors"
 MIA_MESSAGES = 8  # rounds of messages a sweep's membership inference scores, per target
 # whose view it scores unless the sweep names a threat: the strongest, every link, against
 # which every DP guarantee is stated (the attacks keep the weakest adversary that observes)
@@ -229,8 +239,9 @@ def run_dir(out: Path, cfg: RunConfig) -> Path:
 
 
 def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
+    """What a cell computes; the code that computes it is checked apart
+    (:mod:`privaudit.api.cache`), so the key holds no version."""
     return {
-        "version": RESULT_VERSION,
         "run": cfg.identity(),
         "target": cell.target,
         "round": cell.round,
@@ -250,11 +261,24 @@ def result_dir(out: Path, sweep: Sweep, cell: Cell, cfg: RunConfig) -> Path:
     return out / "results" / cell.target / name
 
 
-def load_json(path: Path) -> dict[str, Any]:
-    try:
-        return from_jsonable(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError) as e:
-        raise PrivauditError(f"{path} is unreadable ({e}); delete it to recompute") from None
+def adopt_run(cfg: RunConfig, rdir: Path) -> None:
+    """Make sure the run folder ``rdir`` holds no run trained by other code: beside it,
+    ``<rdir>.producer.json`` records the code that trained it (:mod:`privaudit.api.cache`);
+    when that is not the code running now (privaudit or a plugin changed), or the record is
+    damaged, the run is discarded (one line on stderr) and trained again. A folder without a
+    record (a run trained by ``privaudit train`` into the study's folder,
+    docs/running-at-scale.md) is adopted as this code's."""
+    mark = rdir.with_name(rdir.name + ".producer.json")
+    key = {"run": cfg.identity()}
+    if cache.read_value(mark, key, covers=rdir) is None:
+        cache.write_value(mark, key, {"run": rdir.name})
+
+
+def _cell_result(rd: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached result of the cell whose entry is ``rd``, verified (None: none, or
+    discarded)."""
+    got = cache.read(rd, [RESULT], key)
+    return None if got is None else from_jsonable(json.loads(got[RESULT]))
 
 
 def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dict, dict]:
@@ -295,24 +319,31 @@ def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dic
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path / "recon.safetensors"))
-    except Exception as e:  # a truncated or foreign file
-        raise PrivauditError(f"{path / 'recon.safetensors'} is unreadable ({e}); delete it") from e
+    """The images of the cell cached in ``path``, verified against its manifest (a damaged
+    file is discarded, and the command says to run again)."""
+    got = cache.read(path, [RECON], None)
+    if got is None:
+        raise PrivauditError(
+            f"{path / RECON} is gone or damaged (the line above); run the same command again "
+            "to recompute it"
+        )
+    return load(got[RECON])
 
 
-def _commit(rd: Path, result: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
-    """Write the cache entry ``rd`` (its tensors and ``result.json``) all at once
+def _commit(
+    rd: Path, result: dict[str, Any], tensors: dict[str, torch.Tensor], key: dict[str, Any]
+) -> bool:
+    """Write the cache entry ``rd`` (its tensors, ``result.json`` and, last, the manifest
+    of both, :func:`privaudit.api.cache.seal`) all at once
     (:func:`~privaudit.api.executor.commit_folder`); False when another worker wrote it
     first."""
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / "recon.safetensors"))
-        (tmp / "result.json").write_text(
-            json.dumps(to_jsonable(result), indent=2, sort_keys=True) + "\n"
-        )
+        save_file(tensors, str(tmp / RECON))
+        (tmp / RESULT).write_text(json.dumps(to_jsonable(result), indent=2, sort_keys=True) + "\n")
+        cache.seal(tmp, key)
 
-    return commit_folder(rd, write, "result.json")
+    return commit_folder(rd, write, cache.MANIFEST)
 
 
 # the run this process trained or opened last (one at a time, as a local study holds one):
@@ -326,14 +357,23 @@ def _keep(rdir: str, run: Run) -> Run:
     return run
 
 
-def train_run(cfg: RunConfig, rdir: str, rounds: list[int], progress: bool, prepare: bool) -> None:
+def train_run(
+    cfg: RunConfig,
+    rdir: str,
+    rounds: list[int],
+    progress: bool,
+    prepare: bool,
+    producer: dict[str, Any],
+) -> None:
     """A study's task that trains the run of ``cfg`` in ``rdir`` (resuming what is there),
     recording the messages of ``rounds`` while it trains, and caches its test accuracy.
 
     ``prepare``: its cells run in other processes, at the same time: when the run was
     already trained, the messages of ``rounds`` are re-simulated here, once, rather than by
     each cell (a run has one writer at a time). The run is kept in memory for the cells
-    that follow in this process."""
+    that follow in this process. ``producer``: the study's code, taken where the study was
+    planned (:func:`privaudit.api.cache.producer`); a worker running other code refuses."""
+    cache.require(producer)
     path = Path(rdir)
     run = Run.create(cfg, path)
     finished = cfg.rounds in run.dir.checkpoint_rounds()  # else capture while training
@@ -341,28 +381,36 @@ def train_run(cfg: RunConfig, rdir: str, rounds: list[int], progress: bool, prep
     state = run.train(capture=capture, progress=progress)
     if prepare and finished and rounds:
         run.messages(CaptureSpec.of(rounds=rounds), progress=progress)
-    acc_path = accuracy_path(path)
-    if not acc_path.exists():
-        acc = run.test_accuracy(state)
-        write_json(acc_path, {"test_acc": acc, "round": cfg.rounds})
+    if read_accuracy(path, cfg) is None:
+        write_accuracy(path, cfg, run.test_accuracy(state))
     _keep(rdir, run)
 
 
 def attack_run_cell(
-    sweep: Sweep, cell: Cell, cfg: RunConfig, rdir: str, rd: str, progress: bool, *_: Any
+    sweep: Sweep,
+    cell: Cell,
+    cfg: RunConfig,
+    rdir: str,
+    rd: str,
+    progress: bool,
+    producer: dict[str, Any],
+    *_: Any,
 ) -> dict[str, Any]:
     """A study's task that attacks ``cell`` of the (trained) run in ``rdir`` and caches the
     result in ``rd``; returns the result. A cell cached meanwhile (by another worker) is
-    read, never run again. The run is opened once per process for its cells in a row."""
-    entry = Path(rd)
-    if (entry / "result.json").exists():
-        return load_json(entry / "result.json")
+    read, never run again. The run is opened once per process for its cells in a row.
+    ``producer``: as :func:`train_run`'s."""
+    cache.require(producer)
+    entry, key = Path(rd), _attack_key(sweep, cell, cfg)
+    found = _cell_result(entry, key)
+    if found is not None:
+        return found
     run = _runs.get(rdir)
     if run is None or run.cfg.identity() != cfg.identity():
         run = _keep(rdir, Run.create(cfg, Path(rdir)))
     result, tensors = attack_cell(run, sweep, cell, progress)
-    result["key"] = _attack_key(sweep, cell, cfg)
-    _commit(entry, result, tensors)
+    result["key"] = key
+    _commit(entry, result, tensors, key)
     return result
 
 
@@ -372,27 +420,25 @@ def audit_run(
     rdir: str,
     wanted: list[tuple[str, int, str]],
     progress: bool,
+    producer: dict[str, Any],
     *_: Any,
 ) -> None:
     """A study's task: the white-box canary audit of each (target, round) in ``wanted`` on
-    the run in ``rdir``, cached at its path (:func:`_audits`)."""
+    the run in ``rdir``, cached at its path (:func:`_audits`). ``producer``: as
+    :func:`train_run`'s."""
+    cache.require(producer)
     for target, r, where in wanted:
-        path = Path(where)
-        if path.exists():
+        path, key = Path(where), _audit_key(sweep, cfg, target, r)
+        if cache.read_value(path, key) is not None:
             continue
         kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
         res = audit(Run.create(cfg, Path(rdir)), target, "white-box", r, progress=progress, **kw)
-        write_json(
-            path,
-            to_jsonable(
-                {
-                    "key": _audit_key(sweep, target, r),
-                    "epsilon_lo": res["epsilon_lo"],
-                    "epsilon_upper": res["upper"]["accountant"],
-                    "verdict": res["verdict"],
-                }
-            ),
-        )
+        found = {
+            "epsilon_lo": res["epsilon_lo"],
+            "epsilon_upper": res["upper"]["accountant"],
+            "verdict": res["verdict"],
+        }
+        cache.write_value(path, key, found)
 
 
 def membership_run(
@@ -401,18 +447,21 @@ def membership_run(
     rdir: str,
     wanted: list[tuple[str, int, str]],
     progress: bool,
+    producer: dict[str, Any],
     *_: Any,
 ) -> None:
     """A study's task: message-level membership inference on each (target, last round) in
     ``wanted`` — the rounds up to it, :data:`MIA_MESSAGES` of them — on the run in ``rdir``,
-    its summary cached at its path (:func:`_memberships`)."""
+    its summary cached at its path (:func:`_memberships`). ``producer``: as
+    :func:`train_run`'s."""
+    cache.require(producer)
     for target, r, where in wanted:
-        path = Path(where)
-        if path.exists():
+        path, key = Path(where), _membership_key(sweep, cfg, target, r)
+        if cache.read_value(path, key) is not None:
             continue
         first = max(1, r - MIA_MESSAGES + 1)
         run = Run.create(cfg, Path(rdir))
-        found: dict[str, Any] = {"key": _membership_key(sweep, target, r), "error": None}
+        found: dict[str, Any] = {"error": None}
         try:
             threat = sweep.threat or MIA_THREAT
             res = mia(run, target, first, messages=r - first + 1, threat=threat, progress=progress)
@@ -426,7 +475,7 @@ def membership_run(
                 violations=len(res["violations"]),
                 members=res["members"],
             )
-        write_json(path, to_jsonable(found))
+        cache.write_value(path, key, found)
 
 
 def execute(
@@ -461,6 +510,7 @@ def execute(
     starts: dict[str, str] = {}  # a task's line before it runs here (local)
     numbers: dict[str, int] = {}  # a cell task's place in the study (local)
     cached = 0
+    producer = cache.producer()  # the study's code: each task's worker must run the same
     for (defense, eps, seed), cfg in runs.items():
         mine = [
             c
@@ -468,17 +518,22 @@ def execute(
             if (Target.parse(c.target).defense.name, c.epsilon, c.seed) == (defense, eps, seed)
         ]
         rdir = run_dir(out, cfg)
-        todo = [c for c in mine if not (result_dir(out, sweep, c, cfg) / "result.json").exists()]
+        adopt_run(cfg, rdir)
+        todo = [
+            c
+            for c in mine
+            if not cache.valid(result_dir(out, sweep, c, cfg), _attack_key(sweep, c, cfg))
+        ]
         gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
         train_key, depends = f"train {rdir}", ()
-        if todo or not accuracy_path(rdir).exists():
+        if todo or read_accuracy(rdir, cfg) is None:
             rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
             label = f"{defense} ε={_eps_tag(eps)} seed {seed}"
             tasks.append(
                 Task(
                     train_key,
                     train_run,
-                    (cfg, str(rdir), rounds, inner, parallel),
+                    (cfg, str(rdir), rounds, inner, parallel, producer),
                     label=f"{label}: train to round {cfg.rounds}",
                     cell=False,
                     gpus=gpus,
@@ -500,7 +555,7 @@ def execute(
                 Task(
                     str(rd),
                     attack_run_cell,
-                    (sweep, c, cfg, str(rdir), str(rd), inner),
+                    (sweep, c, cfg, str(rdir), str(rd), inner, producer),
                     depends=depends,
                     label=label,
                     gpus=gpus,
@@ -513,13 +568,17 @@ def execute(
         for what, fn, where, wanted_here in extras:
             if not wanted_here:
                 continue
-            wanted = [(t, r, str(p)) for t, r, p in where(sweep, rdir, mine) if not p.exists()]
+            wanted = [
+                (t, r, str(p))
+                for t, r, p, key in where(sweep, cfg, rdir, mine)
+                if cache.read_value(p, key) is None
+            ]
             if wanted:
                 tasks.append(
                     Task(
                         f"{what} {rdir}",
                         fn,
-                        (sweep, cfg, str(rdir), wanted, inner),
+                        (sweep, cfg, str(rdir), wanted, inner, producer),
                         depends=depends,
                         label=f"{defense} ε={_eps_tag(eps)} seed {seed}: {what}",
                         cell=False,
@@ -566,18 +625,18 @@ def execute(
         )
     rows: list[dict[str, Any]] = []
     for cfg, rdir, mine, eps in groups:
-        test_acc = load_json(accuracy_path(rdir))["test_acc"]
+        test_acc = _found(read_accuracy(rdir, cfg), accuracy_path(rdir))
         mine_rows: list[dict[str, Any]] = []
         for c in mine:
             rd = result_dir(out, sweep, c, cfg)
-            row = load_json(rd / "result.json")
+            row = _found(_cell_result(rd, _attack_key(sweep, c, cfg)), rd)
             row.update(dir=str(rd), test_acc=test_acc)
             mine_rows.append(row)
         if sweep.audit and eps is not None:
-            _annotate(sweep, rdir, mine, mine_rows)
+            _annotate(sweep, cfg, rdir, mine, mine_rows)
         if sweep.membership:
-            for target, _, path in _memberships(sweep, rdir, mine):
-                found = load_json(path)
+            for target, _, path, key in _memberships(sweep, cfg, rdir, mine):
+                found = _found(cache.read_value(path, key), path)
                 for row in mine_rows:
                     if row["target"] == target:
                         row["mia_auc"] = found.get("auc")
@@ -587,53 +646,90 @@ def execute(
     return rows
 
 
+def _found(value: Any, where: Path) -> Any:
+    """``value`` read back from the cache at ``where`` after the study wrote it; None (it
+    was damaged meanwhile, and discarded with one line) stops the command."""
+    if value is None:
+        raise PrivauditError(
+            f"{where} was damaged or removed while the study ran (the line above); run the same "
+            "command again to recompute it"
+        )
+    return value
+
+
 def accuracy_path(rdir: Path) -> Path:
     """Where the test accuracy of the run in ``rdir`` (its average model, last round) is kept."""
     return rdir.with_name(rdir.name + ".accuracy.json")
+
+
+def read_accuracy(rdir: Path, cfg: RunConfig) -> float | None:
+    """The cached test accuracy of the run of ``cfg`` in ``rdir`` (:func:`accuracy_path`),
+    verified (:func:`privaudit.api.cache.read_value`); None: not cached (or discarded)."""
+    found = cache.read_value(accuracy_path(rdir), {"accuracy": cfg.identity()})
+    return None if found is None else found["test_acc"]
+
+
+def write_accuracy(rdir: Path, cfg: RunConfig, accuracy: float) -> None:
+    """Cache the test accuracy of the run of ``cfg`` in ``rdir`` after its last round."""
+    value = {"test_acc": accuracy, "round": cfg.rounds}
+    cache.write_value(accuracy_path(rdir), {"accuracy": cfg.identity()}, value)
 
 
 def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
     return [t for t in Target.parse(cell.target).rounds_needed(cell.round, cfg.agents) if t >= 1]
 
 
-def _audit_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
-    return {"target": target, "round": r, "trials": sweep.audit_trials, "v": 3}  # 3: search
+def _audit_key(sweep: Sweep, cfg: RunConfig, target: str, r: int) -> dict[str, Any]:
+    return {"run": cfg.identity(), "target": target, "round": r, "trials": sweep.audit_trials}
+
+
+Per = list[tuple[str, int, Path, dict[str, Any]]]  # (target, round, file, key) beside a run
 
 
 def _per_target(
     rdir: Path, cells: list[Cell], tag: str, key: Callable[[str, int], dict[str, Any]]
-) -> list[tuple[str, int, Path]]:
-    """Each target of this run at its largest attacked round, and the file beside the run
-    where its ``tag`` result is cached (named by a hash of ``key(target, round)``)."""
+) -> Per:
+    """Each target of this run at its largest attacked round, the file beside the run
+    where its ``tag`` result is cached (named by a hash of its key) and the key,
+    ``key(target, round)``."""
     out = []
     for target in sorted({c.target for c in cells}):
         r = max(c.round for c in cells if c.target == target)
-        name = f"{rdir.name}.{tag}-{target}-{digest(key(target, r))}.json"
-        out.append((target, r, rdir.with_name(name)))
+        k = key(target, r)
+        name = f"{rdir.name}.{tag}-{target}-{digest(k)}.json"
+        out.append((target, r, rdir.with_name(name), k))
     return out
 
 
-def _audits(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
+def _audits(sweep: Sweep, cfg: RunConfig, rdir: Path, cells: list[Cell]) -> Per:
     """The white-box canary audits of this run (:func:`_per_target`)."""
-    return _per_target(rdir, cells, "audit", lambda t, r: _audit_key(sweep, t, r))
+    return _per_target(rdir, cells, "audit", lambda t, r: _audit_key(sweep, cfg, t, r))
 
 
-def _membership_key(sweep: Sweep, target: str, r: int) -> dict[str, Any]:
+def _membership_key(sweep: Sweep, cfg: RunConfig, target: str, r: int) -> dict[str, Any]:
     threat = sweep.threat or MIA_THREAT
-    return {"target": target, "round": r, "messages": MIA_MESSAGES, "threat": threat}
+    return {
+        "run": cfg.identity(),
+        "target": target,
+        "round": r,
+        "messages": MIA_MESSAGES,
+        "threat": threat,
+    }
 
 
-def _memberships(sweep: Sweep, rdir: Path, cells: list[Cell]) -> list[tuple[str, int, Path]]:
+def _memberships(sweep: Sweep, cfg: RunConfig, rdir: Path, cells: list[Cell]) -> Per:
     """The membership inferences of this run, each up to that round (:func:`_per_target`)."""
-    return _per_target(rdir, cells, "mia", lambda t, r: _membership_key(sweep, t, r))
+    return _per_target(rdir, cells, "mia", lambda t, r: _membership_key(sweep, cfg, t, r))
 
 
-def _annotate(sweep: Sweep, rdir: Path, cells: list[Cell], rows: list[dict[str, Any]]) -> None:
+def _annotate(
+    sweep: Sweep, cfg: RunConfig, rdir: Path, cells: list[Cell], rows: list[dict[str, Any]]
+) -> None:
     """Put each audit's ε lower bound and the accountant's ε for the same single release
     (the comparable upper bound: one round, sample rate 1) into every row of this run and
     target as ``audit_epsilon_lo`` / ``audit_epsilon_upper``."""
-    for target, _, path in _audits(sweep, rdir, cells):
-        found = load_json(path)
+    for target, _, path, key in _audits(sweep, cfg, rdir, cells):
+        found = _found(cache.read_value(path, key), path)
         for row in rows:
             if row["target"] == target:
                 row["audit_epsilon_lo"] = found["epsilon_lo"]

@@ -23,6 +23,11 @@ from privaudit.core.errors import PrivauditError
 
 DEBUG_ENV = "PRIVAUDIT_DEBUG"
 INTERNAL = f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback and report it"
+OUT_OF_MEMORY = (
+    "out of memory: these settings need more than this machine (or this process's limit) "
+    "gives; lower --agents or --batch-size, use a smaller --model, set --max-memory, or free "
+    "memory (a run with a checkpoint resumes from it)"
+)
 
 
 def commands() -> tuple[ModuleType, ...]:
@@ -92,10 +97,16 @@ def run(argv: list[str] | None, interrupts: console.Interrupts) -> int:
 
             limits.check_threads("--threads", args.threads)
             torch.set_num_threads(args.threads)
+        from privaudit.cli import rules
+
+        rules.check(args)  # options idle in their mode, agents and rounds: before any work
         return args.func(args)
     except PrivauditError as e:
         interrupts.settle()
         return report(str(e), e, debug, 2)
+    except MemoryError as e:  # the settings ask for more than the machine gives: no bug
+        interrupts.settle()
+        return report(OUT_OF_MEMORY, e, debug, 2)
     except BrokenPipeError:  # e.g. `privaudit targets | head`
         interrupts.settle()
         sys.stderr.close()
@@ -107,6 +118,8 @@ def run(argv: list[str] | None, interrupts: console.Interrupts) -> int:
         interrupts.settle()
         if interrupts.received:  # the interrupt, turned into another error where it landed
             return report("interrupted", e, debug, 2)
+        if type(e).__name__ == "OutOfMemoryError":  # torch's, on a GPU (torch not imported here)
+            return report(OUT_OF_MEMORY, e, debug, 2)
         what = " ".join(f"{type(e).__name__}: {e}".split())
         return report(f"internal error: {what}; {INTERNAL}", e, debug, 1)
 

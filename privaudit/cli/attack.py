@@ -12,16 +12,18 @@ from privaudit.cli.options import (
     add_attack_option,
     add_overwrite,
     attack_options,
-    check_no_run_flags,
     check_out,
     check_threat,
     checked_params,
     config_from_args,
+    edges_of,
     mark_out,
+    nothing_left_on_refusal,
     open_run,
     setting,
     training_options,
 )
+from privaudit.cli.rules import agent_ids
 from privaudit.cli.train import run_epsilon_line
 from privaudit.core import limits
 from privaudit.core.threat import threat_help
@@ -77,13 +79,11 @@ def add_parser(sub: Any) -> None:
 
 def cmd_attack(a: argparse.Namespace) -> int:
     from privaudit.api.pipeline import attack
-    from privaudit.core.threat import parse_agents, parse_links
+    from privaudit.core.threat import parse_links
     from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
-    check_threat(a.threat, a.attacker)  # before any training
-    if a.run:
-        check_no_run_flags(a, a.run)
+    check_threat(a.threat or ("link" if a.link else None), a.attacker)  # before any training
     target = Target.parse(a.target)
     # unknown attacks and bad options fail before any training
     options = attack_options(a, a.attack)
@@ -91,34 +91,36 @@ def cmd_attack(a: argparse.Namespace) -> int:
     out = check_out(a.out or f"privaudit-out/{a.target}-r{a.round}", "attack", a.overwrite)
     if a.run:
         run = open_run(a)
+        cfg, edges = run.cfg, run.edges()
     else:
-        mark_out(out, "attack")
         agents = setting(a, "agents")
         rounds = target.rounds_to_train(a.round, agents) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
-        run = Run.create(cfg, out / "run")
-    links = parse_links(a.link, run.edges()) if a.link else None
-    n = run.cfg.agents
-    attackers = parse_agents(a.attacker, n) if a.attacker else None
-    victims = parse_agents(a.victim, n) if a.victim else None
-    mark_out(out, "attack")
-    result = attack(
-        run,
-        a.target,
-        a.round,
-        attack=a.attack,
-        links=links,
-        threat=a.threat or ("link" if links else None),
-        attackers=attackers,
-        victims=victims,
-        out=out,
-        iterations=a.iterations,
-        restarts=a.restarts,
-        seed=a.attack_seed,
-        options=options,
-        lpips=not a.no_lpips,
-        progress=not a.no_progress,
-    )
+        edges = edges_of(cfg)
+    links = parse_links(a.link, edges) if a.link else None  # before a run is created
+    attackers = agent_ids("--attacker", a.attacker, cfg.agents) if a.attacker else None
+    victims = agent_ids("--victim", a.victim, cfg.agents) if a.victim else None
+    with nothing_left_on_refusal(out, out / "run"):
+        mark_out(out, "attack")
+        if not a.run:
+            run = Run.create(cfg, out / "run")
+        result = attack(
+            run,
+            a.target,
+            a.round,
+            attack=a.attack,
+            links=links,
+            threat=a.threat or ("link" if links else None),
+            attackers=attackers,
+            victims=victims,
+            out=out,
+            iterations=a.iterations,
+            restarts=a.restarts,
+            seed=a.attack_seed,
+            options=options,
+            lpips=not a.no_lpips,
+            progress=not a.no_progress,
+        )
     m = result.metrics
     empty = None
     if m["mse"] is None:

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from privaudit.cli.options import (
     add_overwrite,
-    check_no_run_flags,
     check_out,
     check_threat,
     checked_params,
     config_from_args,
+    edges_of,
     mark_out,
+    nothing_left_on_refusal,
     open_run,
     setting,
     training_options,
 )
+from privaudit.cli.rules import agent_ids
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 from privaudit.core.text import sig
@@ -85,7 +88,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_audit(a: argparse.Namespace) -> int:
     from privaudit.core.files import to_jsonable, write_json
-    from privaudit.core.threat import parse_agents, parse_link
+    from privaudit.core.threat import parse_link
     from privaudit.eval.canaries import check_canary
     from privaudit.experiments.audit import audit, check_trials
     from privaudit.sim.run import Run
@@ -103,63 +106,65 @@ def cmd_audit(a: argparse.Namespace) -> int:
         limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
     check_canary(a.canary_norm, a.canary_shape)
     limits.check_int("--span", a.span, 0, limits.MAX_ROUNDS)
-    if a.mode == "one-run" and (a.span or a.canary_shape):
-        raise PrivauditError("--span and --canary-shape are for the white-box audit; drop them")
     limits.check_seed("--audit-seed", a.audit_seed)
     out = check_out(a.out or f"privaudit-out/audit-{a.target}", "audit", a.overwrite)
     if a.run:
-        check_no_run_flags(a, a.run)
         run = open_run(a)
-        _check_victim(a.victim, run.cfg.agents, f"the run in {a.run}")
-        check_trials(trials, run.cfg.delta, a.confidence, a.mode)
+        cfg, edges = run.cfg, run.edges()
     else:
         agents = setting(a, "agents")
-        _check_victim(a.victim, agents, "--agents")
         rounds = target.rounds_to_train(a.round, agents, a.span) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))  # checks --delta
-        check_trials(trials, cfg.delta, a.confidence, a.mode)
+        edges = edges_of(cfg)
+    check_trials(trials, cfg.delta, a.confidence, a.mode)
+    link = parse_link(a.link, edges) if a.link else None  # before a run is created
+    attackers = agent_ids("--attacker", a.attacker, cfg.agents) if a.attacker else None
+    with nothing_left_on_refusal(out, out / "run"):
         mark_out(out, "audit")
-        run = Run.create(cfg, out / "run")
-    n = run.cfg.agents
-    link = parse_link(a.link, run.edges()) if a.link else None
-    result = audit(
-        run,
-        a.target,
-        mode=a.mode,
-        round=a.round,
-        trials=trials,
-        confidence=a.confidence,
-        threat=a.threat,
-        link=link,
-        attackers=parse_agents(a.attacker, n) if a.attacker else None,
-        victim=a.victim,
-        canary_norm=a.canary_norm,
-        **({"canary_shape": a.canary_shape, "span": a.span} if a.mode == "white-box" else {}),
-        seed=a.audit_seed,
-        progress=not a.no_progress,
-    )
+        if not a.run:
+            run = Run.create(cfg, out / "run")
+        result = audit(
+            run,
+            a.target,
+            mode=a.mode,
+            round=a.round,
+            trials=trials,
+            confidence=a.confidence,
+            threat=a.threat,
+            link=link,
+            attackers=attackers,
+            victim=a.victim,
+            canary_norm=a.canary_norm,
+            **({"canary_shape": a.canary_shape, "span": a.span} if a.mode == "white-box" else {}),
+            seed=a.audit_seed,
+            progress=not a.no_progress,
+        )
     doc = to_jsonable(result)
     mark_out(out, "audit")
     write_json(out / "audit.json", doc)
     if a.json:
         print(json.dumps(doc, indent=2))
-        return 0
-    print(_report(result))
-    print(f"wrote {out / 'audit.json'}")
+    else:
+        print(_report(result, trials))
+        print(f"wrote {out / 'audit.json'}")
+    if result.get("interrupted"):  # the bounds stand, of fewer trials: not a finished audit
+        print(f"privaudit: error: {_interrupted(result, trials)}", file=sys.stderr)
+        return 2
     return 0
 
 
-def _check_victim(victim: int | None, agents: int, source: str) -> None:
-    """``--victim`` names one of the run's agents 0..N-1 (N from ``source``)."""
-    if victim is not None and not (isinstance(agents, int) and 0 <= victim < agents):
-        last = agents - 1 if isinstance(agents, int) else "N-1"
-        raise PrivauditError(
-            f"--victim must be an agent of the run, 0..{last} ({agents} agents: {source}), "
-            f"got {victim}"
-        )
+def _interrupted(r: dict[str, Any], asked: int) -> str:
+    """The line of an audit a Ctrl-C ended early: how many trials ran, and what to do."""
+    unit = "trials" if r["mode"] == "white-box" else "canaries"
+    return (
+        f"interrupted after {r['trials']} of {asked} {unit}: the bounds above are of those "
+        f"only; run the same command again for all {asked}"
+    )
 
 
-def _report(r: dict[str, Any]) -> str:
+def _report(r: dict[str, Any], asked: int | None = None) -> str:
+    """The audit's text report; an audit a Ctrl-C ended early (``interrupted``, ``asked``
+    trials requested) says so in its first line and again before the verdict."""
     acc = r["accounting"]
     lo = r["epsilon_lo"]
     k = acc["copies"]
@@ -223,6 +228,10 @@ def _report(r: dict[str, Any]) -> str:
     lines.append(f"paper: {acc['paper']}")
     for c in acc["caveats"]:
         lines.append(f"caveat: {c}")
+    if r.get("interrupted"):
+        stop = _interrupted(r, r["trials"] if asked is None else asked)
+        lines.insert(1, stop)
+        lines.append(stop)
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)
 

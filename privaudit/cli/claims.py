@@ -13,10 +13,13 @@ from privaudit.cli.options import (
     DEFAULTS,
     add_executor_options,
     add_overwrite,
+    check_destination,
     check_out,
     config_from_args,
     executor_from_args,
     mark_out,
+    nothing_left_on_refusal,
+    record_written,
     training_options,
 )
 from privaudit.core import limits
@@ -87,7 +90,11 @@ def _arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--out", default=OUT, help=f"folder for runs, cached rows and the ledger (default {OUT})"
     )
-    add_overwrite(c)
+    add_overwrite(
+        c,
+        "an --out folder holding files privaudit did not write there, or over a --markdown "
+        "file it did not write",
+    )
     c.add_argument(
         "--markdown",
         default=None,
@@ -130,38 +137,41 @@ def cmd_claims(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_float("--row-seconds", a.row_seconds, 0.0, limits.MAX_SECONDS, hint="0: no limit")
     limits.check_seed("--audit-seed", a.audit_seed)
-    check_out(a.out, "claims", a.overwrite)
+    out = check_out(a.out, "claims", a.overwrite)
     targets = claims.select(a.defense, a.target)
-    if a.markdown is not None and Path(a.markdown).is_dir():
-        raise PrivauditError(f"--markdown takes a file path, got the folder {a.markdown}")
+    if a.markdown is not None:  # a folder, a run's file or the user's file: refused now
+        check_destination("--markdown", a.markdown, out, a.overwrite)
     # the shared configuration; each defense (and its own topology) is set per run
     base = config_from_args(a, DEFAULTS.defense, a.rounds)
     executor = executor_from_args(a)
-    mark_out(Path(a.out), "claims")
-    try:
-        doc = claims.ledger(
-            base,
-            a.out,
-            targets=targets,
-            trials=a.trials,
-            confidence=a.confidence,
-            seed=a.audit_seed,
-            row_seconds=a.row_seconds or None,
-            fresh=a.fresh,
-            # a bar would put an empty line before JSON that goes to a pipe or a file
-            progress=not a.no_progress and (sys.stdout.isatty() or not a.json),
-            run_rows=None if executor is None else rows_on(executor),
-        )
-    except claims.Interrupted as stop:
-        done = len(stop.ledger["rows"])
-        if not done:
-            raise PrivauditError("interrupted before any row was done") from None
-        claims.write(stop.ledger, a.out)  # the partial ledger, never over --markdown
-        raise PrivauditError(
-            f"interrupted: {done} row{'s' * (done != 1)} done, kept in {a.out}; run the same "
-            "command again to resume"
-        ) from None
+    with nothing_left_on_refusal(out):
+        mark_out(out, "claims")
+        try:
+            doc = claims.ledger(
+                base,
+                a.out,
+                targets=targets,
+                trials=a.trials,
+                confidence=a.confidence,
+                seed=a.audit_seed,
+                row_seconds=a.row_seconds or None,
+                fresh=a.fresh,
+                # a bar would put an empty line before JSON that goes to a pipe or a file
+                progress=not a.no_progress and (sys.stdout.isatty() or not a.json),
+                run_rows=None if executor is None else rows_on(executor),
+            )
+        except claims.Interrupted as stop:
+            done = len(stop.ledger["rows"])
+            if not done:
+                raise PrivauditError("interrupted before any row was done") from None
+            claims.write(stop.ledger, a.out)  # the partial ledger, never over --markdown
+            raise PrivauditError(
+                f"interrupted: {done} row{'s' * (done != 1)} done, kept in {a.out}; run the same "
+                "command again to resume"
+            ) from None
     claims.write(doc, a.out, a.markdown)
+    if a.markdown:
+        record_written(out, [Path(a.markdown)])  # a rerun may replace it while unchanged
     if a.json:
         print(json.dumps(to_jsonable(doc), indent=2, allow_nan=False))
         return 0

@@ -13,12 +13,15 @@ from privaudit.cli.options import (
     add_attack_option,
     add_executor_options,
     add_overwrite,
+    check_destination_folder,
     check_sweep_attack,
     check_threat,
     comma_list,
     executor_from_args,
     explicit_settings,
     mark_out,
+    nothing_left_on_refusal,
+    record_written,
     sweep_base,
     sweep_namespace,
     training_options,
@@ -36,6 +39,8 @@ FRONTIER_EPSILONS = [1.0, 2.0, 4.0, 8.0, float("inf")]
 # (victims, attack iterations, audit trials) a sweep uses unless told: the utility preset's
 # batches (B = 64) cost ~60× an iteration of B = 1, and its audits re-run whole rounds
 SWEEP_DEFAULTS = {"attack": (4, 1000, None), "utility": (1, 200, 256)}
+# what --figures DIR receives
+FIGURES = (".png", ".md")
 
 
 def add_parser(sub: Any) -> None:
@@ -65,7 +70,11 @@ def add_parser(sub: Any) -> None:
         f"{FRONTIER_TARGETS})",
     )
     c.add_argument("--out", required=True, help="output folder (runs, results, figures)")
-    add_overwrite(c)
+    add_overwrite(
+        c,
+        "an --out folder holding files privaudit did not write there, or a --figures folder "
+        "holding PNG or markdown files it did not write",
+    )
     c.add_argument(
         "--figures",
         default=None,
@@ -198,8 +207,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
     executor = executor_from_args(a)
     t0 = time.perf_counter()
     out = Path(a.out)
-    mark_out(out, "compare")
-    rows = execute(sweep, out, progress=not a.no_progress, executor=executor)
+    dest = None
+    if a.figures:  # before the grid runs: a file, a run's folder or the user's figures
+        dest = check_destination_folder("--figures", a.figures, out, a.overwrite, FIGURES)
+    with nothing_left_on_refusal(out):
+        mark_out(out, "compare")
+        rows = execute(sweep, out, progress=not a.no_progress, executor=executor)
     written = write_report(rows, out, load_tensors, last_round=frontier)
     print(markdown(summarize(rows)))
     if frontier:
@@ -207,12 +220,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
         table, written["frontier"] = write_frontier(sweep, rows, out, progress=not a.no_progress)
         print(table)
-    if a.figures:
-        dest = Path(a.figures)
+    if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
+        copied = []
         for p in [out / "summary.md", *(p for ps in written.values() for p in ps)]:
-            if p.suffix in (".png", ".md"):
+            if p.suffix in FIGURES:
                 shutil.copyfile(p, dest / p.name)
+                copied.append(dest / p.name)
+        record_written(out, copied)  # a rerun may replace them while they are unchanged
         print(f"copied the figures and summary.md to {dest}")
     files = [p for ps in written.values() for p in ps if p.suffix != ".pdf"]
     names = ", ".join(p.name for p in files[:3])

@@ -7,23 +7,24 @@ import json
 from typing import Any
 
 from privaudit.cli.options import (
+    MODEL_ATTACKS,
     add_overwrite,
-    check_no_run_flags,
     check_out,
     check_threat,
     checked_params,
     config_from_args,
     mark_out,
+    nothing_left_on_refusal,
     open_run,
     setting,
     training_options,
 )
+from privaudit.cli.rules import agent_ids
 from privaudit.cli.train import run_epsilon_line
 from privaudit.core import limits
 from privaudit.core.threat import threat_help
 
 SCORERS = ("decompose", "lr", "lr-iso", "inner", "cosine")
-MODEL_ATTACKS = ("loss", "lira", "rmia")  # model-level (privaudit.api.references)
 
 
 def add_parser(sub: Any) -> None:
@@ -120,7 +121,6 @@ def cmd_mia(a: argparse.Namespace) -> int:
     from privaudit.api.membership import mia
     from privaudit.core.errors import PrivauditError
     from privaudit.core.files import to_jsonable
-    from privaudit.core.threat import parse_agents
     from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
@@ -144,33 +144,32 @@ def cmd_mia(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_seed("--mia-seed", a.mia_seed)
     out = check_out(a.out or f"privaudit-out/mia-{a.target}", "mia", a.overwrite)
-    if a.run:
-        check_no_run_flags(a, a.run)
-        run = open_run(a)
-    else:
+    run = open_run(a) if a.run else None
+    if run is None:
         last = a.round + a.messages - 1
         agents = setting(a, "agents")
         rounds = target.rounds_to_train(last, agents) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
+    with nothing_left_on_refusal(out, out / "run"):
         mark_out(out, "mia")
-        run = Run.create(cfg, out / "run")
-    n = run.cfg.agents
-    mark_out(out, "mia")
-    result = mia(
-        run,
-        a.target,
-        a.round,
-        messages=a.messages,
-        scorer=a.scorer,
-        threat=a.threat,
-        attackers=parse_agents(a.attacker, n) if a.attacker else None,
-        victims=parse_agents(a.victim, n) if a.victim else None,
-        population=a.population,
-        confidence=a.confidence,
-        seed=a.mia_seed,
-        out=out,
-        progress=not a.no_progress,
-    )
+        if run is None:
+            run = Run.create(cfg, out / "run")
+        n = run.cfg.agents
+        result = mia(
+            run,
+            a.target,
+            a.round,
+            messages=a.messages,
+            scorer=a.scorer,
+            threat=a.threat,
+            attackers=agent_ids("--attacker", a.attacker, n) if a.attacker else None,
+            victims=agent_ids("--victim", a.victim, n) if a.victim else None,
+            population=a.population,
+            confidence=a.confidence,
+            seed=a.mia_seed,
+            out=out,
+            progress=not a.no_progress,
+        )
     if a.json:
         print(json.dumps(to_jsonable(result), indent=2))
         return 0
@@ -233,16 +232,9 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     from privaudit.api.references import model_mia
     from privaudit.core.errors import PrivauditError
     from privaudit.core.files import to_jsonable
-    from privaudit.core.threat import parse_agents
     from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
-    for flag, value in (("--scorer", a.scorer), ("--messages", a.messages)):
-        if value is not None:
-            raise PrivauditError(
-                f"{flag} is for the message-level attack (--attack grad); drop it with "
-                f"--attack {a.attack}"
-            )
     if a.references < 2 or a.references % 2:
         raise PrivauditError(
             f"--references {a.references}: reference runs come in complementary pairs (each "
@@ -261,41 +253,36 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_seed("--mia-seed", a.mia_seed)
     out = check_out(a.out or f"privaudit-out/mia-{a.target}-models", "mia", a.overwrite)
-    if a.run:
-        check_no_run_flags(a, a.run)
-        run = open_run(a)
-    else:
+    run = open_run(a) if a.run else None
+    if run is None:
         agents = setting(a, "agents")
         rounds = a.rounds
         if rounds is None:
             rounds = target.rounds_to_train(a.round or 1, agents)
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
+    with nothing_left_on_refusal(out, out / "run"):
         mark_out(out, "mia")
-        run = Run.create(cfg, out / "run")
-    n = run.cfg.agents
-    victims = parse_agents(a.victim, n) if a.victim else None
-    if victims is not None and len(victims) != 1:
-        raise PrivauditError(
-            f"--victim {a.victim}: a model-level attack has one victim; name one agent"
+        if run is None:
+            run = Run.create(cfg, out / "run")
+        n = run.cfg.agents
+        victims = agent_ids("--victim", a.victim, n) if a.victim else None
+        r = model_mia(
+            run,
+            a.target,
+            attack=a.attack,
+            references=a.references,
+            round=a.round,
+            on=a.on,
+            threat=a.threat,
+            attackers=agent_ids("--attacker", a.attacker, n) if a.attacker else None,
+            victim=victims[0] if victims else None,
+            candidates=a.candidates,
+            population=a.population,
+            confidence=a.confidence,
+            seed=a.mia_seed,
+            out=out,
+            progress=not a.no_progress,
         )
-    mark_out(out, "mia")
-    r = model_mia(
-        run,
-        a.target,
-        attack=a.attack,
-        references=a.references,
-        round=a.round,
-        on=a.on,
-        threat=a.threat,
-        attackers=parse_agents(a.attacker, n) if a.attacker else None,
-        victim=victims[0] if victims else None,
-        candidates=a.candidates,
-        population=a.population,
-        confidence=a.confidence,
-        seed=a.mia_seed,
-        out=out,
-        progress=not a.no_progress,
-    )
     if a.json:
         print(json.dumps(to_jsonable(r), indent=2))
         return 0

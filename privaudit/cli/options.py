@@ -9,9 +9,11 @@ argument answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,29 @@ from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 
 DEFAULTS = RunConfig()
+MODEL_ATTACKS = ("loss", "lira", "rmia")  # mia's model-level attacks (privaudit.api.references)
+
+
+# the attribute of a command's parsed arguments that names the options given on the command
+# line (their ``dest``s), as opposed to those left at their defaults
+GIVEN = "options_given"
+
+
+class _Given(argparse.Namespace):
+    """A namespace that answers None for every option it was not given, so that argparse
+    fills in no defaults: what it holds after a parse is what the command line set."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # argparse's own bookkeeping: absent unless set
+            raise AttributeError(name)
+        return None
 
 
 class Parser(argparse.ArgumentParser):
-    """Every error in one line (not usage + line), naming the command's ``--help``.
+    """Every error in one line (not usage + line), naming the command's ``--help``; a
+    command's parsed arguments say which options were given (:data:`GIVEN`), so that an
+    option given in a mode where it does nothing is refused (:mod:`privaudit.cli.rules`)
+    even when its value equals its default.
 
     ``arguments``: a function that adds the command's arguments when the command is parsed
     or its help shown, not when the whole parser is built, for a command whose defaults come
@@ -35,15 +56,24 @@ class Parser(argparse.ArgumentParser):
     ) -> None:
         super().__init__(*args, **kw)
         self.arguments = arguments
+        self.commands = False  # whether it dispatches to subcommands (their parsers record)
 
     def ready(self) -> None:
         if self.arguments is not None:
             add, self.arguments = self.arguments, None
             add(self)
 
+    def add_subparsers(self, **kw: Any) -> Any:
+        self.commands = True
+        return super().add_subparsers(**kw)
+
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self.ready()
-        return super().parse_known_args(args, namespace)
+        ns, extra = super().parse_known_args(args, namespace)
+        if not self.commands:  # a command: parse again, without defaults, to see what was given
+            given, _ = super().parse_known_args(args, _Given())
+            setattr(ns, GIVEN, frozenset(vars(given)))
+        return ns, extra
 
     def format_help(self) -> str:
         self.ready()
@@ -214,17 +244,6 @@ def setting(a: argparse.Namespace, name: str) -> Any:
     return getattr(DEFAULTS, name) if value is None else value
 
 
-def check_no_run_flags(a: argparse.Namespace, run: str) -> None:
-    """With ``--run``, the run's settings are the run's own: one error naming every training
-    flag that was given too (it would otherwise be silently ignored)."""
-    given = [flag for k, flag in RUN_FLAGS.items() if getattr(a, k, None) not in (None, [])]
-    if given:
-        raise PrivauditError(
-            f"{', '.join(given)} would be ignored: --run {run} trains with its own settings "
-            "(its config.json); drop them, or leave out --run to train a new run with them"
-        )
-
-
 def explicit_settings(a: argparse.Namespace, rounds: int | None) -> dict[str, Any]:
     """The preset-governed settings the user gave (flags not None, ``-p``/``--lr``/
     ``--clip`` as ``params``); ``rounds`` is the command's own choice when not None. A
@@ -299,6 +318,16 @@ def open_run(a: argparse.Namespace) -> Any:
     return Run.open(a.run, **override)
 
 
+def edges_of(cfg: RunConfig) -> list[tuple[int, int]]:
+    """The directed links of ``cfg``'s graph in the order :meth:`Run.edges
+    <privaudit.sim.run.Run.edges>` lists them once the run is built: known before anything is
+    loaded or written, so a ``--link`` off the graph is refused before a run is created."""
+    from privaudit.scenario.topology import build_topology
+
+    adj = build_topology(cfg.topology, cfg.agents)
+    return [(int(i), int(j)) for i, j in adj.nonzero().tolist()]
+
+
 def config_from_args(a: argparse.Namespace, defense: str, rounds: int | None) -> RunConfig:
     """:func:`configured` without the line (the attack preset unless ``--preset``)."""
     return configured(a, defense, rounds)[0]
@@ -367,36 +396,73 @@ ATTACK_FLAGS = {
 }
 
 
-# the file that marks a folder as a command's own output (JSON: {"command": NAME})
+# Where a command writes. privaudit writes only into folders it made or files it wrote: an
+# --out that is new, empty or its own (marked by OUT_MARKER), and a destination the user
+# names (claims --markdown, compare --figures) that is new or that it wrote there before
+# (recorded, with its digest, in the marker of the command's --out); anything else is refused
+# before any work, unless --overwrite. Nothing is ever written inside a run directory but by
+# the run itself.
+
+# the file that marks a folder as a command's own output (JSON: {"command": NAME, "files":
+# {PATH: SHA-256}}, the files written outside it: the destinations the user named)
 OUT_MARKER = ".privaudit-out"
 
 
-def add_overwrite(p: argparse.ArgumentParser) -> None:
-    """``--overwrite``: the way past :func:`check_out`'s refusal."""
+def add_overwrite(
+    p: argparse.ArgumentParser,
+    what: str = "an --out folder that holds files privaudit did not write there",
+) -> None:
+    """``--overwrite``: the way past :func:`check_out`'s (and :func:`check_destination`'s)
+    refusal; ``what`` says where the command's help."""
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="write into an --out folder that holds files privaudit did not write there "
-        "(files of the same names are replaced)",
+        help=f"write into {what} (files of the same names are replaced; a run's own files "
+        "never are)",
     )
+
+
+def run_folder(path: str | Path) -> Path | None:
+    """The run directory ``path`` is or lies inside (a folder holding ``config.json`` and
+    ``manifest.json``), or None: nothing but the run itself may write there."""
+    from privaudit.sim.manifest import NAME
+    from privaudit.sim.rundir import CONFIG
+
+    p = Path(path).expanduser().absolute()
+    for folder in (p, *p.parents):
+        if (folder / CONFIG).is_file() and (folder / NAME).is_file():
+            return folder
+    return None
+
+
+def check_not_in_run(flag: str, path: str | Path, itself: bool = False) -> None:
+    """Refuse ``path`` (given as ``flag``) when it is or lies inside a run directory:
+    writing there would replace or add to a run's own files, which ``--overwrite`` never
+    allows. ``itself``: ``path`` may be a run (``train --out``: the run it resumes)."""
+    run = run_folder(path)
+    here = Path(path).expanduser().absolute()
+    if run is not None and not (itself and run == here):
+        where = "is" if run == here else "lies inside"
+        raise PrivauditError(
+            f"{flag} {path} {where} the run directory {run}, whose files only the run writes; "
+            f"choose a {flag} outside it"
+        )
 
 
 def check_out(out: str | Path, command: str, overwrite: bool = False) -> Path:
     """``--out`` as a folder ``command`` may write into, checked before anything runs: a new
     or empty folder, or one this command made before (its :data:`OUT_MARKER`: rerunning
     resumes or refreshes its own output). A file, a folder of someone else's files, or
-    another command's output is refused — never overwritten — unless ``overwrite``."""
+    another command's output is refused — never overwritten — unless ``overwrite``; a run
+    directory (or a folder inside one) always."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PrivauditError(f"--out {out} is a file, not a folder; choose another --out")
+    check_not_in_run("--out", out)
     if overwrite or not out.is_dir():
         return out
-    marker = out / OUT_MARKER
-    if marker.is_file():
-        try:
-            owner = json.loads(marker.read_text()).get("command")
-        except (OSError, ValueError, AttributeError):
-            owner = None
+    owner = _marker(out).get("command")
+    if (out / OUT_MARKER).is_file():
         if owner == command:
             return out
         made = f"privaudit {owner}" if isinstance(owner, str) else "an unknown program"
@@ -414,6 +480,15 @@ def check_out(out: str | Path, command: str, overwrite: bool = False) -> Path:
     return out
 
 
+def _marker(out: Path) -> dict[str, Any]:
+    """The marker of ``out`` as a dict ({} when absent or unreadable)."""
+    try:
+        doc = json.loads((out / OUT_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def mark_out(out: Path, command: str) -> None:
     """Create ``out`` and mark it as ``command``'s output (:func:`check_out` passed): call
     it just before the command's first write into it."""
@@ -422,6 +497,112 @@ def mark_out(out: Path, command: str) -> None:
     marker = out / OUT_MARKER
     if not marker.is_file():
         write_json(marker, {"command": command})
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def record_written(out: Path, paths: list[Path]) -> None:
+    """Record in ``out``'s marker that the command wrote ``paths`` (outside ``out``, where
+    the user asked), with their digests: a rerun may replace them while they are unchanged
+    (:func:`check_destination`)."""
+    from privaudit.core.files import write_json
+
+    doc = _marker(out)
+    files = doc.get("files") if isinstance(doc.get("files"), dict) else {}
+    for p in paths:
+        files[str(p.expanduser().absolute())] = _digest(p)
+    write_json(out / OUT_MARKER, {**doc, "files": files})
+
+
+def written_here(out: Path, path: Path) -> bool:
+    """Whether ``path`` is a file the command whose output ``out`` is wrote, unchanged
+    since (:func:`record_written`)."""
+    files = _marker(out).get("files")
+    key = str(path.expanduser().absolute())
+    return isinstance(files, dict) and path.is_file() and files.get(key) == _digest(path)
+
+
+def check_destination(flag: str, path: str | Path, out: Path, overwrite: bool) -> Path:
+    """A file the user names as ``flag`` (e.g. ``claims --markdown PATH``), checked before
+    any work: not a folder, not inside a run directory (ever), and — when it exists — one
+    this command wrote there before and nobody changed since (recorded in ``out``'s marker),
+    unless ``overwrite``."""
+    path = Path(path)
+    if path.is_dir():
+        raise PrivauditError(f"{flag} takes a file path, got the folder {path}")
+    check_not_in_run(flag, path)
+    if path.exists() and not overwrite and not written_here(out, path):
+        raise PrivauditError(
+            f"{flag} {path} already exists and privaudit did not write it; choose another "
+            f"{flag} (or pass --overwrite to replace it)"
+        )
+    return path
+
+
+def check_destination_folder(
+    flag: str, folder: str | Path, out: Path, overwrite: bool, suffixes: tuple[str, ...]
+) -> Path:
+    """A folder the user names as ``flag`` for files of ``suffixes`` (e.g. ``compare
+    --figures DIR``: PNGs and markdown), checked before any work: not a file, not inside a
+    run directory (ever), and holding no file of those suffixes that this command did not
+    write there (recorded in ``out``'s marker) — it could be replaced — unless
+    ``overwrite``."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise PrivauditError(f"{flag} {folder} is a file, not a folder; choose a folder")
+    check_not_in_run(flag, folder)
+    if overwrite or not folder.is_dir():
+        return folder
+    theirs = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.suffix in suffixes and p.is_file() and not written_here(out, p)
+    )
+    if theirs:
+        shown = ", ".join(theirs[:4]) + (", …" if len(theirs) > 4 else "")
+        raise PrivauditError(
+            f"{flag} {folder} already holds {'/'.join(suffixes)} files privaudit did not "
+            f"write ({shown}), which could be replaced; choose a new or empty {flag} (or pass "
+            "--overwrite to replace files of the same names)"
+        )
+    return folder
+
+
+@contextlib.contextmanager
+def nothing_left_on_refusal(out: Path, run: Path | None = None) -> Iterator[None]:
+    """Run the body; when it fails (a refusal, an interrupt) and ``out`` was new or empty
+    before, take away what it wrote there — the new run ``run`` if it has no checkpoint yet
+    (its recorded files), the marker when nothing else is left, and the folders it made that
+    are left empty — so that a refused command leaves the user's folders as they were. A
+    run with a checkpoint stays (it resumes)."""
+    out = Path(out)
+    new = [p for p in (out, *out.parents) if not p.exists()]  # innermost first
+    fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
+    try:
+        yield
+    except BaseException:
+        if fresh:
+            _take_back(out, run, new)
+        raise
+
+
+def _take_back(out: Path, run: Path | None, new: list[Path]) -> None:
+    """What :func:`nothing_left_on_refusal` removes; a file it cannot remove stays."""
+    from privaudit.sim.rundir import RunDir
+
+    with contextlib.suppress(OSError, PrivauditError):
+        if run is not None and RunDir(run).exists() and not RunDir(run).checkpoint_rounds():
+            rd = RunDir(run)
+            with rd.writer():
+                rd.discard(remove_folder=True)
+    with contextlib.suppress(OSError):
+        if out.is_dir() and [p.name for p in out.iterdir()] == [OUT_MARKER]:
+            (out / OUT_MARKER).unlink()
+    for folder in new:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
 
 
 def attack_options(a: argparse.Namespace, name: str | None) -> dict[str, Any]:
@@ -460,8 +641,6 @@ def comma_list(kind: type, what: str) -> Callable[[str], list]:
 
 def sweep_base(a: argparse.Namespace, agents: int | None = None) -> Any:
     """The shared RunConfig of a sweep from the training options (ε and seed set per run)."""
-    if a.sigma is not None:
-        raise PrivauditError(f"{a.command} sweeps --epsilons; --sigma is not supported here")
     return config_from_args(sweep_namespace(a, agents), "dpdl", 1)
 
 
@@ -526,7 +705,7 @@ def worker_setup(plugins: list[str]) -> None:
 def executor_from_args(a: argparse.Namespace) -> Any:
     """The executor ``--executor`` names (None: the local default), refused at once
     when Ray is asked for but not installed or a setting is out of range."""
-    if a.executor == "local":
+    if a.executor == "local":  # privaudit's commands refuse these earlier (cli.rules)
         for flag, value in (
             ("--ray-address", a.ray_address),
             ("--cell-gpus", a.cell_gpus),

@@ -13,6 +13,7 @@ from privaudit.cli.options import (
     check_sweep_attack,
     comma_list,
     mark_out,
+    nothing_left_on_refusal,
     sweep_base,
     training_options,
 )
@@ -93,20 +94,21 @@ def _dpdl_table3(a: argparse.Namespace) -> int:
         limits.check_seed("--seeds", seed)
     t0 = time.perf_counter()
     base = sweep_base(a, agents=max(a.agents))
-    mark_out(out, "reproduce")
-    rows = dpdl_table3(
-        out,
-        base,
-        a.topologies,
-        a.agents,
-        a.rounds,
-        a.seeds,
-        victims=a.victims,
-        iterations=a.iterations,
-        attack_options=dict(a.attack_option),
-        progress=not a.no_progress,
-        scenarios=[sc.upper() for sc in a.scenarios],
-    )
+    with nothing_left_on_refusal(out):
+        mark_out(out, "reproduce")
+        rows = dpdl_table3(
+            out,
+            base,
+            a.topologies,
+            a.agents,
+            a.rounds,
+            a.seeds,
+            victims=a.victims,
+            iterations=a.iterations,
+            attack_options=dict(a.attack_option),
+            progress=not a.no_progress,
+            scenarios=[sc.upper() for sc in a.scenarios],
+        )
     table = table3_rows(rows)
     first = next((r for r in rows if r["sigma"]), rows[0])  # a DPDL row: its σ
     setting = (

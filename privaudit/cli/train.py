@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from privaudit.cli.options import checked_params, configured, training_options
+from privaudit.cli.options import (
+    check_not_in_run,
+    checked_params,
+    configured,
+    nothing_left_on_refusal,
+    training_options,
+)
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
@@ -78,7 +85,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     from privaudit.sim.run import Run
     from privaudit.sim.runlock import check_free
 
-    check_free(Path(a.out))  # a second writer is turned away before any data is loaded
+    out = Path(a.out)
+    check_not_in_run("--out", out, itself=True)  # a run inside a run's folder: refused
+    check_free(out)  # a second writer is turned away before any data is loaded
     get_defense(a.defense)
     cfg, origin = configured(a, a.defense, a.rounds, preset="utility")
     cfg = checked_params(cfg)
@@ -87,36 +96,40 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.nproc is not None:
         limits.check_int("--nproc", a.nproc, 1, limits.MAX_AGENTS)
     limits.check_float("--dist-timeout", a.dist_timeout, 0.0, limits.MAX_SECONDS, lo_open=True)
-    if a.backend == "torch.distributed":
-        from privaudit.sim import distributed
-
-        if distributed.under_launcher():  # started by torchrun: this process is one rank
-            distributed.train_rank(cfg, a.out, capture, a.dist_timeout, not a.no_progress)
-            if distributed.rank() != 0:
-                return 0
-        else:
-            distributed.launch(cfg, a.out, a.nproc, capture, a.dist_timeout, not a.no_progress)
-        run = Run.open(a.out, device=cfg.device)
-        print(calibration_line(run.resolved), file=sys.stderr if a.json else sys.stdout)
-        state = run.train(progress=False)  # the merged last checkpoint
-    elif a.backend == "sim":
-        run = Run.create(cfg, a.out)
-        print(calibration_line(run.resolved), file=sys.stderr if a.json else sys.stdout)
-        state = run.train(capture=capture, progress=not a.no_progress)
-    else:
+    if a.backend not in ("sim", "torch.distributed"):
         raise PrivauditError(f"--backend must be sim or torch.distributed, got {a.backend!r}")
+    # a new run refused before its first checkpoint is taken back (the distributed engine
+    # settles its shards itself)
+    sim = a.backend == "sim"
+    with nothing_left_on_refusal(out, out) if sim else contextlib.nullcontext():
+        if not sim:
+            from privaudit.sim import distributed
+
+            if distributed.under_launcher():  # started by torchrun: this process is one rank
+                distributed.train_rank(cfg, a.out, capture, a.dist_timeout, not a.no_progress)
+                if distributed.rank() != 0:
+                    return 0
+            else:
+                distributed.launch(cfg, a.out, a.nproc, capture, a.dist_timeout, not a.no_progress)
+            run = Run.open(a.out, device=cfg.device)
+            print(calibration_line(run.resolved), file=sys.stderr if a.json else sys.stdout)
+            state = run.train(progress=False)  # the merged last checkpoint
+        else:
+            run = Run.create(cfg, a.out)
+            print(calibration_line(run.resolved), file=sys.stderr if a.json else sys.stdout)
+            state = run.train(capture=capture, progress=not a.no_progress)
     acc = run.test_accuracy(state)
     if a.json:
         from privaudit.core.files import to_jsonable
 
-        out = {
+        doc = {
             "defense": a.defense,
             "run": str(a.out),
             "test_accuracy": acc,  # the agents' average model
             "agent_test_accuracy": run.agent_accuracies(state),  # each agent's own model
             **run.resolved,
         }
-        print(json.dumps(to_jsonable(out), indent=2))
+        print(json.dumps(to_jsonable(doc), indent=2))
         return 0
     print(
         f"{a.defense}: {run.cfg.rounds} rounds, {run.cfg.agents} agents on {run.cfg.topology}, "

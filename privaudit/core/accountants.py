@@ -7,6 +7,12 @@ Poisson-subsampled Gaussian mechanism at noise multiplier ``z`` and sample rate 
 bounded time and memory — then its ``fallback`` is asked. Add one with
 :func:`register_accountant` (a plugin may); ``--accountant NAME`` picks it.
 
+Every answer is checked where it is used, not only at the plugin loader's probe point:
+privaudit asks an accountant through :func:`answer`, :func:`cost` and :func:`check_delta`,
+which refuse an ε that is not a number ≥ 0 (NaN, negative; ∞ is "no bound" and stands) and
+turn a plugin's exception into one line naming the accountant, its plugin, the call and the
+exception (:mod:`privaudit.core.extensions`).
+
 Built in: ``rdp`` (Rényi DP, Mironov 2017; opacus' RDP accountant) and ``prv`` (privacy
 random variables, Gopi et al. 2021; opacus' PRV accountant, tighter, on a bounded grid).
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import numbers
 import warnings
 from collections.abc import Iterator
 from typing import ClassVar, TypeVar
@@ -24,6 +31,7 @@ import numpy as np
 
 from privaudit.core import limits
 from privaudit.core.errors import NameTaken, PrivauditError
+from privaudit.core.extensions import calling, failure
 
 
 class AccountantLimit(PrivauditError):
@@ -78,6 +86,67 @@ def get_accountant(name: str) -> Accountant:
     if name not in ACCOUNTANTS:
         raise PrivauditError(f"--accountant must be one of {', '.join(ACCOUNTANTS)}, got {name!r}")
     return ACCOUNTANTS[name]
+
+
+# what an accountant raises where it cannot answer (PRV far from its grid: tiny σ, huge T):
+# the caller asks the fallback accountant, or counts the probe as not private enough
+CANNOT_ANSWER = (AccountantLimit, ValueError, RuntimeError, OverflowError, MemoryError)
+EPSILON_FIX = (
+    "return a float ε ≥ 0 from epsilon(z, delta, sample_rate, rounds) (math.inf: no bound)"
+)
+
+
+def _at(z: float, delta: float, sample_rate: float, rounds: int) -> str:
+    return f"σ = {z:.4g}, δ = {delta:g}, q = {sample_rate:.3g}, {rounds} rounds"
+
+
+def answer(acc: Accountant, z: float, delta: float, sample_rate: float, rounds: int) -> float:
+    """``acc.epsilon(z, δ, q, T)``, checked at this call: an ε that is not a number ≥ 0 (NaN,
+    negative, a string) is one line naming the accountant, its plugin and the point asked
+    (never clamped: a negative ε read as 0 would report a run as perfectly private); a
+    plugin's exception is one line too, except the :data:`CANNOT_ANSWER` ones, which the
+    caller handles (the fallback accountant)."""
+    with calling("accountant", acc.name, acc, "epsilon()", passes=CANNOT_ANSWER):
+        eps = acc.epsilon(z, delta, sample_rate, rounds)
+    if (
+        isinstance(eps, bool | np.bool_)
+        or not isinstance(eps, numbers.Real)
+        or math.isnan(eps)
+        or eps < 0
+    ):
+        raise failure(
+            "accountant",
+            acc.name,
+            acc,
+            "epsilon()",
+            f"answered ε = {eps!r} at {_at(z, delta, sample_rate, rounds)}",
+            EPSILON_FIX,
+        )
+    return float(eps)
+
+
+def cost(acc: Accountant, z: float, delta: float, sample_rate: float, rounds: int) -> float:
+    """``acc.cost(…)``, checked: a number ≥ 0 (NaN or a negative cost would let a search
+    spend without bound), a plugin's exception one line naming it."""
+    with calling("accountant", acc.name, acc, "cost()"):
+        spent = acc.cost(z, delta, sample_rate, rounds)
+    if isinstance(spent, bool | np.bool_) or not isinstance(spent, numbers.Real) or not spent >= 0:
+        raise failure(
+            "accountant",
+            acc.name,
+            acc,
+            "cost()",
+            f"answered {spent!r} at {_at(z, delta, sample_rate, rounds)}",
+            "return a number ≥ 0 from cost() (the units of search_budget), or leave it out",
+        )
+    return float(spent)
+
+
+def check_delta(acc: Accountant, delta: float) -> None:
+    """``acc.check(δ)``: its own refusal (a PrivauditError) stands; any other exception of a
+    plugin is one line naming it."""
+    with calling("accountant", acc.name, acc, "check()"):
+        acc.check(delta)
 
 
 def accountant_help() -> str:

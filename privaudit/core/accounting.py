@@ -24,9 +24,19 @@ import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from scipy import optimize, stats
+
 from privaudit.core import limits
-from privaudit.core.accountants import AccountantLimit, get_accountant
+from privaudit.core.accountants import (
+    CANNOT_ANSWER,
+    Accountant,
+    AccountantLimit,
+    answer,
+    cost,
+    get_accountant,
+)
 from privaudit.core.errors import PrivauditError
+from privaudit.core.extensions import blame, failure, is_built_in
 from privaudit.core.sampling import rate
 
 if TYPE_CHECKING:
@@ -41,7 +51,10 @@ SAMPLING = "Poisson, q_i = B / n_i per agent"
 EPSILON_TOLERANCE = 0.005
 MAX_BISECTIONS = 200
 # what an accountant raises far from where it can answer (PRV: tiny σ, huge T)
-FAILURES = (AccountantLimit, ValueError, RuntimeError, OverflowError, MemoryError)
+FAILURES = CANNOT_ANSWER
+# a calibrated σ is refused when one round alone at it provably breaks (ε, δ) by more than
+# this factor on δ (room for the floating point of the bound; a sound accountant is below 1)
+SOUNDNESS_SLACK = 1.05
 
 
 def _check(epsilon: float | None, delta: float, sample_rate: float, rounds: int) -> None:
@@ -63,11 +76,59 @@ def _epsilon(
         return math.inf
     acc = get_accountant(accountant)
     try:
-        return acc.epsilon(z, delta, sample_rate, rounds)
-    except FAILURES:
-        if not fallback or acc.fallback is None:
+        eps = answer(acc, z, delta, sample_rate, rounds)  # checked: a number ≥ 0
+        if not is_built_in("accountant", accountant, acc):  # and no less than one round's
+            where = f"σ = {z:.4g}, δ = {delta:g}, q = {sample_rate:.3g}, {rounds} rounds"
+            _check_sound(acc, z, eps, delta, sample_rate, f"answers ε = {eps:.4g} at {where}")
+        return eps
+    except FAILURES as e:
+        if fallback and acc.fallback is not None:
+            return _epsilon(z, delta, sample_rate, rounds, acc.fallback, fallback)
+        if isinstance(e, AccountantLimit):  # its own line: it cannot answer here
             raise
-        return _epsilon(z, delta, sample_rate, rounds, acc.fallback, fallback)
+        blamed = blame("accountant", accountant, acc, "epsilon()", e)  # a plugin's: one line
+        if blamed is e:
+            raise
+        raise blamed from e
+
+
+def one_round_delta(z: float, epsilon: float, sample_rate: float) -> float:
+    """A lower bound on the δ at ``epsilon`` of *any* run whose rounds are Poisson-sampled
+    Gaussian releases at multiplier ``z`` and rate q: one round alone (composition only
+    adds to it). Its privacy loss against the neighbour without the example is exactly
+    q·δ_G(ε') with e^ε' = 1 + (e^ε − 1)/q and δ_G the Gaussian mechanism's profile at
+    μ = 1/z (:func:`gdp_delta`; Balle, Barthe & Gaboardi 2018's amplification identity). An
+    accountant whose (ε, δ) at z is below it understates ε."""
+    q = sample_rate
+    if math.isinf(epsilon):  # no bound claimed: nothing to contradict
+        return 0.0
+    if q >= 1:
+        shifted = epsilon
+    else:  # ε' = ε + log(1 + (q − 1)e^−ε) − log q, without overflowing e^ε
+        shifted = epsilon + math.log1p((q - 1) * math.exp(-epsilon)) - math.log(q)
+    return q * max(gdp_delta(shifted, 1.0 / z), 0.0)
+
+
+def _check_sound(
+    acc: Accountant, z: float, epsilon: float, delta: float, sample_rate: float, said: str
+) -> None:
+    """Refuse an (ε, δ) at multiplier ``z`` (per round) and rate q that even one round
+    breaks (:func:`one_round_delta`): the accountant ``said`` (its answer, or the σ its
+    answers calibrated) an ε below the true one. A plugin's every answer is checked so (an
+    accountant answering 0 would report any run perfectly private), and every calibrated σ
+    (its answers would calibrate σ ≈ 1e-59: no noise)."""
+    lower = one_round_delta(z, epsilon, sample_rate)
+    if lower > delta * SOUNDNESS_SLACK:
+        raise failure(
+            "accountant",
+            acc.name,
+            acc,
+            "epsilon()",
+            f"{said}, where one round alone is not ({epsilon:.4g}, {delta:g})-DP (its δ at "
+            f"ε = {epsilon:.4g} is at least {lower:.3g}): that ε is below the true one",
+            "return an upper bound on ε from epsilon() (docs/extending.md), or use "
+            "--accountant rdp",
+        )
 
 
 def sigma_for_epsilon(
@@ -84,18 +145,20 @@ def sigma_for_epsilon(
     bisect to within 0.005 of it), bounded: the target must be reachable at
     σ = :data:`~privaudit.core.limits.SIGMA_MAX` (else one error naming the floor and the fix),
     the bisection takes at most :data:`MAX_BISECTIONS` steps, and a probe the accountant
-    cannot answer counts as not private enough."""
+    cannot answer counts as not private enough. The σ found is checked sound: one round
+    alone at it must be (ε, δ)-DP (:func:`one_round_delta`), else one line naming the
+    accountant."""
     _check(epsilon, delta, sample_rate, rounds)
     acc = get_accountant(accountant)
     setting = (
         f"δ = {delta:g}, sample rate {sample_rate:.3g}, {rounds} rounds, "
         f"{max(releases_per_round, 1)} release(s) per round"
     )
-    failure: list[str] = []
+    failed: list[str] = []
     spent = [0.0]  # what this search has cost (PRV: grid points evaluated)
 
     def eps_at(z: float) -> float:
-        spent[0] += acc.cost(min(z, limits.SIGMA_MAX), delta, sample_rate, rounds)
+        spent[0] += cost(acc, min(z, limits.SIGMA_MAX), delta, sample_rate, rounds)
         if spent[0] > acc.search_budget:
             raise PrivauditError(
                 f"the {accountant} accountant's search for the σ of ε = {epsilon:g} "
@@ -105,15 +168,14 @@ def sigma_for_epsilon(
         try:
             return _epsilon(z, delta, sample_rate, rounds, accountant, fallback=False)
         except FAILURES as e:
-            failure[:] = [str(e)]
+            failed[:] = [str(e)]
             return math.inf
 
     floor = eps_at(limits.SIGMA_MAX)
     if not floor <= epsilon:
-        if failure:
+        if failed:
             raise PrivauditError(
-                f"the {accountant} accountant cannot reach ε = {epsilon:g} ({setting}): "
-                f"{failure[0]}"
+                f"the {accountant} accountant cannot reach ε = {epsilon:g} ({setting}): {failed[0]}"
             )
         raise PrivauditError(
             f"ε = {epsilon:g} is out of reach of the {accountant} accountant ({setting}): even "
@@ -133,6 +195,8 @@ def sigma_for_epsilon(
             sigma_high, eps_high = sigma, eps
         else:
             sigma_low = sigma
+    said = f"answers calibrate σ = {sigma_high:.3g} per round for ε = {epsilon:g} ({setting})"
+    _check_sound(acc, sigma_high, epsilon, delta, sample_rate, said)
     return float(sigma_high) * math.sqrt(max(releases_per_round, 1))
 
 
@@ -190,8 +254,6 @@ def kind_epsilon(
 def gdp_delta(epsilon: float, mu: float) -> float:
     """δ(ε) of μ-GDP: Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su, Cor. 2.13),
     with the second term in log space so that large μ does not overflow."""
-    from scipy import stats
-
     if mu <= 0:
         return 0.0
     first = stats.norm.cdf(-epsilon / mu + mu / 2)
@@ -202,8 +264,6 @@ def gdp_delta(epsilon: float, mu: float) -> float:
 def gdp_epsilon(mu: float, delta: float) -> float:
     """The smallest ε with δ(ε) ≤ δ for μ-GDP (0 for μ ≤ 0, ∞ for μ = ∞): the exact
     (ε, δ) of a Gaussian mechanism whose shift over noise std is μ."""
-    from scipy import optimize
-
     if not mu > 0:
         return 0.0
     if math.isinf(mu):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privaudit.core import limits, schema
-from privaudit.core.accountants import get_accountant
+from privaudit.core.accountants import check_delta, get_accountant
 from privaudit.core.errors import PrivauditError, unknown
 
 # Fields that do not change the messages: a run may be resumed with different values.
@@ -63,7 +63,7 @@ class RunConfig:
         limits.check_float("--dirichlet-alpha", self.dirichlet_alpha, *limits.DIRICHLET_ALPHA)
         limits.check_int("--checkpoint-every", self.checkpoint_every, 1)
         limits.check_seed("--seed", self.seed)
-        get_accountant(self.accountant).check(self.delta)
+        check_delta(get_accountant(self.accountant), self.delta)
         if self.eval_split not in EVAL_SPLITS:
             raise unknown("evaluation split", self.eval_split, EVAL_SPLITS)
         if not isinstance(self.device, str) or not (

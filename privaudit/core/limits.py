@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import resource
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,19 +146,102 @@ def check_threads(flag: str, value: Any) -> int:
     return check_int(flag, value, 1, cores, f"this machine has {cores} CPU cores")
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+UNLIMITED = 2**60  # a cgroup v1 limit at or above this is "no limit" (v1 writes 2^63 − 4096)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (cgroup v2): no limit
+
+
+def _meminfo_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``: what the kernel estimates can be allocated
+    without swapping (free memory plus reclaimable caches)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cgroup_headroom(root: Path = CGROUP_ROOT, membership: str | None = None) -> int | None:
+    """The least room left under a memory limit of this process's cgroups (its own and every
+    ancestor's: limit − usage), cgroup v2 (``memory.max``/``memory.current``) or v1
+    (``memory.limit_in_bytes``/``memory.usage_in_bytes``); None without a limit.
+    ``membership``: the text of ``/proc/self/cgroup`` (None: read it); ``root``: where the
+    hierarchies are mounted."""
+    if membership is None:
+        try:
+            membership = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return None
+    lines = membership.splitlines()
+    folders: list[tuple[Path, str, str]] = []
+    for line in lines:
+        _, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one unified hierarchy
+            folders.append((root / rel.lstrip("/"), "memory.max", "memory.current"))
+        elif "memory" in controllers.split(","):  # v1: the memory controller's hierarchy
+            base = root / "memory" / rel.lstrip("/")
+            folders.append((base, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    room: list[int] = []
+    for folder, limit_file, usage_file in folders:
+        level = folder
+        while True:  # a limit anywhere above the process applies to it too
+            limit, usage = _read_int(level / limit_file), _read_int(level / usage_file)
+            if limit is not None and limit < UNLIMITED and usage is not None:
+                room.append(max(limit - usage, 0))
+            if level == root or root not in level.parents:
+                break
+            level = level.parent
+    return min(room) if room else None
+
+
+def address_space_headroom() -> int | None:
+    """Room left under ``RLIMIT_AS`` (``ulimit -v``): the soft limit less this process's
+    address space now (``/proc/self/statm``); None without a limit."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY or soft < 0:
+            return None
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+        return max(soft - pages * int(os.sysconf("SC_PAGE_SIZE")), 0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate on the host: the smallest of ``MemAvailable``,
+    the room under its cgroups' memory limits and the room under ``RLIMIT_AS`` (where a
+    container or ``ulimit -v`` caps it well below the machine's RAM); None where the system
+    says none of them."""
+    known = [
+        b
+        for b in (_meminfo_available(), cgroup_headroom(), address_space_headroom())
+        if b is not None
+    ]
+    return min(known) if known else None
+
+
 def device_memory(device: str) -> int | None:
-    """Bytes of memory on ``device``: the free memory of a CUDA device, the physical RAM of
-    the host otherwise; None where the system does not say."""
+    """Bytes of memory available on ``device``: the free memory of a CUDA device, what this
+    process can still allocate on the host otherwise (:func:`available_memory`: not the
+    physical RAM, which a container, a ``ulimit -v`` or other processes may leave far from
+    reach); None where the system does not say."""
     if device.startswith("cuda"):
         import torch
 
         if torch.cuda.is_available():
             return int(torch.cuda.mem_get_info(torch.device(device))[0])
         return None
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
+    return available_memory()
 
 
 # float32 (N, D) tensors a round holds at least: the models, one state vector (momentum,
@@ -180,6 +265,6 @@ def check_memory(agents: int, held: int, params: int, device: str) -> None:
     raise PrivauditError(
         f"{agents} agents of a {params:,}-parameter model need at least "
         f"{(state + graph) / gb:.3g} GB ({state / gb:.3g} GB of state, {graph / gb:.3g} GB "
-        f"of N×N graph), more than the {have / gb:.3g} GB of {device}; lower --agents or "
-        "choose a smaller --model"
+        f"of N×N graph), more than the {have / gb:.3g} GB available on {device}; lower "
+        "--agents or choose a smaller --model"
     )

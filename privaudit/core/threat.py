@@ -14,15 +14,22 @@ register more with :func:`register_threat`):
   never sends) is not in the View;
 - ``coalition``: a set of agents pooling what each of them sees;
 - ``global``: every message on every link.
+
+A threat model's own methods (:data:`HOOKS`: ``sees``, ``build``, ``for_victim``, ``who``,
+``describe``) are guarded wherever they are called: a plugin's that raises — or a ``sees``
+that answers anything but True or False — is one line naming the threat model, its plugin,
+the method and the exception (:mod:`privaudit.core.extensions`), not a privaudit bug.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from privaudit.core.errors import NameTaken, PrivauditError, Unobservable, unknown
+from privaudit.core.extensions import calling, failure
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -108,6 +115,13 @@ class Threat:
     uses_attackers: ClassVar[bool] = True
     searched: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """Guard the :data:`HOOKS` a subclass defines (see the module docstring)."""
+        super().__init_subclass__(**kw)
+        for hook in HOOKS:
+            if hook in cls.__dict__:
+                setattr(cls, hook, _guarded(cls.__dict__[hook], hook))
+
     def sees(self, src: int, dst: int) -> bool:
         return src in self.agents or dst in self.agents
 
@@ -160,6 +174,48 @@ class Threat:
 
     def describe(self) -> str:
         return f"{self.name} {','.join(map(str, sorted(self.agents)))}"
+
+
+# the methods a threat model may define, guarded when a subclass defines them
+HOOKS = ("sees", "build", "for_victim", "who", "describe")
+
+
+def _guarded(member: Any, hook: str) -> Any:
+    """``member`` (a subclass's method or classmethod ``hook``) run under
+    :func:`~privaudit.core.extensions.calling`; ``sees`` must answer a bool."""
+    if isinstance(member, classmethod):
+        fn = member.__func__
+
+        @functools.wraps(fn)
+        def on_class(cls: type[Threat], *args: Any, **kw: Any) -> Any:
+            name = getattr(cls, "name", cls.__name__)
+            with calling("threat", name, cls, f"{hook}()"):
+                return fn(cls, *args, **kw)
+
+        return classmethod(on_class)
+    if not callable(member):
+        return member
+    method: Callable[..., Any] = member
+
+    @functools.wraps(method)
+    def on_instance(self: Threat, *args: Any, **kw: Any) -> Any:
+        cls = type(self)
+        name = getattr(cls, "name", cls.__name__)
+        with calling("threat", name, cls, f"{hook}()"):
+            out = method(self, *args, **kw)
+        if hook == "sees" and not isinstance(out, bool):
+            raise failure(
+                "threat",
+                name,
+                cls,
+                "sees()",
+                f"answered {out!r} for the link {args[0] if args else '?'}→"
+                f"{args[1] if len(args) > 1 else '?'}, not True or False",
+                "return True or False from sees(src, dst)",
+            )
+        return out
+
+    return on_instance
 
 
 THREATS: dict[str, type[Threat]] = {}
@@ -294,18 +350,6 @@ class Global(Threat):
         return "global"
 
 
-def parse_agents(text: str, n: int) -> list[int]:
-    """``"3"`` or ``"1,4,7"`` → agent ids in ``0..n-1``, or one clear error."""
-    try:
-        ids = [int(s) for s in str(text).split(",") if s.strip()]
-    except ValueError:
-        raise PrivauditError(f"agents must be comma-separated ids, got {text!r}") from None
-    bad = [i for i in ids if not 0 <= i < n]
-    if not ids or bad:
-        raise PrivauditError(f"agent ids must be in 0..{n - 1}, got {text!r}")
-    return ids
-
-
 def parse_link(text: str, edges: list[tuple[int, int]]) -> tuple[int, int]:
     """``"SRC,DST"`` → a directed edge of the graph, or one clear error."""
     try:
@@ -314,7 +358,9 @@ def parse_link(text: str, edges: list[tuple[int, int]]) -> tuple[int, int]:
         raise PrivauditError(f"--link must be SRC,DST (two agent ids), got {text!r}") from None
     if (src, dst) not in edges:
         near = ", ".join(f"{s},{d}" for s, d in edges[:6])
-        raise PrivauditError(f"{src},{dst} is not a link of the topology; links are e.g. {near}")
+        raise PrivauditError(
+            f"--link {src},{dst} is not a link of the topology; links are e.g. {near}"
+        )
     return src, dst
 
 

@@ -128,7 +128,9 @@ class RoundLoop:
             for a, g in zip(ctx.agents, ctx.generators, strict=True):
                 g.manual_seed(agent_seed(self.seed, a))
             with calling(self.defense, "init", 0):
-                return self.defense.init(ctx, self.params)
+                state = self.defense.init(ctx, self.params)
+            self.check_shapes(state, None, "init", 0)
+            return state
         blob = self.store.load_checkpoint(t)
         path = self.store.path / "checkpoints"
         for a, g in zip(ctx.agents, ctx.generators, strict=True):
@@ -185,6 +187,7 @@ class RoundLoop:
                 raise _RoundEnded
 
         net.after_send = check if needed else None
+        before = {k: tuple(v.shape) for k, v in state.items()}  # what the next state must be
         try:
             with calling(self.defense, "round", t):
                 state = self.defense.round(self.ctx, self.params, state, net, batch)
@@ -192,17 +195,50 @@ class RoundLoop:
             return Step(None, True)
         finally:
             net.after_send = None
-        if not (isinstance(state, dict) and all(isinstance(v, Tensor) for v in state.values())):
-            raise RoundFailed(
-                f"{_described(self.defense)} failed in round {t}: its round() returned a "
-                f"{type(state).__name__}, not a dict of tensors (the next state); "
-                f"{_who_fixes(self.defense)}",
-                resumable=True,
-            )
+        self.check_shapes(state, before, "round", t)
         lr = getattr(self.params, "lr", None)
         at = f" at lr={lr:g}" if isinstance(lr, (int, float)) else ""
         self.check_finite(state, f"round {t}: {self.defense.name} diverged{at}")
         return Step(state, False)
+
+    def check_shapes(
+        self, state: Any, before: dict[str, tuple[int, ...]] | None, method: str, t: int
+    ) -> None:
+        """Raise :class:`RoundFailed` naming the defense (and its plugin) unless ``state``,
+        what its ``method`` ("init" or "round") returned for round ``t``, is a state: a dict
+        of tensors, each a scalar shared by all agents or one row per held agent — and, after
+        a round, the keys and shapes of the state it was handed (``before``). A state of
+        another shape would fail later, in the checkpoint or the next round, as a privaudit
+        bug."""
+        when = f"in round {t}" if t else "before round 1"
+        if not (isinstance(state, dict) and all(isinstance(v, Tensor) for v in state.values())):
+            problem = f"returned a {type(state).__name__}, not a dict of tensors (the state)"
+        elif before is not None and {k: tuple(v.shape) for k, v in state.items()} != before:
+            got = {k: tuple(v.shape) for k, v in state.items()}
+            diff = sorted(k for k in set(got) | set(before) if got.get(k) != before.get(k))
+            k = diff[0]
+            problem = (
+                f"returned a state whose {k!r} is "
+                f"{'missing' if k not in got else f'of shape {list(got[k])}'}, where the state "
+                f"it was handed has {'none' if k not in before else f'shape {list(before[k])}'}"
+            )
+        elif before is not None:
+            return
+        else:
+            rows = self.ctx.n_held
+            bad = sorted(k for k, v in state.items() if v.dim() and v.shape[0] != rows)
+            if not bad:
+                return
+            k = bad[0]
+            problem = (
+                f"returned a state whose {k!r} has {state[k].shape[0]} rows (shape "
+                f"{list(state[k].shape)}), not one per agent ({rows})"
+            )
+        raise RoundFailed(
+            f"{_described(self.defense)} failed {when}: its {method}() {problem}; "
+            f"{_who_fixes(self.defense)}",
+            resumable=True,
+        )
 
     def check_finite(self, state: State, what: str) -> None:
         """Raise :class:`RoundFailed` unless every tensor of ``state`` (rows: the held agents)

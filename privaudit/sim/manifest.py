@@ -6,6 +6,14 @@ of the bytes privaudit wrote, and for a safetensors file its tensors' dtypes and
     {"format": 1, "files": {"checkpoints/round-000050.safetensors":
         {"sha256": "…", "bytes": 2470152, "tensors": {"state.x": ["F32", [10, 61706]], …}}}}
 
+A run's manifest also records, under ``"run"``, what the run *is* — written once, with its
+``config.json``, and kept by every later write: the identity fields of its configuration
+(rounds, agents, δ, the accountant, the ε asked, the defense's parameters, …) and what the
+accounting resolved from them (σ, each agent's sample rate, the parameters used). A reader
+compares ``config.json`` with it whether or not config.json's hash was updated
+(:meth:`privaudit.sim.rundir.RunDir.read_config`): an edited config is refused even with a
+matching digest.
+
 A file is read only if its bytes hash to the recorded digest: a truncated, edited, replaced
 or foreign file is refused with its name, never used. A round's file that the manifest does
 not list (written by another program, or by a privaudit killed between the file and the
@@ -67,28 +75,44 @@ class Manifest:
     def exists(self) -> bool:
         return self.path.exists()
 
-    def files(self) -> dict[str, dict[str, Any]]:
-        """Every recorded file (empty if there is no manifest yet)."""
+    def _doc(self) -> dict[str, Any]:
+        """The manifest as read (empty if there is none yet); one error if it is corrupt."""
         if not self.path.exists():
             return {}
         try:
             doc = json.loads(self.path.read_bytes())
             if doc.get("format") != FORMAT or not isinstance(doc.get("files"), dict):
                 raise ValueError
-            return doc["files"]
+            if not isinstance(doc.get("run", {}), dict):
+                raise ValueError
+            return doc
         except (ValueError, AttributeError, UnicodeDecodeError):
             raise PrivauditError(
                 f"{self.path} is corrupt; the run's files cannot be checked: delete the run "
                 "directory and train again"
             ) from None
 
-    def text(self, files: dict[str, dict[str, Any]]) -> bytes:
-        """The manifest's bytes: valid JSON, one line per file."""
+    def files(self) -> dict[str, dict[str, Any]]:
+        """Every recorded file (empty if there is no manifest yet)."""
+        return self._doc().get("files", {})
+
+    def run(self) -> dict[str, Any] | None:
+        """What the run was created as (module docstring), or None: a manifest written
+        before runs recorded it, or a distributed rank's shard."""
+        return self._doc().get("run")
+
+    def text(self, files: dict[str, dict[str, Any]], run: dict[str, Any] | None = None) -> bytes:
+        """The manifest's bytes: valid JSON, one line per file, and the run's record —
+        ``run`` when given (a run being created), else the one already recorded, kept."""
+        run = self.run() if run is None else run
         rows = ",\n".join(
             f"  {json.dumps(rel)}: {json.dumps(rec, sort_keys=True)}"
             for rel, rec in sorted(files.items())
         )
-        return f'{{"format": {FORMAT}, "files": {{\n{rows}\n}}}}\n'.encode()
+        head = f'{{"format": {FORMAT}, '
+        if run is not None:
+            head += f'"run": {json.dumps(run, sort_keys=True)},\n'
+        return f'{head}"files": {{\n{rows}\n}}}}\n'.encode()
 
     def mismatch(self, rel: str, data: bytes) -> str | None:
         """Why ``data`` are not the bytes recorded for ``rel`` (None: they are)."""

@@ -240,6 +240,8 @@ class Run:
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
         if existing:
             run.check_files(numel)
+            # σ, rates and parameters as recorded at creation, edited config.json or not
+            rd.check_accounting(cfg, {**resolved, "params": dataclasses.asdict(p)})
         else:
             made = not rd.path.exists()
             with rd.writer():  # the check and the write as one: a racing writer is refused

@@ -13,6 +13,11 @@ truncated, edited or foreign file is reported with its name and the fix, never u
 process writes a run at a time (:mod:`privaudit.sim.runlock`); a writer that starts removes
 the temporary files a killed one left. Symbolic links inside a run directory are refused:
 its files are its own, and nothing is written outside it.
+
+What a run *is* — its configuration's identity fields and what the accounting resolved from
+them (σ, the agents' sample rates, the parameters used) — is recorded in the manifest when
+the run is created (:func:`run_record`) and compared with ``config.json`` on every read:
+an edited config.json is refused even when its hash in the manifest was updated to match.
 """
 
 from __future__ import annotations
@@ -45,6 +50,82 @@ def _refuse_link(path: Path) -> None:
             f"{path} is a symbolic link; a run directory holds its own files (nothing is read "
             "from or written outside it): replace the link with the real file or folder"
         )
+
+
+EDITED = "the run folder was edited: train again into a new --out"
+# relative tolerance on σ and the sample rates between a record and a recomputation (the
+# same accountant on the same inputs answers the same number; an edit changes it far more)
+RTOL = 1e-6
+
+
+def _json(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples become lists, keys strings)."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def run_record(cfg: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
+    """What a run is, for its manifest (:mod:`privaudit.sim.manifest`): the identity fields
+    of ``cfg`` (:meth:`RunConfig.identity`: rounds, agents, δ, accountant, ε, σ asked,
+    parameters, …) and what the accounting resolved from them — σ, every agent's Poisson
+    sample rate and the defense's parameters as used."""
+    return _json(
+        {
+            "config": cfg.identity(),
+            "sigma": resolved.get("sigma"),
+            "sample_rates": [row.get("sample_rate") for row in resolved.get("agents", [])],
+            "params": resolved.get("params"),
+        }
+    )
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Whether two recorded values agree: numbers to :data:`RTOL`, lists and dicts item by
+    item, anything else exactly."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b or abs(a - b) <= RTOL * max(abs(a), abs(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _diffs(key: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """(field, new, old) for each leaf where ``new`` departs from ``old``: dicts key by key
+    (``params.lr``), lists by length, then their first differing item (``sample_rates[3]``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [d for k in keys for d in _diffs(f"{key}.{k}" if key else k, old.get(k), new.get(k))]
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return [(f"len({key})", len(new), len(old))]
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            if not _close(a, b):
+                return _diffs(f"{key}[{i}]", a, b)
+        return []
+    return [] if _close(old, new) else [(key, new, old)]
+
+
+def record_mismatch(recorded: dict[str, Any], now: dict[str, Any], source: str) -> str | None:
+    """How the run record ``now`` (read ``source``) departs from ``recorded`` (both
+    :func:`run_record`), in words naming each field and both values, or None."""
+    diffs = _diffs("", recorded.get("config", {}), now.get("config", {}))
+    for k in ("sigma", "sample_rates", "params"):
+        if k in recorded:
+            diffs += _diffs("σ" if k == "sigma" else k, recorded[k], now.get(k))
+
+    def shown(v: Any) -> str:
+        return f"{v:.6g}" if isinstance(v, float) else repr(v)
+
+    return (
+        "; ".join(
+            f"{k} = {shown(new)} {source}, {shown(old)} when it was created"
+            for k, new, old in diffs[:3]
+        )
+        or None
+    )
 
 
 def _fix(rel: str) -> str:
@@ -119,25 +200,28 @@ class RunDir:
         runlock.adopt(self.path, pid)
 
     # -- files, checked against the manifest --------------------------------------------------
-    def _put(self, rel: str, data: bytes) -> None:
-        """``data`` as the (non-tensor) file ``rel``."""
+    def _put(self, rel: str, data: bytes, run: dict[str, Any] | None = None) -> None:
+        """``data`` as the (non-tensor) file ``rel`` (``run``: the run's record, written into
+        the manifest with it)."""
 
         def write(path: Path) -> dict[str, Any]:
             write_bytes(path, data)
             return entry(data)
 
-        self._record(rel, write)
+        self._record(rel, write, run)
 
-    def _record(self, rel: str, write: Callable[[Path], dict[str, Any]]) -> None:
-        """``write(path)`` writes ``rel`` and returns its manifest entry, which is recorded,
-        both under the run's I/O lock."""
+    def _record(
+        self, rel: str, write: Callable[[Path], dict[str, Any]], run: dict[str, Any] | None = None
+    ) -> None:
+        """``write(path)`` writes ``rel`` and returns its manifest entry, which is recorded
+        (with ``run``, the run's record, when given), both under the run's I/O lock."""
         path = self._checked(rel)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             with runlock.io(self.path, exclusive=True):
                 files = self.manifest.files()
                 files[rel] = write(path)
-                write_bytes(self.manifest.path, self.manifest.text(files))
+                write_bytes(self.manifest.path, self.manifest.text(files, run))
         except OSError as e:
             raise runlock.unwritable(self.path, e) from None
 
@@ -209,13 +293,50 @@ class RunDir:
                 f"{self.config_path} is corrupt; delete the run directory and train again"
             ) from None
         try:
-            return RunConfig.from_dict(raw), resolved
+            cfg = RunConfig.from_dict(raw)
         except PrivauditError as e:
             raise PrivauditError(f"{self.config_path}: {e}") from None
+        if not isinstance(resolved, dict) or not isinstance(resolved.get("agents", []), list):
+            raise PrivauditError(
+                f"{self.config_path} is corrupt; delete the run directory and train again"
+            )
+        self.check_record(run_record(cfg, resolved), "in config.json")
+        return cfg, resolved
+
+    def check_record(self, now: dict[str, Any], source: str) -> None:
+        """Refuse the run when ``now`` (a :func:`run_record` read ``source``: "in
+        config.json", or recomputed from it) departs from the record its manifest holds —
+        whatever the digests say. A run written before runs were recorded has none: nothing
+        to compare."""
+        recorded = self.manifest.run()
+        why = None if recorded is None else record_mismatch(recorded, now, source)
+        if why:
+            raise PrivauditError(
+                f"{self.path} does not agree with its config.json ({why}); {EDITED}"
+            )
+
+    def check_accounting(self, cfg: RunConfig, resolved: dict[str, Any]) -> None:
+        """Refuse the run when the accounting recomputed from its configuration
+        (``resolved``: σ, sample rates, parameters) departs from what was recorded when it
+        was created — in the manifest, or, for a run written before manifests recorded it,
+        in its config.json — so a run never goes on at another σ than it was trained with."""
+        now, source = run_record(cfg, resolved), "recomputed from config.json"
+        if self.manifest.run() is not None:
+            self.check_record(now, source)
+            return
+        _, stored = self.read_config()
+        why = record_mismatch(run_record(cfg, stored), now, source)
+        if why:
+            raise PrivauditError(
+                f"{self.path} does not agree with its config.json ({why}); {EDITED}"
+            )
 
     def write_config(self, cfg: RunConfig, resolved: dict[str, Any]) -> None:
+        """Write ``config.json`` (the configuration and the ``resolved`` privacy values) and
+        record what the run is in the manifest (:func:`run_record`), in one manifest write."""
         doc = {**json.loads(cfg.to_json()), "resolved": resolved}
-        self._put(CONFIG, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        self._put(CONFIG, data, run_record(cfg, resolved))
 
     # -- rounds -----------------------------------------------------------------------------
     def round_file(self, what: str, t: int) -> Path:

@@ -92,6 +92,18 @@ def check_free(folder: Path) -> None:
         os.close(fd)
 
 
+def _note() -> bytes:
+    """What the holder writes into the lock file: its PID and command line. An argument the
+    locale could not decode (a UTF-8 ``--out`` under ``LC_ALL=C``) holds surrogate escapes:
+    they go back to its own bytes, and anything else unencodable is backslash-escaped —
+    the note never stops a command."""
+    text = f"PID {os.getpid()}: {' '.join(sys.argv)}\n"
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")
+
+
 def holder(folder: Path) -> str:
     """Who holds ``folder``'s writer lock, as its holder wrote it ("" if unknown)."""
     try:
@@ -122,7 +134,7 @@ def writer(folder: Path) -> Iterator[None]:
             raise unwritable(folder, e) from None
         raise busy(folder) from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"PID {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
+    os.pwrite(fd, _note(), 0)
     _writers[key] = [fd, 1]
     try:
         yield
