@@ -31,12 +31,8 @@ from collections.abc import Callable
 
 import torch
 
+from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
-
-try:  # POSIX only: the process's own limits (RLIMIT_AS)
-    import resource
-except ImportError:  # pragma: no cover - Windows
-    resource = None
 
 MAX_MEMORY_ENV = "PRIVAUDIT_MAX_MEMORY"  # bytes, or a size such as 512M, 4G
 FREE_FRACTION = 0.5  # of the memory free when a call starts, the default budget
@@ -70,51 +66,17 @@ def env_max_memory() -> int | None:
     return parse_size(text) if text else None
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _field(text: str | None, name: str) -> int | None:
-    """The kB value of ``name:`` in a /proc file's ``text``, in bytes."""
-    for line in (text or "").splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def process_limits() -> list[int]:
-    """What this process may still allocate under its own limits, each in bytes: the cgroup
-    v2 memory limit less the cgroup's usage (a container's or a job's), and the address-space
-    limit (RLIMIT_AS) less the process's virtual size — the limits that end a process before
-    the host's memory runs out. Empty where none is set."""
-    out = []
-    limit, usage = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
-    if limit and usage and limit.strip().isdigit() and usage.strip().isdigit():
-        out.append(max(0, int(limit) - int(usage)))
-    if resource is not None:
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        size = _field(_read("/proc/self/status"), "VmSize")
-        if soft != resource.RLIM_INFINITY and size is not None:
-            out.append(max(0, soft - size))
-    return out
-
-
 def available_bytes(device: torch.device) -> int | None:
     """Memory that can be allocated on ``device`` now: CUDA's free memory plus what the
-    caching allocator holds unused; on the CPU the host's ``MemAvailable`` or, where smaller,
-    what the process's own limits leave (:func:`process_limits`); None when unknown."""
+    caching allocator holds unused; on the CPU what this process can still allocate
+    (:func:`privaudit.core.limits.available_memory`: ``MemAvailable``, or less under a
+    cgroup limit or ``RLIMIT_AS``); None when unknown."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free + cached)
     if device.type == "cpu":
-        host = _field(_read("/proc/meminfo"), "MemAvailable")
-        found = [host, *process_limits()] if host is not None else process_limits()
-        return min(found) if found else None
+        return limits.available_memory()
     return None
 
 
