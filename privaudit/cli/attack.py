@@ -17,9 +17,8 @@ from privaudit.cli.options import (
     checked_params,
     config_from_args,
     edges_of,
-    mark_out,
-    nothing_left_on_refusal,
     open_run,
+    run_in_out,
     setting,
     training_options,
 )
@@ -80,7 +79,6 @@ def add_parser(sub: Any) -> None:
 def cmd_attack(a: argparse.Namespace) -> int:
     from privaudit.api.pipeline import attack
     from privaudit.core.threat import parse_links
-    from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
     check_threat(a.threat or ("link" if a.link else None), a.attacker)  # before any training
@@ -89,9 +87,9 @@ def cmd_attack(a: argparse.Namespace) -> int:
     options = attack_options(a, a.attack)
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
     out = check_out(a.out or f"privaudit-out/{a.target}-r{a.round}", "attack", a.overwrite)
-    if a.run:
-        run = open_run(a)
-        cfg, edges = run.cfg, run.edges()
+    given = open_run(a) if a.run else None
+    if given is not None:
+        cfg, edges = given.cfg, given.edges()
     else:
         agents = setting(a, "agents")
         rounds = target.rounds_to_train(a.round, agents) if a.rounds is None else a.rounds
@@ -100,10 +98,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     links = parse_links(a.link, edges) if a.link else None  # before a run is created
     attackers = agent_ids("--attacker", a.attacker, cfg.agents) if a.attacker else None
     victims = agent_ids("--victim", a.victim, cfg.agents) if a.victim else None
-    with nothing_left_on_refusal(out, out / "run"):
-        mark_out(out, "attack")
-        if not a.run:
-            run = Run.create(cfg, out / "run")
+    with run_in_out(out, "attack", given, cfg) as run:
         result = attack(
             run,
             a.target,

@@ -14,9 +14,8 @@ from privaudit.cli.options import (
     checked_params,
     config_from_args,
     edges_of,
-    mark_out,
-    nothing_left_on_refusal,
     open_run,
+    run_in_out,
     setting,
     training_options,
 )
@@ -91,7 +90,6 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from privaudit.core.threat import parse_link
     from privaudit.eval.canaries import check_canary
     from privaudit.experiments.audit import audit, check_trials
-    from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -108,9 +106,9 @@ def cmd_audit(a: argparse.Namespace) -> int:
     limits.check_int("--span", a.span, 0, limits.MAX_ROUNDS)
     limits.check_seed("--audit-seed", a.audit_seed)
     out = check_out(a.out or f"privaudit-out/audit-{a.target}", "audit", a.overwrite)
-    if a.run:
-        run = open_run(a)
-        cfg, edges = run.cfg, run.edges()
+    given = open_run(a) if a.run else None
+    if given is not None:
+        cfg, edges = given.cfg, given.edges()
     else:
         agents = setting(a, "agents")
         rounds = target.rounds_to_train(a.round, agents, a.span) if a.rounds is None else a.rounds
@@ -119,10 +117,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
     check_trials(trials, cfg.delta, a.confidence, a.mode)
     link = parse_link(a.link, edges) if a.link else None  # before a run is created
     attackers = agent_ids("--attacker", a.attacker, cfg.agents) if a.attacker else None
-    with nothing_left_on_refusal(out, out / "run"):
-        mark_out(out, "audit")
-        if not a.run:
-            run = Run.create(cfg, out / "run")
+    with run_in_out(out, "audit", given, cfg) as run:
         result = audit(
             run,
             a.target,
@@ -140,7 +135,6 @@ def cmd_audit(a: argparse.Namespace) -> int:
             progress=not a.no_progress,
         )
     doc = to_jsonable(result)
-    mark_out(out, "audit")
     write_json(out / "audit.json", doc)
     if a.json:
         print(json.dumps(doc, indent=2))

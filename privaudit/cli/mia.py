@@ -13,9 +13,8 @@ from privaudit.cli.options import (
     check_threat,
     checked_params,
     config_from_args,
-    mark_out,
-    nothing_left_on_refusal,
     open_run,
+    run_in_out,
     setting,
     training_options,
 )
@@ -121,7 +120,6 @@ def cmd_mia(a: argparse.Namespace) -> int:
     from privaudit.api.membership import mia
     from privaudit.core.errors import PrivauditError
     from privaudit.core.files import to_jsonable
-    from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
     if a.attack in MODEL_ATTACKS:
@@ -144,16 +142,13 @@ def cmd_mia(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_seed("--mia-seed", a.mia_seed)
     out = check_out(a.out or f"privaudit-out/mia-{a.target}", "mia", a.overwrite)
-    run = open_run(a) if a.run else None
+    run, cfg = (open_run(a), None) if a.run else (None, None)
     if run is None:
         last = a.round + a.messages - 1
         agents = setting(a, "agents")
         rounds = target.rounds_to_train(last, agents) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
-    with nothing_left_on_refusal(out, out / "run"):
-        mark_out(out, "mia")
-        if run is None:
-            run = Run.create(cfg, out / "run")
+    with run_in_out(out, "mia", run, cfg) as run:
         n = run.cfg.agents
         result = mia(
             run,
@@ -232,7 +227,6 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     from privaudit.api.references import model_mia
     from privaudit.core.errors import PrivauditError
     from privaudit.core.files import to_jsonable
-    from privaudit.sim.run import Run
     from privaudit.sim.targets import Target
 
     if a.references < 2 or a.references % 2:
@@ -253,17 +247,14 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_seed("--mia-seed", a.mia_seed)
     out = check_out(a.out or f"privaudit-out/mia-{a.target}-models", "mia", a.overwrite)
-    run = open_run(a) if a.run else None
+    run, cfg = (open_run(a), None) if a.run else (None, None)
     if run is None:
         agents = setting(a, "agents")
         rounds = a.rounds
         if rounds is None:
             rounds = target.rounds_to_train(a.round or 1, agents)
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
-    with nothing_left_on_refusal(out, out / "run"):
-        mark_out(out, "mia")
-        if run is None:
-            run = Run.create(cfg, out / "run")
+    with run_in_out(out, "mia", run, cfg) as run:
         n = run.cfg.agents
         victims = agent_ids("--victim", a.victim, n) if a.victim else None
         r = model_mia(

@@ -588,6 +588,21 @@ def nothing_left_on_refusal(out: Path, run: Path | None = None) -> Iterator[None
         raise
 
 
+@contextlib.contextmanager
+def run_in_out(out: Path, command: str, run: Any, cfg: RunConfig | None) -> Iterator[Any]:
+    """The run a command works on, inside :func:`nothing_left_on_refusal`: ``run`` (given
+    with ``--run``) or a new one of ``cfg`` trained into ``OUT/run``, with ``out`` marked as
+    ``command``'s output first — so that a refusal anywhere in the body leaves a new ``out``
+    as it was."""
+    with nothing_left_on_refusal(out, out / "run"):
+        mark_out(out, command)
+        if run is None:
+            from privaudit.sim.run import Run
+
+            run = Run.create(cfg, out / "run")
+        yield run
+
+
 def _take_back(out: Path, run: Path | None, new: list[Path]) -> None:
     """What :func:`nothing_left_on_refusal` removes; a file it cannot remove stays."""
     from privaudit.sim.rundir import RunDir

@@ -50,8 +50,6 @@ SAMPLING = "Poisson, q_i = B / n_i per agent"
 # the bracket's upper end (whose ε is at most the target) is returned
 EPSILON_TOLERANCE = 0.005
 MAX_BISECTIONS = 200
-# what an accountant raises far from where it can answer (PRV: tiny σ, huge T)
-FAILURES = CANNOT_ANSWER
 # a calibrated σ is refused when one round alone at it provably breaks (ε, δ) by more than
 # this factor on δ (room for the floating point of the bound; a sound accountant is below 1)
 SOUNDNESS_SLACK = 1.05
@@ -81,7 +79,7 @@ def _epsilon(
             where = f"σ = {z:.4g}, δ = {delta:g}, q = {sample_rate:.3g}, {rounds} rounds"
             _check_sound(acc, z, eps, delta, sample_rate, f"answers ε = {eps:.4g} at {where}")
         return eps
-    except FAILURES as e:
+    except CANNOT_ANSWER as e:
         if fallback and acc.fallback is not None:
             return _epsilon(z, delta, sample_rate, rounds, acc.fallback, fallback)
         if isinstance(e, AccountantLimit):  # its own line: it cannot answer here
@@ -167,7 +165,7 @@ def sigma_for_epsilon(
             )
         try:
             return _epsilon(z, delta, sample_rate, rounds, accountant, fallback=False)
-        except FAILURES as e:
+        except CANNOT_ANSWER as e:
             failed[:] = [str(e)]
             return math.inf
 
