@@ -104,6 +104,50 @@ def observe_beyond(
     (first and last used) and ``attackers``."""
     tgt = Target.parse(target)
     tgt.check_run(run, round)
+    members, victims, rec = _coalition(run, tgt, target, attackers, victims, tie)
+    adj = run.ctx.adj.cpu()
+    hops, first, last = _window(run, adj, members, victims, round, rounds_back, rounds_ahead, tie)
+
+    sub = rec.shifted(first)
+    system = _system(sub, adj, members, first, last, tie)
+    analysis = identifiability(system)
+    plans: list[tuple[Recovery, list[dict[Key, float]]]] = []
+    for v in victims:
+        if analysis.status((sub.update, v, round - first)) != "identifiable":
+            raise Unobservable(
+                _why(run, rec, adj, members, v, round, first, last, analysis, hops, tie)
+            )
+        plans.append(_plan(system, analysis, sub, v, round, first, last, members))
+    return _observations(
+        run,
+        tgt,
+        target,
+        round,
+        members,
+        victims,
+        hops,
+        first,
+        last,
+        tie,
+        progress,
+        rec,
+        sub,
+        system,
+        plans,
+    )
+
+
+def _coalition(
+    run: Run,
+    tgt: Target,
+    target: str,
+    attackers: Sequence[int],
+    victims: Sequence[int] | None,
+    tie: bool,
+) -> tuple[list[int], list[int], Recursion]:
+    """The checked coalition, the victims (default: the first agent outside it) and the
+    defense's recursion — :func:`observe_beyond`'s refusals that need no topology, raised
+    before anything else is built."""
     n = run.cfg.agents
     members = sorted({int(a) for a in attackers})
     if not members or not 0 <= members[0] <= members[-1] < n:
@@ -127,7 +171,23 @@ def observe_beyond(
             f"{target}'s messages are not part of {tgt.defense.name}'s recursion; use "
             f"{', '.join(f'{tgt.defense.name}-{k}' for k in rec.carries)}"
         )
-    adj = run.ctx.adj.cpu()
+    return members, victims, rec
+
+
+def _window(
+    run: Run,
+    adj: Tensor,
+    members: list[int],
+    victims: list[int],
+    round: int,
+    rounds_back: int | None,
+    rounds_ahead: int | None,
+    tie: bool,
+) -> tuple[list[int], int, int]:
+    """Every agent's hop distance from the coalition (−1: unreachable) and the rounds
+    ``first``..``last`` whose messages are used — checked against the victims, since how
+    far ahead to look depends on how far out they are (:func:`observe_beyond`)."""
+    n = run.cfg.agents
     dist = distances(adj)[members]
     far = n + 1  # unreachable (−1) counts as farther than any path
     hops = [-1 if h == far else h for h in torch.where(dist < 0, far, dist).min(0).values.tolist()]
@@ -150,18 +210,29 @@ def observe_beyond(
     if ahead < 0:
         raise PrivauditError(f"rounds_ahead must be at least 0, got {rounds_ahead}")
     last = min(run.cfg.rounds, round + ahead)
+    return hops, first, last
 
-    sub = rec.shifted(first)
-    system = _system(sub, adj, members, first, last, tie)
-    analysis = identifiability(system)
-    plans: list[tuple[Recovery, list[dict[Key, float]]]] = []
-    for v in victims:
-        if analysis.status((sub.update, v, round - first)) != "identifiable":
-            raise Unobservable(
-                _why(run, rec, adj, members, v, round, first, last, analysis, hops, tie)
-            )
-        plans.append(_plan(system, analysis, sub, v, round, first, last, members))
 
+def _observations(
+    run: Run,
+    tgt: Target,
+    target: str,
+    round: int,
+    members: list[int],
+    victims: list[int],
+    hops: list[int],
+    first: int,
+    last: int,
+    tie: bool,
+    progress: bool,
+    rec: Recursion,
+    sub: Recursion,
+    system: LinearSystem,
+    plans: list[tuple[Recovery, list[dict[Key, float]]]],
+) -> list[Observation]:
+    """Capture the coalition's links over the rounds used and apply each victim's planned
+    estimator to them: the capture comes last, after every victim is known identifiable,
+    so a refusal costs no replay."""
     threat = build_threat("coalition", attackers=members)
     # every kind on the coalition's links, as the planner captures (a round's file records
     # which links were tapped, not which kinds)

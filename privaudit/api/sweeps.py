@@ -505,100 +505,169 @@ def execute(
     console = Console(stderr=True, highlight=False)
     say = log or (console.print if progress else (lambda s: None))
     inner = progress and not parallel  # the tasks' own bars: only in this process
-    tasks: list[Task] = []
-    groups: list[tuple[RunConfig, Path, list[Cell], float | None]] = []
-    starts: dict[str, str] = {}  # a task's line before it runs here (local)
-    numbers: dict[str, int] = {}  # a cell task's place in the study (local)
-    cached = 0
-    producer = cache.producer()  # the study's code: each task's worker must run the same
+    study = _Schedule(producer=cache.producer())
     for (defense, eps, seed), cfg in runs.items():
         mine = [
             c
             for c in cells
             if (Target.parse(c.target).defense.name, c.epsilon, c.seed) == (defense, eps, seed)
         ]
-        rdir = run_dir(out, cfg)
-        adopt_run(cfg, rdir)
-        todo = [
-            c
-            for c in mine
-            if not cache.valid(result_dir(out, sweep, c, cfg), _attack_key(sweep, c, cfg))
+        _schedule_run(
+            study, sweep, out, (defense, eps, seed), cfg, mine, len(cells), inner, parallel
+        )
+    _run_tasks(study, sweep, out, executor, cells, progress, say, log or console.print)
+    return _rows(sweep, out, study.groups)
+
+
+@dataclass
+class _Schedule:
+    """What :func:`execute` hands its executor, gathered run by run by
+    :func:`_schedule_run`: the tasks, each run's (config, folder, cells, ε), the line a
+    task prints when it starts here, each cell task's place in the study and how many
+    cells were cached already."""
+
+    producer: dict[str, Any]
+    tasks: list[Task] = field(default_factory=list)
+    groups: list[tuple[RunConfig, Path, list[Cell], float | None]] = field(default_factory=list)
+    starts: dict[str, str] = field(default_factory=dict)  # a task's line before it runs here
+    numbers: dict[str, int] = field(default_factory=dict)  # a cell task's place (local)
+    cached: int = 0
+
+
+def _schedule_run(
+    study: _Schedule,
+    sweep: Sweep,
+    out: Path,
+    key: tuple[str, float | None, int],
+    cfg: RunConfig,
+    mine: list[Cell],
+    total: int,
+    inner: bool,
+    parallel: bool,
+) -> None:
+    """Add to ``study`` the tasks of one run, ``key`` (defense, ε, seed): its training
+    (when a cell or its accuracy is missing), each cell not cached (depending on the
+    training), and its audit and membership inference when asked for and not cached."""
+    defense, eps, seed = key
+    rdir = run_dir(out, cfg)
+    adopt_run(cfg, rdir)
+    todo = [
+        c
+        for c in mine
+        if not cache.valid(result_dir(out, sweep, c, cfg), _attack_key(sweep, c, cfg))
+    ]
+    gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
+    producer = study.producer
+    train_key, depends = f"train {rdir}", ()
+    if todo or read_accuracy(rdir, cfg) is None:
+        rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
+        label = f"{defense} ε={_eps_tag(eps)} seed {seed}"
+        study.tasks.append(
+            Task(
+                train_key,
+                train_run,
+                (cfg, str(rdir), rounds, inner, parallel, producer),
+                label=f"{label}: train to round {cfg.rounds}",
+                cell=False,
+                gpus=gpus,
+            )
+        )
+        study.starts[train_key] = (
+            f"[{len(study.numbers) + study.cached}/{total}] {label}: "
+            f"train to round {cfg.rounds} in {rdir}"
+        )
+        depends = (train_key,)
+    for c in mine:
+        rd = result_dir(out, sweep, c, cfg)
+        if c not in todo:
+            study.cached += 1
+            continue
+        study.numbers[str(rd)] = len(study.numbers) + study.cached + 1
+        label = f"{c.target} round {c.round} ε={_eps_tag(eps)} seed {seed}"
+        study.tasks.append(
+            Task(
+                str(rd),
+                attack_run_cell,
+                (sweep, c, cfg, str(rdir), str(rd), inner, producer),
+                depends=depends,
+                label=label,
+                gpus=gpus,
+            )
+        )
+    _schedule_extras(study, sweep, key, cfg, rdir, mine, depends, inner, gpus)
+    study.groups.append((cfg, rdir, mine, eps))
+
+
+def _schedule_extras(
+    study: _Schedule,
+    sweep: Sweep,
+    key: tuple[str, float | None, int],
+    cfg: RunConfig,
+    rdir: Path,
+    mine: list[Cell],
+    depends: tuple[str, ...],
+    inner: bool,
+    gpus: float,
+) -> None:
+    """Add to ``study`` one run's canary audit and membership inference tasks (each after
+    the run's training, ``depends``), for what the sweep asks and the cache lacks; apart
+    from :func:`_schedule_run` to keep each short."""
+    defense, eps, seed = key
+    producer = study.producer
+    extras = (  # per run, cached beside it: the canary audit, the membership inference
+        ("audit", audit_run, _audits, sweep.audit and eps is not None),
+        ("membership", membership_run, _memberships, sweep.membership),
+    )
+    for what, fn, where, wanted_here in extras:
+        if not wanted_here:
+            continue
+        wanted = [
+            (t, r, str(p))
+            for t, r, p, k in where(sweep, cfg, rdir, mine)
+            if cache.read_value(p, k) is None
         ]
-        gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
-        train_key, depends = f"train {rdir}", ()
-        if todo or read_accuracy(rdir, cfg) is None:
-            rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
-            label = f"{defense} ε={_eps_tag(eps)} seed {seed}"
-            tasks.append(
+        if wanted:
+            study.tasks.append(
                 Task(
-                    train_key,
-                    train_run,
-                    (cfg, str(rdir), rounds, inner, parallel, producer),
-                    label=f"{label}: train to round {cfg.rounds}",
+                    f"{what} {rdir}",
+                    fn,
+                    (sweep, cfg, str(rdir), wanted, inner, producer),
+                    depends=depends,
+                    label=f"{defense} ε={_eps_tag(eps)} seed {seed}: {what}",
                     cell=False,
                     gpus=gpus,
                 )
             )
-            starts[train_key] = (
-                f"[{len(numbers) + cached}/{len(cells)}] {label}: "
-                f"train to round {cfg.rounds} in {rdir}"
-            )
-            depends = (train_key,)
-        for c in mine:
-            rd = result_dir(out, sweep, c, cfg)
-            if c not in todo:
-                cached += 1
-                continue
-            numbers[str(rd)] = len(numbers) + cached + 1
-            label = f"{c.target} round {c.round} ε={_eps_tag(eps)} seed {seed}"
-            tasks.append(
-                Task(
-                    str(rd),
-                    attack_run_cell,
-                    (sweep, c, cfg, str(rdir), str(rd), inner, producer),
-                    depends=depends,
-                    label=label,
-                    gpus=gpus,
-                )
-            )
-        extras = (  # per run, cached beside it: the canary audit, the membership inference
-            ("audit", audit_run, _audits, sweep.audit and eps is not None),
-            ("membership", membership_run, _memberships, sweep.membership),
-        )
-        for what, fn, where, wanted_here in extras:
-            if not wanted_here:
-                continue
-            wanted = [
-                (t, r, str(p))
-                for t, r, p, key in where(sweep, cfg, rdir, mine)
-                if cache.read_value(p, key) is None
-            ]
-            if wanted:
-                tasks.append(
-                    Task(
-                        f"{what} {rdir}",
-                        fn,
-                        (sweep, cfg, str(rdir), wanted, inner, producer),
-                        depends=depends,
-                        label=f"{defense} ε={_eps_tag(eps)} seed {seed}: {what}",
-                        cell=False,
-                        gpus=gpus,
-                    )
-                )
-        groups.append((cfg, rdir, mine, eps))
 
+
+def _run_tasks(
+    study: _Schedule,
+    sweep: Sweep,
+    out: Path,
+    executor: Executor,
+    cells: list[Cell],
+    progress: bool,
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> None:
+    """Run ``study``'s tasks on ``executor``, one line per finished cell (``say``) and per
+    failure (``warn``, shown even without progress); stale results are cleared whatever
+    happens, and a failure raises once every other task has finished."""
+    parallel = executor.parallel
     failures: list[TaskFailed] = []
-    done = cached
+    done = study.cached
 
     def started(task: Task) -> None:
-        if task.key in starts:
-            say(starts[task.key])
+        if task.key in study.starts:
+            say(study.starts[task.key])
 
     try:
-        for task, result in executor.run(tasks, progress=progress, cached=cached, on_start=started):
+        for task, result in executor.run(
+            study.tasks, progress=progress, cached=study.cached, on_start=started
+        ):
             if isinstance(result, TaskFailed):
                 failures.append(result)
-                (log or console.print)(result.line())
+                warn(result.line())
                 continue
             if not task.cell:
                 if parallel and task.fn is train_run:
@@ -606,7 +675,7 @@ def execute(
                 continue
             done += 1
             cell: Cell = task.args[1]
-            number = done if parallel else numbers[task.key]
+            number = done if parallel else study.numbers[task.key]
             say(
                 f"[{number}/{len(cells)}] {cell.target} round {cell.round} "
                 f"ε={_eps_tag(cell.epsilon)} seed {cell.seed}: {_psnr_ssim(result['metrics'])} "
@@ -614,6 +683,7 @@ def execute(
             )
     finally:
         _runs.clear()
+        groups = study.groups
         for folder in {result_dir(out, sweep, c, cfg).parent for cfg, _, m, _ in groups for c in m}:
             remove_stale(folder)
     if failures:
@@ -623,6 +693,14 @@ def execute(
             f"(each line above); the {done} finished are kept in {out}: fix the cause and run "
             "the same command again"
         )
+
+
+def _rows(
+    sweep: Sweep, out: Path, groups: list[tuple[RunConfig, Path, list[Cell], float | None]]
+) -> list[dict[str, Any]]:
+    """:func:`execute`'s rows, read back from the cache once every task is done: each cell's
+    result with its folder and its run's test accuracy, and the audit's and membership
+    inference's numbers where the sweep asked for them."""
     rows: list[dict[str, Any]] = []
     for cfg, rdir, mine, eps in groups:
         test_acc = _found(read_accuracy(rdir, cfg), accuracy_path(rdir))

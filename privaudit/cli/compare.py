@@ -62,6 +62,18 @@ def add_parser(sub: Any) -> None:
         ),
         conflict_handler="resolve",  # --rounds/--epsilon/--seed become lists below
     )
+    _add_outputs(c)
+    _add_attack_options(c)
+    _add_audit_options(c)
+    training_options(c, None)
+    _add_study_grid(c)
+    add_executor_options(c)
+    c.set_defaults(func=cmd_compare)
+
+
+def _add_outputs(c: argparse.ArgumentParser) -> None:
+    """``compare``'s targets and where it writes (``--out``, ``--overwrite``,
+    ``--figures``); a helper of :func:`add_parser`, kept apart to keep it short."""
     c.add_argument(
         "--targets",
         default=None,
@@ -81,6 +93,11 @@ def add_parser(sub: Any) -> None:
         metavar="DIR",
         help="also copy the PNG figures and summary.md into DIR (e.g. the README's figures/)",
     )
+
+
+def _add_attack_options(c: argparse.ArgumentParser) -> None:
+    """``compare``'s attack settings (threat, victims, attack, iterations, LPIPS); a
+    helper of :func:`add_parser`, in the order ``--help`` lists them."""
     c.add_argument(
         "--threat",
         default=None,
@@ -106,6 +123,11 @@ def add_parser(sub: Any) -> None:
     )
     add_attack_option(c)
     c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
+
+
+def _add_audit_options(c: argparse.ArgumentParser) -> None:
+    """``compare``'s canary audit and membership inference switches; a helper of
+    :func:`add_parser`, in the order ``--help`` lists them."""
     c.add_argument(
         "--audit",
         action=argparse.BooleanOptionalAction,
@@ -127,7 +149,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="audit trials (the audit's default; utility preset: 256)",
     )
-    training_options(c, None)
+
+
+def _add_study_grid(c: argparse.ArgumentParser) -> None:
+    """``compare``'s sweep group: the rounds, ε and seeds the study grid spans (lists,
+    replacing the training options' single values); a helper of :func:`add_parser`."""
     g = c.add_argument_group("sweep")
     g.add_argument(
         "--rounds",
@@ -153,8 +179,6 @@ def add_parser(sub: Any) -> None:
         type=comma_list(int, "--seeds"),
         help="run and attack seeds, comma-separated (default 0)",
     )
-    add_executor_options(c)
-    c.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
