@@ -225,20 +225,12 @@ def mia(
         f"{f:g}": dataclass_dict(M.tpr_at_fpr(sc.members, sc.nonmembers, f, confidence))
         for f in FPRS
     }
-    t_in, t_out = independent_trials(sc.pairs, seed)
-    region = group_privacy(bound, delta, 2)  # a trial tells which of two is in: a swap
-    found = (
-        [dataclass_dict(v) for v in M.violations(t_in, t_out, *region, confidence)]
-        if finite and len(t_in) and len(t_out)
-        else []
-    )
-    p_in, p_out = sc.paired()
-    one_run = M.pair_audit(p_in, p_out, delta, confidence, seed=seed)
-    lo = one_run["epsilon"] if len(p_in) else None
-    # a coin's batch reaches every later message, but only through its round's releases
-    per_coin = account(
+    found, checked = region_violations(sc, bound, delta, confidence, seed)
+    per_coin = account(  # a coin's batch reaches later messages only through its round
         privacy, delta, q, run.cfg.rounds, run.cfg.accountant, copies=privacy.releases
     )["release"]
+    lo, analysis = pairs_lower_bound(sc, delta, confidence, seed)
+    analysis["epsilon_stated"] = per_coin if finite else None
     fpr, tpr = M.roc(sc.members, sc.nonmembers)
     scored = [m for m in sc.messages if m["members"]]
     result: dict[str, Any] = {
@@ -255,25 +247,9 @@ def mia(
         "epsilon_release_reason": None if finite else privacy.reason,
         "delta": delta,
         "violations": found,
-        "violations_analysis": {
-            "method": "independent messages: one member/non-member pair per message",
-            "trials": int(len(t_in) + len(t_out)),
-            "region": {"epsilon": region[0], "delta": region[1]} if finite else None,
-        },
+        "violations_analysis": checked,
         "epsilon_lo": lo,
-        "epsilon_lo_analysis": {
-            "method": "one-run over member/non-member pairs (Steinke, Nasr & Jagielski 2023)",
-            "trials": one_run["pairs"],
-            "guesses": one_run["guesses"],
-            "correct": one_run["correct"],
-            "epsilon_stated": per_coin if finite else None,
-            "stated": "the ε of one round's releases of a batch, at sample rate 1 (every "
-            "observed message depends on a pair's coin only through them)",
-            "reason": None
-            if lo is not None
-            else "no message left a non-member to pair with a member (its batch took the "
-            "whole shard): nothing to bound",
-        },
+        "epsilon_lo_analysis": analysis,
         "refuted": None if not finite or lo is None else bool(lo > per_coin),
         "confidence": confidence,
         "label_counts_exact": float(np.mean([m["label_counts_exact"] for m in scored])),
@@ -293,6 +269,52 @@ def mia(
         )
         result["figure"] = str(out / "roc.png")
     return result
+
+
+def region_violations(
+    sc: Scores, bound: float, delta: float, confidence: float, seed: int
+) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """ROC points above the (ε, δ) region of a swap at the kind's one-release ``bound``,
+    over independent trials only (one pair per message, :func:`independent_trials`), at
+    ``confidence``; and how they were checked. None found where ``bound`` is ∞."""
+    t_in, t_out = independent_trials(sc.pairs, seed)
+    finite = math.isfinite(bound)
+    region = group_privacy(bound, delta, 2)  # a trial tells which of two is in: a swap
+    found = (
+        [dataclass_dict(v) for v in M.violations(t_in, t_out, *region, confidence)]
+        if finite and len(t_in) and len(t_out)
+        else []
+    )
+    checked = {
+        "method": "independent messages: one member/non-member pair per message",
+        "trials": int(len(t_in) + len(t_out)),
+        "region": {"epsilon": region[0], "delta": region[1]} if finite else None,
+    }
+    return found, checked
+
+
+def pairs_lower_bound(
+    sc: Scores, delta: float, confidence: float, seed: int
+) -> tuple[float | None, dict[str, Any]]:
+    """The one-run ε lower bound over every member/non-member pair (Steinke, Nasr &
+    Jagielski 2023; :func:`privaudit.eval.membership.pair_audit`), None without a pair,
+    and its analysis (the caller adds the ε it is compared with)."""
+    p_in, p_out = sc.paired()
+    one_run = M.pair_audit(p_in, p_out, delta, confidence, seed=seed)
+    lo = one_run["epsilon"] if len(p_in) else None
+    return lo, {
+        "method": "one-run over member/non-member pairs (Steinke, Nasr & Jagielski 2023)",
+        "trials": one_run["pairs"],
+        "guesses": one_run["guesses"],
+        "correct": one_run["correct"],
+        "epsilon_stated": None,
+        "stated": "the ε of one round's releases of a batch, at sample rate 1 (every "
+        "observed message depends on a pair's coin only through them)",
+        "reason": None
+        if lo is not None
+        else "no message left a non-member to pair with a member (its batch took the "
+        "whole shard): nothing to bound",
+    }
 
 
 def dataclass_dict(obj: Any) -> dict[str, Any]:

@@ -610,37 +610,8 @@ def model_mia(
             f"--attack must be grad or one of {', '.join(ATTACKS)}, got {attack!r}"
         )
     tgt = Target.parse(target)
-    tgt.check_run(run, 1)
-    on = on or ("message" if tgt.kind in MODEL_KINDS else "final")
-    if on not in ON:
-        raise PrivauditError(f"--on must be one of {', '.join(ON)}, got {on!r}")
-    if on == "message" and tgt.kind not in MODEL_KINDS:
-        raise PrivauditError(
-            f"--on message needs a message that carries a model; {target} sends "
-            f"{tgt.kind!r}: use --on final (the run's final average model) or a "
-            f"{tgt.defense.name}-model / -half-model target"
-        )
-    T = run.cfg.rounds
-    if on == "final":
-        if round is not None and round != T:
-            raise PrivauditError(
-                f"--round {round} with --on final: the final model is of round {T}; drop "
-                "--round, or attack a message with --on message"
-            )
-        t = T
-    else:
-        t = T if round is None else round
-        tgt.check_run(run, t)
-    if on == "message":
-        flat, v, dst, seen_by = observed_model(
-            run, tgt, t, threat=threat, attackers=attackers, victim=victim
-        )
-    else:
-        v = default_victim(run.cfg.agents, attackers or []) if victim is None else victim
-        if not 0 <= v < run.cfg.agents:
-            raise PrivauditError(f"--victim {v} is not an agent (0..{run.cfg.agents - 1})")
-        flat = run.train(progress=progress)["x"].mean(0).float().cpu()
-        dst, seen_by = None, "anyone: the final average model is the run's output"
+    on, t = attacked_round(run, tgt, target, on, round)
+    flat, v, dst, seen_by = attacked_model(run, tgt, on, t, threat, attackers, victim, progress)
     cands = draw_candidates(run, v, candidates, population, seed)
     game = draw_game(run, cands, seed)
     kind = tgt.kind if on == "message" else None
@@ -661,14 +632,7 @@ def model_mia(
     scores = model_scores(run, played.model, cands, refs)
     natural = model_scores(run, flat, cands, refs)
     delta = run.cfg.delta
-    if on == "final":
-        bound = float(run.resolved["agents"][v]["epsilon"])
-        reason = run.resolved.get("epsilon_reason") or "no formal guarantee"
-    else:
-        privacy = tgt.privacy(run, v)
-        q = run.resolved["agents"][v]["sample_rate"]
-        bound = float(account(privacy, delta, q, t, run.cfg.accountant)["run"])
-        reason = privacy.reason
+    bound, reason = model_bound(run, tgt, on, v, t)
     finite = math.isfinite(bound)
     table = _table(scores, game.member, confidence)
     plain = _table(natural, cands.member, confidence)
@@ -689,16 +653,7 @@ def model_mia(
         "auc": table[head]["auc"],
         "tpr_at_fpr": table[head]["tpr_at_fpr"],
         "scores": table,
-        "natural": {
-            "what": "the run's own model: members of the victim's shard against test-split "
-            "non-members; a train/test shift raises it as membership does, so no ε bound or "
-            "violation rests on it",
-            "members": int(cands.member.sum()),
-            "nonmembers": int((~cands.member).sum()),
-            "auc": plain[head]["auc"],
-            "tpr_at_fpr": plain[head]["tpr_at_fpr"],
-            "scores": plain,
-        },
+        "natural": natural_record(cands, plain, head),
         "epsilon": bound if finite else None,
         "epsilon_reason": None if finite else reason,
         "epsilon_rounds": t,
@@ -713,6 +668,45 @@ def model_mia(
         },
         "refuted": bool(lo > bound) if finite else None,
         "confidence": confidence,
+        **provenance(run, v, cands, game, played, refs, references),
+        "run": str(run.dir.path),
+    }
+    if out is not None:
+        out = Path(out)
+        write_json(out / "result.json", to_jsonable(result))
+        plot_game(result, scores, natural, game.member, cands.member, out / "roc.png")
+        result["figure"] = str(out / "roc.png")
+    return result
+
+
+def natural_record(cands: Any, plain: dict[str, Any], head: str) -> dict[str, Any]:
+    """The shard-vs-test split on the run's own model, labelled: a train/test shift raises
+    it as membership does, so no ε bound or violation rests on it."""
+    return {
+        "what": "the run's own model: members of the victim's shard against test-split "
+        "non-members; a train/test shift raises it as membership does, so no ε bound or "
+        "violation rests on it",
+        "members": int(cands.member.sum()),
+        "nonmembers": int((~cands.member).sum()),
+        "auc": plain[head]["auc"],
+        "tpr_at_fpr": plain[head]["tpr_at_fpr"],
+        "scores": plain,
+    }
+
+
+def provenance(
+    run: Run,
+    v: int,
+    cands: Any,
+    game: Any,
+    played: Any,
+    refs: Any,
+    references: int,
+) -> dict[str, Any]:
+    """What a model-level result rests on, to reproduce or check it: the game's pairs and
+    coins, the candidates drawn from the victim's shard and the test split, and the
+    reference runs (None for ``loss``)."""
+    return {
         "game": {
             "pairs": [[int(cands.pool[a]), int(cands.pool[b])] for a, b in game.pairs],
             "members": cands.pool[game.member].tolist(),
@@ -740,28 +734,100 @@ def model_mia(
             "seconds": refs.seconds,
             "path": str(refs.path),
         },
-        "run": str(run.dir.path),
     }
-    if out is not None:
-        out = Path(out)
-        write_json(out / "result.json", to_jsonable(result))
-        where = f"round {t}" if on == "message" else "final average model"
-        curves = {
-            f"{name} (AUC {table[name]['auc']:.3f})": M.roc(s[game.member], s[~game.member])
-            for name, s in scores.items()
-        }
-        nat = natural[head]
-        curves[f"natural {head} (AUC {plain[head]['auc']:.3f})"] = M.roc(
-            nat[cands.member], nat[~cands.member]
+
+
+def attacked_round(
+    run: Run, tgt: Target, target: str, on: str | None, round: int | None
+) -> tuple[str, int]:
+    """Which model ``model_mia`` attacks: ``on`` (``message`` where the target's kind is a
+    model, else ``final``) and its round, each checked with one line naming the fix."""
+    tgt.check_run(run, 1)
+    on = on or ("message" if tgt.kind in MODEL_KINDS else "final")
+    if on not in ON:
+        raise PrivauditError(f"--on must be one of {', '.join(ON)}, got {on!r}")
+    if on == "message" and tgt.kind not in MODEL_KINDS:
+        raise PrivauditError(
+            f"--on message needs a message that carries a model; {target} sends "
+            f"{tgt.kind!r}: use --on final (the run's final average model) or a "
+            f"{tgt.defense.name}-model / -half-model target"
         )
-        M.plot_roc(
-            curves,
-            out / "roc.png",
-            bound=(bound, delta) if finite else None,
-            title=f"{target} · {where} · game · {references if refs else 0} references",
-        )
-        result["figure"] = str(out / "roc.png")
-    return result
+    T = run.cfg.rounds
+    if on == "final":
+        if round is not None and round != T:
+            raise PrivauditError(
+                f"--round {round} with --on final: the final model is of round {T}; drop "
+                "--round, or attack a message with --on message"
+            )
+        return on, T
+    t = T if round is None else round
+    tgt.check_run(run, t)
+    return on, t
+
+
+def attacked_model(
+    run: Run,
+    tgt: Target,
+    on: str,
+    t: int,
+    threat: str | None,
+    attackers: list[int] | None,
+    victim: int | None,
+    progress: bool,
+) -> tuple[Tensor, int, int | None, str]:
+    """The model attacked (flat), the victim, the receiver of its message (None for the
+    final model) and who sees it: the victim's model message of round ``t`` as the threat
+    sees it (:func:`observed_model`), or the run's final average model."""
+    if on == "message":
+        return observed_model(run, tgt, t, threat=threat, attackers=attackers, victim=victim)
+    v = default_victim(run.cfg.agents, attackers or []) if victim is None else victim
+    if not 0 <= v < run.cfg.agents:
+        raise PrivauditError(f"--victim {v} is not an agent (0..{run.cfg.agents - 1})")
+    flat = run.train(progress=progress)["x"].mean(0).float().cpu()
+    return flat, v, None, "anyone: the final average model is the run's output"
+
+
+def model_bound(run: Run, tgt: Target, on: str, v: int, t: int) -> tuple[float, str]:
+    """The ε a membership of the attacked model is bounded by, and why where ∞: the
+    victim's ε over the run for the final model, the kind's over ``t`` rounds for a
+    message (every kind is post-processing of the releases counted)."""
+    if on == "final":
+        reason = run.resolved.get("epsilon_reason") or "no formal guarantee"
+        return float(run.resolved["agents"][v]["epsilon"]), reason
+    privacy = tgt.privacy(run, v)
+    q = run.resolved["agents"][v]["sample_rate"]
+    eps = account(privacy, run.cfg.delta, q, t, run.cfg.accountant)["run"]
+    return float(eps), privacy.reason
+
+
+def plot_game(
+    result: dict[str, Any],
+    scores: dict[str, np.ndarray],
+    natural: dict[str, np.ndarray],
+    member: np.ndarray,
+    natural_member: np.ndarray,
+    path: Path,
+) -> None:
+    """The ROC of every score in the game, the headline's natural split beside them, and
+    the DP region of the bound where it is finite."""
+    head, table, plain = result["score"], result["scores"], result["natural"]["scores"]
+    curves = {
+        f"{name} (AUC {table[name]['auc']:.3f})": M.roc(s[member], s[~member])
+        for name, s in scores.items()
+    }
+    nat = natural[head]
+    curves[f"natural {head} (AUC {plain[head]['auc']:.3f})"] = M.roc(
+        nat[natural_member], nat[~natural_member]
+    )
+    where = f"round {result['round']}" if result["on"] == "message" else "final average model"
+    refs = result["references"]["count"] if result["references"] else 0
+    bound = result["epsilon"]
+    M.plot_roc(
+        curves,
+        path,
+        bound=(bound, result["delta"]) if bound is not None else None,
+        title=f"{result['target']} · {where} · game · {refs} references",
+    )
 
 
 def _table(scores: dict[str, np.ndarray], member: np.ndarray, confidence: float) -> dict[str, Any]:
