@@ -63,8 +63,9 @@ def row(target: str, eps: float | None, threat: str | None, a: argparse.Namespac
         "threat": r["threat"],
         "members": r["members"],
         "auc": r["auc"],
-        "tpr_0.1%": pts["0.001"]["tpr"],
-        "tpr_1%": pts["0.01"]["tpr"],
+        # None where the non-members cannot resolve the FPR (fewer than 1/FPR of them)
+        "tpr_0.1%": pts["0.001"]["tpr"] if pts["0.001"]["resolved"] else None,
+        "tpr_1%": pts["0.01"]["tpr"] if pts["0.01"]["resolved"] else None,
         "eps_message": r["epsilon_release"],
         "violations": len(r["violations"]),
         "eps_lo": r["epsilon_lo"],

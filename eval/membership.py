@@ -120,7 +120,13 @@ def auc(scores_in: Any, scores_out: Any) -> float:
 @dataclass(frozen=True)
 class OperatingPoint:
     """One test "member iff score ≥ threshold": its empirical rates and a two-sided
-    Clopper–Pearson interval [tpr_lo, tpr_hi] on its TPR at ``confidence``."""
+    Clopper–Pearson interval [tpr_lo, tpr_hi] on its TPR at ``confidence``.
+
+    ``resolution``: 1/n for n non-members, the smallest nonzero FPR the sample can measure;
+    ``resolved``: whether the FPR asked for is at least that. Below it the threshold only sits
+    above every non-member: the true FPR is not measured (it may be several times 1/n), and
+    the TPR is that of another operating point — so it is reported, never printed as a TPR at
+    the FPR asked for."""
 
     threshold: float
     fpr: float
@@ -128,6 +134,8 @@ class OperatingPoint:
     tpr_lo: float
     tpr_hi: float
     confidence: float
+    resolution: float
+    resolved: bool
 
 
 def tpr_at_fpr(
@@ -138,7 +146,8 @@ def tpr_at_fpr(
     Principles"), with an exact two-sided Clopper–Pearson interval on the TPR. The threshold
     is chosen from the non-members only, so given it the members' hits are binomial and the
     interval holds at ``confidence``. With n non-members an FPR below 1/n means no false
-    positive at all (the threshold sits above every non-member)."""
+    positive at all (the threshold sits above every non-member): the point says it is not
+    ``resolved``."""
     _check_confidence(confidence)
     if not 0 <= fpr <= 1:
         raise PrivauditError(f"fpr must be in [0, 1], got {fpr}")
@@ -160,6 +169,8 @@ def tpr_at_fpr(
         tpr_lo=cp_lower(tp, len(a), alpha),
         tpr_hi=cp_upper(tp, len(a), alpha),
         confidence=confidence,
+        resolution=1 / len(b),
+        resolved=allowed >= 1,
     )
 
 

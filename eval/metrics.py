@@ -358,7 +358,8 @@ def _stats(values: list[float]) -> dict[str, Any]:
     with np.errstate(invalid="ignore"):
         return {
             "mean": float(v.mean()),
-            "std": float(v.std()) if finite else math.nan,
+            # a spread needs two values: one victim scored has none (not "± 0")
+            "std": (float(v.std()) if finite else math.nan) if v.size > 1 else None,
             "median": float(np.median(v)),
             "n": int(v.size),
         }
@@ -368,7 +369,8 @@ def aggregate(scores: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean, population std, median and count per metric over :func:`score` results.
 
     None values (e.g. LPIPS unavailable) are left out of a metric's count; std is
-    NaN when a value is non-finite (e.g. an infinite PSNR), the median still holds.
+    NaN when a value is non-finite (e.g. an infinite PSNR), the median still holds, and
+    None from fewer than two values.
     """
     out: dict[str, Any] = {
         m: _stats([s[m] for s in scores if s.get(m) is not None]) for m in METRICS

@@ -82,6 +82,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "threat": rs[0]["threat"],
             "seeds": len(rs),
             "victims": len(rs[0]["per_observation"]),
+            # victims whose batch held an image to reconstruct, over every seed
+            "scored": sum(_scored(r) for r in rs),
             "spread_over": "seeds" if len(rs) > 1 else "victims",
         }
         for m in METRICS:
@@ -99,6 +101,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             s[m] = _mean([r.get(m) for r in rs])
         out.append(s)
     return out
+
+
+def _scored(row: dict[str, Any]) -> int:
+    """Victims of a cell scored (an empty Poisson batch has nothing to reconstruct)."""
+    return sum(o.get("psnr") is not None for o in row["per_observation"])
 
 
 def _mean(v: Sequence[float | None]) -> float | None:
@@ -123,6 +130,7 @@ CELL_COLUMNS = [
     "seed",
     "threat",
     "victims",
+    "scored",
     "psnr",
     "psnr_std_victims",
     "ssim",
@@ -149,6 +157,7 @@ SUMMARY_COLUMNS = [
     "threat",
     "seeds",
     "victims",
+    "scored",
     "psnr",
     "psnr_spread",
     "ssim",
@@ -178,6 +187,7 @@ def _cell_row(r: dict[str, Any]) -> dict[str, Any]:
         "seed": r["seed"],
         "threat": r["threat"],
         "victims": len(r["per_observation"]),
+        "scored": _scored(r),
         "psnr": r["metrics"]["psnr"],
         "psnr_std_victims": r["spread"]["psnr"],
         "ssim": r["metrics"]["ssim"],
@@ -233,7 +243,8 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
     """The summary as a Markdown table (mean ± spread)."""
     audit = any(s["audit_epsilon_lo"] is not None for s in summary)
     member = any(s.get("mia_auc") is not None for s in summary)
-    head = ["target", "round", "ε asked", "ε message", "ε run", "σ", "threat", "PSNR dB"]
+    head = ["target", "round", "ε asked", "ε message", "ε run", "σ", "threat", "scored"]
+    head += ["PSNR dB"]
     head += ["SSIM", "MSE"]
     head += ["label acc", "test acc"] + (
         ["one release: audited ε ≥ / accountant ε ≤"] if audit else []
@@ -249,6 +260,7 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
             eps_text(s["run_epsilon"]),
             f"{s['sigma']:.3g}",
             s["threat"],
+            str(s["scored"]),
             _pm(s, "psnr", 2),
             _pm(s, "ssim", 3),
             _pm(s, "mse", 4),
@@ -263,8 +275,9 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     n = summary[0]
     note = (
-        f"\nMean ± spread over {'seeds' if n['spread_over'] == 'seeds' else 'victims'} "
-        f"({n['seeds']} seed(s), {n['victims']} victims per cell). ε asked: the target σ "
+        f"\nMean ± spread (s.d.) over {'seeds' if n['spread_over'] == 'seeds' else 'victims'} "
+        f"({n['seeds']} seed(s), {n['victims']} victims attacked per cell; scored: those "
+        "whose batch held an image, over every seed; no ± where one value). ε asked: the target σ "
         "was calibrated to; ε message: the attacked kind's guarantee over the run; ε run: "
         "the guarantee of everything the run puts on the wire; ∞: no formal guarantee "
         "(docs/privacy-accounting.md).\n"

@@ -221,6 +221,23 @@ def test_tpr_at_fpr_and_its_interval():
     assert p.tpr_lo < 0.51 < p.tpr_hi
     zero = tpr_at_fpr(members, out, 0.0)
     assert zero.fpr == 0 and zero.tpr == 0.50  # members 100..149 lie above every non-member
+    assert p.resolved and p.resolution == 0.01 and not zero.resolved
+
+
+def test_an_fpr_below_one_over_n_is_not_resolved():
+    """60 non-members cannot measure a 0.1 % FPR: the point says so, and ``mia`` prints no
+    TPR for it (the issue: a "TPR at 0.1 % FPR" equal to the 1 % figure, from fpr 0.0)."""
+    from privaudit.cli.mia import tpr_text
+
+    rng = np.random.default_rng(0)
+    out, members = rng.normal(size=60), rng.normal(1.0, size=60)
+    low, one = tpr_at_fpr(members, out, 0.001), tpr_at_fpr(members, out, 0.01)
+    assert not low.resolved and not one.resolved and low.resolution == pytest.approx(1 / 60)
+    assert tpr_at_fpr(members, out, 1 / 60).resolved
+    pts = {"0.001": low.__dict__, "0.05": tpr_at_fpr(members, out, 0.05).__dict__}
+    assert tpr_text(pts, "0.001").startswith("TPR at 0.1 % FPR not measurable")
+    assert "needs 1000" in tpr_text(pts, "0.001")
+    assert tpr_text(pts, "0.05").startswith("TPR ") and "at 5 % FPR" in tpr_text(pts, "0.05")
 
 
 def test_dp_roc_bound_at_known_points():

@@ -844,5 +844,8 @@ def _table(scores: dict[str, np.ndarray], member: np.ndarray, confidence: float)
     return table
 
 
-def _point(obj: Any) -> dict[str, float]:
-    return {k: float(getattr(obj, k)) for k in obj.__dataclass_fields__}
+def _point(obj: Any) -> dict[str, float | bool]:
+    return {
+        k: v if isinstance(v, bool) else float(v)
+        for k, v in ((k, getattr(obj, k)) for k in obj.__dataclass_fields__)
+    }

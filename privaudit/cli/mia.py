@@ -112,8 +112,17 @@ def add_parser(sub: Any) -> None:
     m.set_defaults(func=cmd_mia)
 
 
-def _rate(p: dict[str, float]) -> str:
-    return f"{100 * p['tpr']:.1f} % [{100 * p['tpr_lo']:.1f}, {100 * p['tpr_hi']:.1f}]"
+def tpr_text(points: dict[str, dict[str, Any]], fpr: str) -> str:
+    """``TPR x % [lo, hi] at f % FPR``, or why the sample cannot measure it: an FPR below 1/n
+    for n non-members is not measured (:class:`privaudit.eval.membership.OperatingPoint`)."""
+    p, at = points[fpr], f"{100 * float(fpr):g} % FPR"
+    if not p.get("resolved", True):
+        need = round(1 / float(fpr))
+        return (
+            f"TPR at {at} not measurable ({round(1 / p['resolution'])} non-members resolve "
+            f"{100 * p['resolution']:.2g} %; it needs {need})"
+        )
+    return f"TPR {100 * p['tpr']:.1f} % [{100 * p['tpr_lo']:.1f}, {100 * p['tpr_hi']:.1f}] at {at}"
 
 
 def cmd_mia(a: argparse.Namespace) -> int:
@@ -174,8 +183,8 @@ def cmd_mia(a: argparse.Namespace) -> int:
     print(
         f"{a.target} rounds {r['rounds'][0]}–{r['rounds'][-1]} under {r['threat']}, "
         f"{r['scorer']}: {r['members']} members vs {r['nonmembers']} non-members of the "
-        f"victim's shard: AUC {r['auc']:.3f}; TPR {_rate(pts['0.001'])} at 0.1 % FPR, "
-        f"{_rate(pts['0.01'])} at 1 % FPR ({100 * r['confidence']:g} % intervals)"
+        f"victim's shard: AUC {r['auc']:.3f}; {tpr_text(pts, '0.001')}, "
+        f"{tpr_text(pts, '0.01')} ({100 * r['confidence']:g} % intervals)"
     )
     eps = r["epsilon_release"]
     if eps is None:
@@ -301,15 +310,15 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     print(
         f"{r['score']} on {what}, replayed as the membership game ({r['members']} pairs of "
         f"agent {r['victim']}'s shard and the test split, a fair coin per pair picks the "
-        f"member; {played}), {drawn}: AUC {r['auc']:.3f}; TPR {_rate(pts['0.001'])} at 0.1 % "
-        f"FPR, {_rate(pts['0.01'])} at 1 % FPR ({100 * r['confidence']:g} % intervals)"
+        f"member; {played}), {drawn}: AUC {r['auc']:.3f}; {tpr_text(pts, '0.001')}, "
+        f"{tpr_text(pts, '0.01')} ({100 * r['confidence']:g} % intervals)"
         + (f"; AUC of {others}" if others else "")
     )
     nat = r["natural"]
     print(
         f"natural split (the run's own model, {nat['members']} shard members vs "
         f"{nat['nonmembers']} test-split non-members; a train/test shift shows here too, no "
-        f"bound): AUC {nat['auc']:.3f}, TPR {_rate(nat['tpr_at_fpr']['0.01'])} at 1 % FPR"
+        f"bound): AUC {nat['auc']:.3f}, {tpr_text(nat['tpr_at_fpr'], '0.01')}"
     )
     eps = r["epsilon"]
     if eps is None:
