@@ -157,6 +157,9 @@ def test_one_run_audit_on_a_short_run(tmp_path) -> None:
     assert res["observed_rounds"] == 12 and res["trials"] == 200
     assert 0 < res["epsilon_lo"] <= res["upper"]["accountant"]
     assert res["verdict"] != "violated"
+    # the same canaries under the f-DP analysis: (ε, δ) below the accountant's as well
+    f = res["one_run_fdp"]
+    assert f["canaries"] == 200 and 0 <= f["epsilon_lo"] <= res["upper"]["accountant"]
 
 
 # -- the command line ---------------------------------------------------------------------------

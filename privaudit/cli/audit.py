@@ -195,6 +195,12 @@ def _report(r: dict[str, Any], asked: int | None = None) -> str:
             f"  Gaussian DP: μ = {g['mu']:.3g} [{g['mu_lo']:.3g}, {g['mu_hi']:.3g}] → "
             f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]"
         )
+    if "tradeoff" in r:
+        t = r["tradeoff"]
+        lines.append(
+            f"  trade-off curve ({len(t['curve']['threshold'])} thresholds, FPR/FNR band at "
+            f"{t['curve']['confidence']:g}): not μ-GDP for μ < {sig(t['mu_lo'])}"
+        )
     if "clopper_pearson" in r:
         cp = r["clopper_pearson"]
         cap = " (capped by the trial count: more trials raise it)" if cp["capped"] else ""
@@ -204,6 +210,14 @@ def _report(r: dict[str, Any], asked: int | None = None) -> str:
         lines.append(
             f"  one run: {int(o['correct'])} of {int(o['guesses'])} guesses correct "
             f"({int(o['canaries'])} canaries)"
+        )
+    if "one_run_fdp" in r:
+        f = r["one_run_fdp"]
+        lines.append(
+            f"  one run, f-DP analysis (Mahloujifar et al.), same canaries: not (ε, δ)-DP for "
+            f"ε < {sig(f['epsilon_lo'])}; not μ-GDP for μ < {sig(f['mu_lo'])} (a Gaussian "
+            f"mechanism of that μ has ε = {sig(f['epsilon_gdp'])}: comparable only where the "
+            "mechanism is exactly Gaussian)"
         )
     if "search" in r:
         lines += _search_lines(r)

@@ -92,7 +92,7 @@ from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
 from privaudit.core.threat import Public, get_threat, victim_threat
-from privaudit.eval import bounds
+from privaudit.eval import bounds, fdp
 from privaudit.eval.canaries import (
     CANARY_NORM,
     DOMINATE,
@@ -110,6 +110,7 @@ from privaudit.sim.targets import Target
 
 LOOSE = 0.5  # a lower bound below LOOSE × the upper bound is "loose"
 HELD_OUT = 0.5  # share of white-box trials kept to evaluate the threshold chosen on the rest
+CURVE = 100  # thresholds of a white-box audit's trade-off curve (the band's Bonferroni split)
 PILOT = 0.25  # share of white-box trials the canary search's pilot deals over its candidates
 SHIFT_PAIRS = 8  # paired trials that measure a span audit's mean shift (one without a span)
 
@@ -788,6 +789,10 @@ def _white_box_bounds(
     out["epsilon_lo"] = lower
     out["confidence"] = confidence
     out["delta"] = delta
+    # the trade-off curve of every trial's score with its band, and the μ it rules out:
+    # reported beside the ε bound, at its own confidence (not part of epsilon_lo)
+    curve = fdp.tradeoff_curve(sign * scores[coins], sign * scores[~coins], confidence, CURVE)
+    out["tradeoff"] = {"mu_lo": fdp.mu_lower_bound(curve), "curve": curve}
     return out
 
 
@@ -871,6 +876,9 @@ def one_run(
             f"{s.src} in {T} rounds; choose another --threat or --link"
         )
     res = bounds.one_run_audit(scores, included, delta, confidence)
+    # the same canaries under Mahloujifar et al.'s f-DP analysis, reported beside (the
+    # verdict stays Steinke et al.'s: one test at the stated confidence)
+    res_fdp = fdp.one_run_fdp_audit(scores, included, delta, confidence)
     return {
         "mode": "one-run",
         "target": target,
@@ -879,6 +887,7 @@ def one_run(
         "trials": canaries,
         "epsilon_lo": float(res["epsilon"]),
         "one_run": {k: float(v) for k, v in res.items()},
+        "one_run_fdp": {k: float(v) for k, v in res_fdp.items()},
         "threat": s.threat.describe(),
         "victim": s.src,
         "canary": {"norm": norm, "kind": "dirac", "impact": impact, "rate": q},
