@@ -9,6 +9,8 @@ import json
 import pytest
 from conftest import run_cli
 
+from privaudit.core.accounting import gdp_epsilon
+
 SMALL = ["--agents", "4", "--rounds", "4", "--batch-size", "16", "--messages", "3", "--round", "2"]
 QUIET = ["--no-progress", "--json"]
 
@@ -28,6 +30,7 @@ def test_non_private_cross_gradients_give_their_batch_away(tmp_path, capsys):
     assert r["epsilon_release"] is None and r["violations"] == []  # no DP claim to check
     assert (tmp_path / "m" / "roc.png").exists() and (tmp_path / "m" / "result.json").exists()
     assert 0 <= r["label_counts_exact"] <= 1 and r["per_message"][0]["threat"].startswith("link")
+    assert r["tradeoff"]["mu_lo"] > 1  # the trade-off band rules out every small μ
 
 
 @pytest.mark.parametrize("sigma", ["1", "1000"])
@@ -41,6 +44,8 @@ def test_a_correct_mechanism_stays_inside_its_dp_bound(tmp_path, capsys, sigma):
     )
     assert r["epsilon_release"] is not None and r["violations"] == []
     assert r["epsilon_lo"] <= r["epsilon_release"]
+    # the trade-off band's μ: a Gaussian release of that μ stays within the release's ε
+    assert gdp_epsilon(r["tradeoff"]["mu_lo"], r["delta"]) <= r["epsilon_release"]
     if sigma == "1000":
         assert abs(r["auc"] - 0.5) < 0.15
 

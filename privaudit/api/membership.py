@@ -57,6 +57,7 @@ from privaudit.attacks.membership import score_candidates
 from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import to_jsonable, write_json
+from privaudit.eval import fdp
 from privaudit.eval import membership as M
 from privaudit.eval.bounds import group_privacy
 from privaudit.eval.labelcounts import count_accuracy, count_tv
@@ -64,6 +65,7 @@ from privaudit.sim.plan import locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
+CURVE = 100  # thresholds of a trade-off curve (its band's Bonferroni split)
 FPRS = (0.001, 0.01)  # the low false-positive rates reported (LiRA's convention)
 
 
@@ -252,6 +254,7 @@ def mia(
         "epsilon_lo_analysis": analysis,
         "refuted": None if not finite or lo is None else bool(lo > per_coin),
         "confidence": confidence,
+        "tradeoff": tradeoff(sc.members, sc.nonmembers, confidence),
         "label_counts_exact": float(np.mean([m["label_counts_exact"] for m in scored])),
         "label_tv": float(np.mean([m["label_tv"] for m in scored])),
         "per_message": sc.messages,
@@ -269,6 +272,14 @@ def mia(
         )
         result["figure"] = str(out / "roc.png")
     return result
+
+
+def tradeoff(members: Any, nonmembers: Any, confidence: float) -> dict[str, Any]:
+    """The scores' empirical trade-off curve (FPR against FNR with its Clopper–Pearson band,
+    :func:`privaudit.eval.fdp.tradeoff_curve` at :data:`CURVE` thresholds) and the μ below
+    which no μ-GDP mechanism gives it (:func:`privaudit.eval.fdp.mu_lower_bound`)."""
+    curve = fdp.tradeoff_curve(members, nonmembers, confidence, CURVE)
+    return {"mu_lo": fdp.mu_lower_bound(curve), "curve": curve}
 
 
 def region_violations(

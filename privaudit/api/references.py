@@ -76,6 +76,7 @@ from torch.func import functional_call
 
 from privaudit.api import cache
 from privaudit.api.executor import commit_folder
+from privaudit.api.membership import tradeoff
 from privaudit.core import text
 from privaudit.core.accounting import account
 from privaudit.core.context import Context, agent_seed
@@ -668,6 +669,7 @@ def model_mia(
         },
         "refuted": bool(lo > bound) if finite else None,
         "confidence": confidence,
+        "tradeoff": tradeoff(*game.split(scores[head]), confidence),
         **provenance(run, v, cands, game, played, refs, references),
         "run": str(run.dir.path),
     }

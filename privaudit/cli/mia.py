@@ -21,6 +21,7 @@ from privaudit.cli.options import (
 from privaudit.cli.rules import agent_ids
 from privaudit.cli.train import run_epsilon_line
 from privaudit.core import limits
+from privaudit.core.text import sig
 from privaudit.core.threat import threat_help
 
 SCORERS = ("decompose", "lr", "lr-iso", "inner", "cosine")
@@ -125,6 +126,15 @@ def tpr_text(points: dict[str, dict[str, Any]], fpr: str) -> str:
     return f"TPR {100 * p['tpr']:.1f} % [{100 * p['tpr_lo']:.1f}, {100 * p['tpr_hi']:.1f}] at {at}"
 
 
+def _tradeoff_line(r: dict[str, Any]) -> str:
+    t = r["tradeoff"]
+    return (
+        f"trade-off curve ({len(t['curve']['threshold'])} thresholds, FPR/FNR band at "
+        f"{r['confidence']:g}): no μ-GDP mechanism of μ < {sig(t['mu_lo'])} separates these "
+        "scores so"
+    )
+
+
 def cmd_mia(a: argparse.Namespace) -> int:
     from privaudit.api.membership import mia
     from privaudit.core.errors import PrivauditError
@@ -186,6 +196,7 @@ def cmd_mia(a: argparse.Namespace) -> int:
         f"victim's shard: AUC {r['auc']:.3f}; {tpr_text(pts, '0.001')}, "
         f"{tpr_text(pts, '0.01')} ({100 * r['confidence']:g} % intervals)"
     )
+    print(_tradeoff_line(r))
     eps = r["epsilon_release"]
     if eps is None:
         print(f"DP bound: none ({r['epsilon_release_reason']})")
@@ -314,6 +325,7 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
         f"{tpr_text(pts, '0.01')} ({100 * r['confidence']:g} % intervals)"
         + (f"; AUC of {others}" if others else "")
     )
+    print(_tradeoff_line(r))
     nat = r["natural"]
     print(
         f"natural split (the run's own model, {nat['members']} shard members vs "
