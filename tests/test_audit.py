@@ -204,6 +204,10 @@ def test_coalition_without_attacker_is_every_receiver(tmp_path, capsys) -> None:
     assert code == 0 and "coalition 1,3" in text
     res = json.loads((out / "audit.json").read_text())
     assert res["threat"] == "coalition 1,3" and res["copies"] == 2
+    # every trial's raw outcome beside it: coin, candidate, score, one row per trial
+    rows = (out / res["scores_file"]).read_text().splitlines()
+    assert rows[0] == "coin,candidate,score" and len(rows) == 1 + res["trials"]
+    assert {r.split(",")[0] for r in rows[1:]} == {"0", "1"}
 
 
 THREATS = [("link", None), ("neighbor", None), ("coalition", [1, 4]), ("global", None)]

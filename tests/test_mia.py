@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import run_cli
 
 from privaudit.core.accounting import gdp_epsilon
+from privaudit.eval.membership import auc
 
 SMALL = ["--agents", "4", "--rounds", "4", "--batch-size", "16", "--messages", "3", "--round", "2"]
 QUIET = ["--no-progress", "--json"]
@@ -31,6 +33,10 @@ def test_non_private_cross_gradients_give_their_batch_away(tmp_path, capsys):
     assert (tmp_path / "m" / "roc.png").exists() and (tmp_path / "m" / "result.json").exists()
     assert 0 <= r["label_counts_exact"] <= 1 and r["per_message"][0]["threat"].startswith("link")
     assert r["tradeoff"]["mu_lo"] > 1  # the trade-off band rules out every small μ
+    # the raw scores: the AUC recomputed from scores.csv is the one printed
+    member, score = np.loadtxt(tmp_path / "m" / r["scores_file"], delimiter=",", skiprows=1).T
+    assert member.sum() == r["members"] and len(member) == r["members"] + r["nonmembers"]
+    assert auc(score[member == 1], score[member == 0]) == pytest.approx(r["auc"])
 
 
 @pytest.mark.parametrize("sigma", ["1", "1000"])

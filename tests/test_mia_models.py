@@ -21,6 +21,7 @@ from privaudit.api.references import (
 )
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
+from privaudit.eval.membership import auc as membership_auc
 from privaudit.sim.run import Run
 
 
@@ -107,6 +108,13 @@ def test_scorers_separate_members_of_an_overfit_model_and_cache(tmp_path, one_th
     assert (tmp_path / "out" / "roc.png").exists()
     saved = json.loads((tmp_path / "out" / "result.json").read_text())
     assert saved["split"]["members"] == r["split"]["members"]
+    # the raw scores of every candidate: each attack's AUC recomputed from scores.csv
+    head, *rows = (tmp_path / "out" / saved["scores_file"]).read_text().splitlines()
+    values = np.array([row.split(",") for row in rows], float).T
+    cols = dict(zip(head.split(","), values, strict=True))
+    m = cols["member"] == 1
+    assert m.sum() == r["members"]
+    assert membership_auc(cols["loss"][m], cols["loss"][~m]) == pytest.approx(auc["loss"])
     files = sorted(p for p in (tmp_path / "run" / "references").rglob("*") if p.is_file())
     stamps = [p.stat().st_mtime_ns for p in files]
     again = model_mia(run, "dsgd-half-model", attack="rmia", **args)

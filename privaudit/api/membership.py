@@ -56,7 +56,7 @@ from privaudit.attacks import infer_labels
 from privaudit.attacks.membership import score_candidates
 from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError
-from privaudit.core.files import to_jsonable, write_json
+from privaudit.core.files import to_jsonable, write_columns, write_json
 from privaudit.eval import fdp
 from privaudit.eval import membership as M
 from privaudit.eval.bounds import group_privacy
@@ -262,6 +262,11 @@ def mia(
     }
     if out is not None:
         out = Path(out)
+        member = np.r_[np.ones(len(sc.members), bool), np.zeros(len(sc.nonmembers), bool)]
+        write_columns(
+            out / "scores.csv", {"member": member, "score": np.r_[sc.members, sc.nonmembers]}
+        )
+        result["scores_file"] = "scores.csv"
         write_json(out / "result.json", to_jsonable(result))
         title = f"{target} · rounds {rounds[0]}–{rounds[-1]} · {scorer}"
         M.plot_roc(

@@ -81,7 +81,7 @@ from privaudit.core import text
 from privaudit.core.accounting import account
 from privaudit.core.context import Context, agent_seed
 from privaudit.core.errors import PrivauditError, Unobservable
-from privaudit.core.files import digest, to_jsonable, write_json
+from privaudit.core.files import digest, to_jsonable, write_columns, write_json
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
 from privaudit.eval import membership as M
@@ -675,6 +675,9 @@ def model_mia(
     }
     if out is not None:
         out = Path(out)
+        # every candidate's scores, whether the victim trained on it, and the game's pairing
+        write_columns(out / "scores.csv", {"member": game.member, **scores})
+        result["scores_file"] = "scores.csv"
         write_json(out / "result.json", to_jsonable(result))
         plot_game(result, scores, natural, game.member, cands.member, out / "roc.png")
         result["figure"] = str(out / "roc.png")

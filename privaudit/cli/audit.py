@@ -86,7 +86,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_audit(a: argparse.Namespace) -> int:
-    from privaudit.core.files import to_jsonable, write_json
+    from privaudit.core.files import to_jsonable, write_columns, write_json
     from privaudit.core.threat import parse_link
     from privaudit.eval.canaries import check_canary
     from privaudit.experiments.audit import audit, check_trials
@@ -134,13 +134,15 @@ def cmd_audit(a: argparse.Namespace) -> int:
             seed=a.audit_seed,
             progress=not a.no_progress,
         )
+    write_columns(out / "scores.csv", result.pop("raw"))  # every trial's outcome, to re-plot
+    result["scores_file"] = "scores.csv"
     doc = to_jsonable(result)
     write_json(out / "audit.json", doc)
     if a.json:
         print(json.dumps(doc, indent=2))
     else:
         print(_report(result, trials))
-        print(f"wrote {out / 'audit.json'}")
+        print(f"wrote {out / 'audit.json'} and {out / 'scores.csv'}")
     if result.get("interrupted"):  # the bounds stand, of fewer trials: not a finished audit
         print(f"privaudit: error: {_interrupted(result, trials)}", file=sys.stderr)
         return 2

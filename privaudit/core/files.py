@@ -61,6 +61,17 @@ def write_json(path: Path, obj: Any) -> None:
     write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
+def write_columns(path: Path, columns: dict[str, Any]) -> None:
+    """A CSV of equal-length ``columns`` (name → sequence), numbers written exactly as
+    Python prints them (``repr``: every float read back bit for bit; booleans as 1/0) — what
+    a user re-plots, pools across runs or loads with any tool, never a pickle."""
+    names = list(columns)
+    arrays = [np.asarray(columns[n]) for n in names]
+    cols = [(a.astype(int) if a.dtype == bool else a).tolist() for a in arrays]
+    lines = [",".join(names)] + [",".join(map(repr, row)) for row in zip(*cols, strict=True)]
+    write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 

@@ -682,6 +682,8 @@ def white_box(
             "levels": {"pilot": plan.levels[0], "final": plan.levels[1]},
         },
         "seconds": float(f"{time.perf_counter() - t0:.3f}"),
+        # every trial run: its coin (canary in), candidate and score — the raw outcome
+        "raw": {"coin": coins[:done], "candidate": who[:done], "score": scores[:done]},
     }
 
 
@@ -894,6 +896,7 @@ def one_run(
         "confidence": confidence,
         "delta": delta,
         "seconds": float(f"{time.perf_counter() - t0:.3f}"),
+        "raw": {"included": included, "score": scores},  # per canary: its coin and score
     }
 
 
