@@ -86,6 +86,13 @@ def test_compare_writes_everything_and_a_rerun_reuses_it(tmp_path, capsys):
     figs = {p.name for p in (tmp_path / "figs").iterdir()}
     assert {"grid-r2-eps1.png", "sweep-round-eps1.png", "summary.md"} <= figs
     assert not any(name.endswith(".pdf") for name in figs)
+    capsys.readouterr()
+    assert main([*ARGS, "--out", str(out), "--json"]) == 0  # stdout: one JSON document
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["summary"]) == len(doc["cells"]) == 4 and doc["files"]["grids"]
+    # the victims scored: those whose batch held an image (an empty Poisson batch has none)
+    for row, cell in zip(doc["summary"], doc["cells"], strict=True):
+        assert row["scored"] == sum(o["psnr"] is not None for o in cell["per_observation"])
 
     # resume: a lost result is recomputed from the kept run, to the same numbers
     lost = next((out / "results" / "dpdl-cg").glob("r2-*"))

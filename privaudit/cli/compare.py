@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import shutil
 import sys
 import time
@@ -41,6 +43,11 @@ FRONTIER_EPSILONS = [1.0, 2.0, 4.0, 8.0, float("inf")]
 SWEEP_DEFAULTS = {"attack": (4, 1000, None), "utility": (1, 200, 256)}
 # what --figures DIR receives
 FIGURES = (".png", ".md")
+
+
+def _printer(json_out: bool) -> Any:
+    """Where the human lines go: stdout, or stderr when stdout carries the JSON."""
+    return functools.partial(print, file=sys.stderr) if json_out else print
 
 
 def add_parser(sub: Any) -> None:
@@ -123,6 +130,12 @@ def _add_attack_options(c: argparse.ArgumentParser) -> None:
     )
     add_attack_option(c)
     c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
+    c.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary rows, every cell's row and the files written as one JSON "
+        "document on stdout (the other lines go to stderr)",
+    )
 
 
 def _add_audit_options(c: argparse.ArgumentParser) -> None:
@@ -183,6 +196,7 @@ def _add_study_grid(c: argparse.ArgumentParser) -> None:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from privaudit.api.sweeps import Sweep, execute, load_tensors
+    from privaudit.core.files import to_jsonable
     from privaudit.eval.report import markdown, summarize, write_report
     from privaudit.scenario import presets
     from privaudit.sim.targets import Target
@@ -238,12 +252,13 @@ def cmd_compare(a: argparse.Namespace) -> int:
         mark_out(out, "compare")
         rows = execute(sweep, out, progress=not a.no_progress, executor=executor)
     written = write_report(rows, out, load_tensors, last_round=frontier)
-    print(markdown(summarize(rows)))
+    say = _printer(a.json)
+    say(markdown(summarize(rows)))
     if frontier:
         from privaudit.api.frontier import write_frontier
 
         table, written["frontier"] = write_frontier(sweep, rows, out, progress=not a.no_progress)
-        print(table)
+        say(table)
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
         copied = []
@@ -252,11 +267,16 @@ def cmd_compare(a: argparse.Namespace) -> int:
                 shutil.copyfile(p, dest / p.name)
                 copied.append(dest / p.name)
         record_written(out, copied)  # a rerun may replace them while they are unchanged
-        print(f"copied the figures and summary.md to {dest}")
+        say(f"copied the figures and summary.md to {dest}")
     files = [p for ps in written.values() for p in ps if p.suffix != ".pdf"]
     names = ", ".join(p.name for p in files[:3])
     wall = time.perf_counter() - t0
-    print(
-        f"wrote {len(files)} files (and PDFs of the figures) to {out}, e.g. {names}; {wall:.0f} s"
-    )
+    say(f"wrote {len(files)} files (and PDFs of the figures) to {out}, e.g. {names}; {wall:.0f} s")
+    if a.json:
+        doc = {
+            "summary": summarize(rows),
+            "cells": rows,
+            "files": {k: [str(p) for p in ps] for k, ps in written.items()},
+        }
+        print(json.dumps(to_jsonable(doc), indent=2, allow_nan=False))
     return 0
