@@ -103,6 +103,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _err(spread: float | None) -> float:
+    """An error bar: none (NaN, which matplotlib skips) where there is no spread."""
+    return math.nan if spread is None else spread
+
+
 def _scored(row: dict[str, Any]) -> int:
     """Victims of a cell scored (an empty Poisson batch has nothing to reconstruct)."""
     return sum(o.get("psnr") is not None for o in row["per_observation"])
@@ -417,15 +422,16 @@ def sweep_figure(
             if x == "epsilon_requested" and pts[0]["epsilon_requested"] is None:
                 s = pts[0]
                 ax.axhline(s[m], color=color, ls="--", lw=1.0, label=f"{t} (ε = ∞)")
-                lo, hi = s[m] - s[f"{m}_spread"], s[m] + s[f"{m}_spread"]
-                ax.axhspan(lo, hi, color=color, alpha=0.12, lw=0)
+                if s[f"{m}_spread"] is not None:  # no spread from one value
+                    lo, hi = s[m] - s[f"{m}_spread"], s[m] + s[f"{m}_spread"]
+                    ax.axhspan(lo, hi, color=color, alpha=0.12, lw=0)
                 continue
             pts = sorted(pts, key=lambda s: s[x])
             xv = [_dodge(s[x], targets.index(t), len(targets), xs_all, x) for s in pts]
             ax.errorbar(
                 xv,
                 [s[m] for s in pts],
-                yerr=[s[f"{m}_spread"] for s in pts],
+                yerr=[_err(s[f"{m}_spread"]) for s in pts],
                 color=color,
                 marker=marker,
                 ms=3.5,
@@ -494,7 +500,7 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
             s["test_acc"],
             s["psnr"],
             xerr=s["test_acc_spread"] or None,
-            yerr=s["psnr_spread"],
+            yerr=_err(s["psnr_spread"]),
             fmt=marker,
             color=c,
             mec="black",
