@@ -180,6 +180,7 @@ def main() -> None:
     p.add_argument("--figures", default=None, help="folder for the figures")
     p.add_argument("--prefix", default="", help="prefix of the figures' file names")
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--markdown", default=None, help="write the table here (benchmarks/figures.py)")
     p.add_argument("--out", default=None, help="runs folder (default: a temporary one)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--from-json", default=None, help="redraw the table and figures of --json")
@@ -202,6 +203,10 @@ def main() -> None:
             print(f"figure: {path}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+    if a.markdown:
+        Path(a.markdown).write_text(
+            table(rows) + f"\n\n{len(rows)} points, {rows[0]['trials']} trials each.\n"
+        )
 
 
 if __name__ == "__main__":

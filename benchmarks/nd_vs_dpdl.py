@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true")
     p.add_argument("--figures", default=None, help="folder to copy the two grids into")
+    p.add_argument("--markdown", default=None, help="write the table here (benchmarks/figures.py)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as root:
         nd, dp = measure("nd", args, root), measure("dpdl", args, root)
@@ -101,6 +102,25 @@ def main() -> None:
         f"PSNR drop {drop:.2f} dB (bar: nd ≥ 22 dB, drop ≥ 8 dB): "
         f"{'met' if ok else 'NOT met'}; {row['seconds']:.0f} s"
     )
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(row, args))
+
+
+def markdown(row: dict, args: argparse.Namespace) -> str:
+    """The headline table: each target's mean PSNR and SSIM over the victims scored (a victim
+    whose Poisson batch is empty that round has nothing to reconstruct)."""
+    lines = ["| target | victims scored | mean PSNR | SSIM |", "|---|---|---|---|"]
+    for name, key in (("nd-cg", "nd"), ("dpdl-cg", "dpdl")):
+        scored = sum(v is not None for v in row[f"{key}_per_victim"])
+        lines.append(
+            f"| `{name}` | {scored} of {row['victims']} | {row[f'{key}_psnr']:.1f} dB "
+            f"| {row[f'{key}_ssim']:.2f} |"
+        )
+    note = (
+        f"\nRound {args.round}, B = 1 (Poisson), ε = {args.epsilon:g} for dpdl (σ = "
+        f"{row['sigma']:.3g}), attack {row['attack']}.\n"
+    )
+    return "\n".join(lines) + "\n" + note
 
 
 if __name__ == "__main__":
