@@ -37,6 +37,7 @@ import torch
 
 from privaudit.api.distance import distance_sweep, victims_by_distance
 from privaudit.core.config import RunConfig
+from privaudit.eval.style import save, series_style
 from privaudit.scenario.topology import build_topology
 from privaudit.sim.run import Run
 
@@ -128,11 +129,10 @@ def figures(rows: list[dict[str, Any]], folder: Path, prefix: str = "") -> list[
     for defense in dict.fromkeys(r["defense"] for r in rows):
         mine = [r for r in rows if r["defense"] == defense]
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
-        series = dict.fromkeys((r["topology"], r["epsilon"]) for r in mine)
-        for i, (topo, eps) in enumerate(series):
+        series = series_style(list(dict.fromkeys((r["topology"], r["epsilon"]) for r in mine)))
+        for (topo, eps), (color, _) in series.items():
             pts = [r for r in mine if (r["topology"], r["epsilon"]) == (topo, eps)]
             d = [r["distance"] for r in pts]
-            color = f"C{i}"
             label = f"{topo}, ε={fmt(eps)}"
             ax.plot(d, [r["epsilon_lo"] for r in pts], "o", color=color, label=f"audit {label}")
             local = [r["upper"]["accountant"] for r in pts]
@@ -153,11 +153,10 @@ def figures(rows: list[dict[str, Any]], folder: Path, prefix: str = "") -> list[
         bx.set(xlabel="graph distance d", ylabel="PSNR (dB)", title=f"{defense}: gossip attack")
         if bx.lines:
             bx.legend(fontsize=6)
+        fig.suptitle(f"{defense}: who observes at graph distance d — ε bounds, audit, attack")
         fig.tight_layout()
-        path = folder / f"{prefix}distance-{defense}.png"
-        fig.savefig(path, dpi=120)
+        paths += save(fig, folder / f"{prefix}distance-{defense}.png")  # 300 dpi PNG + PDF
         plt.close(fig)
-        paths.append(path)
     return paths
 
 

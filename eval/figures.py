@@ -1,21 +1,62 @@
-"""Figures as PNG files, written atomically. matplotlib is imported lazily (Agg, no pyplot)."""
+"""Image grids — every reconstruction under its own original — written through the one
+figure style (:func:`privaudit.eval.style.save`: 300 dpi PNG and PDF). matplotlib is imported
+lazily (Agg, no pyplot).
+
+A grid is a stack of *blocks* (:class:`GridBlock`), one per reconstruction row (a target, a
+defense, an attack). Its columns are keyed — by (victim, image of that victim's batch) — and
+every block puts each image in its key's column, so that a block with fewer victims (an empty
+Poisson batch) leaves a labelled gap instead of shifting its reconstructions off their
+originals. A ground-truth row is drawn above a block whenever the block's originals are not
+the ones last shown; a block without any image is a labelled empty row.
+"""
 
 from __future__ import annotations
 
-import math
 import os
-import tempfile
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["reconstruction_grid", "save_figure"]
+from privaudit.eval.style import num, save, write_figure
 
-_CELL_IN = 1.05  # inches per image cell
+__all__ = [
+    "EMPTY_BLOCK",
+    "GridBlock",
+    "grid_figure",
+    "reconstruction_grid",
+    "save_figure",
+    "show_image",
+]
+
+save_figure = write_figure  # one file in the format its suffix names (the style's writer)
+
+CELL_IN = 0.8  # inches per image cell
+EMPTY_BLOCK = "no image: every victim's batch was empty"
+
+
+@dataclass(frozen=True)
+class GridBlock:
+    """One reconstruction row of a grid and the originals it is scored against.
+
+    ``truth`` and ``recon``: ``(n, C, H, W)`` in [0, 1], matched image for image;
+    ``columns``: per image, its column key (``(victim, k)``: the k-th image of that victim's
+    batch), which places it — and its original — in the same column in every block;
+    ``captions``: per image, the text under its reconstruction (scores); ``absent``: the
+    text shown in a column of the grid this block has no image for (e.g. ``{(1, 0): "empty
+    batch"}``); ``empty``: what an imageless block says across its row."""
+
+    label: str
+    truth: np.ndarray
+    recon: np.ndarray
+    columns: Sequence[Hashable]
+    captions: Sequence[str] = ()
+    absent: Mapping[Hashable, str] = field(default_factory=dict)
+    empty: str = EMPTY_BLOCK
 
 
 def _images(x: Any, name: str) -> np.ndarray:
@@ -45,45 +86,112 @@ def show_image(ax: Any, img: np.ndarray) -> None:
         spine.set_visible(False)
 
 
-def _fmt(v: Any, digits: int) -> str:
-    if v is None:
-        return "n/a"
-    v = float(v)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "∞" if v > 0 else "-∞"
-    return f"{v:.{digits}f}"
-
-
 def _caption(metrics: Mapping[str, Any] | None, i: int) -> str:
+    """PSNR (3 significant digits), SSIM and LPIPS (2) of image ``i``, one per line."""
     if not metrics:
         return ""
     lines = []
-    for key, label, digits in (("psnr", "PSNR", 1), ("ssim", "SSIM", 2), ("lpips", "LPIPS", 2)):
+    for key, label, digits, unit in (
+        ("psnr", "PSNR", 3, " dB"),
+        ("ssim", "SSIM", 2, ""),
+        ("lpips", "LPIPS", 2, ""),
+    ):
         values = metrics.get(key)
         if values is not None:
-            lines.append(f"{label} {_fmt(values[i], digits)}")
+            lines.append(f"{label} {num(values[i], digits)}{unit if values[i] is not None else ''}")
     return "\n".join(lines)
 
 
-def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 150) -> Path:
-    """Write ``fig`` to ``path`` atomically (temp file in the same dir, then rename), as PNG
-    or in the format ``path``'s suffix names (``.pdf``, ``.svg``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=path.suffix.lstrip(".").lower() or "png", dpi=dpi)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def _rows(blocks: Sequence[GridBlock]) -> list[tuple[str, Any]]:
+    """The grid's rows in order: ``("truth", {key: image})`` where a block's originals are
+    not the ones shown last, ``("recon", block)`` and ``("empty", block)``."""
+    rows: list[tuple[str, Any]] = []
+    shown: dict[Hashable, np.ndarray] = {}
+    for b in blocks:
+        if len(b.truth) == 0:
+            rows.append(("empty", b))
+            continue
+        mine = dict(zip(b.columns, b.truth, strict=True))
+        if any(k not in shown or not np.array_equal(shown[k], v) for k, v in mine.items()):
+            shown = mine
+            rows.append(("truth", mine))
+        rows.append(("recon", b))
+    return rows
+
+
+def _label(ax: Any, text: str) -> None:
+    ax.set_ylabel(text, fontsize=6.5, rotation=0, ha="right", va="center", labelpad=4)
+
+
+def _gap(ax: Any, text: str) -> None:
+    """A column a row has no image for: blank, or its reason in small grey text."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    if text:
+        ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=5, color="0.45", wrap=True)
+
+
+def build_grid(
+    blocks: Sequence[GridBlock], title: str, headers: Mapping[Hashable, str] | None = None
+) -> Any:
+    """The matplotlib Figure of ``blocks`` (see the module): one column per key of any
+    block, sorted; ``headers`` names each column above every ground-truth row (victim,
+    round, attack). Each axes is labelled (``ax.get_label()``) ``truth <key>``,
+    ``recon <block> <key>`` or ``empty <block>``, so the geometry can be checked."""
+    from matplotlib.figure import Figure
+
+    if not blocks:
+        raise ValueError("a grid needs at least one block")
+    keys = sorted({k for b in blocks for k in b.columns})  # e.g. (victim, k): victim order
+    rows = _rows(blocks)
+    n = max(len(keys), 1)
+    lines = max((c.count("\n") + 1 for b in blocks for c in b.captions if c), default=0)
+    cell = 1.0 + 0.16 * lines  # every image row alike: equal rows give equal image sizes
+    heights = [0.45 if kind == "empty" else cell for kind, _ in rows]
+    width = max(1.4 + n * CELL_IN, 3.5)
+    wrap = max(int(width * 13), 30)
+    title_lines = [w for line in title.splitlines() for w in (textwrap.wrap(line, wrap) or [""])]
+    height = CELL_IN * sum(heights) + 0.3 + 0.14 * len(title_lines) + 0.12 * bool(headers)
+    fig = Figure(figsize=(width, height), layout="constrained")
+    gs = fig.add_gridspec(len(rows), n, height_ratios=heights)
+    index = {id(b): i for i, b in enumerate(blocks)}
+    for r, (kind, what) in enumerate(rows):
+        if kind == "empty":
+            ax = fig.add_subplot(gs[r, :], label=f"empty {index[id(what)]}")
+            _gap(ax, "")
+            ax.text(0.5, 0.5, what.empty, ha="center", va="center", fontsize=6.5, color="0.3")
+            _label(ax, what.label)
+            continue
+        for c, key in enumerate(keys):
+            name = "truth" if kind == "truth" else f"recon {index[id(what)]}"
+            ax = fig.add_subplot(gs[r, c], label=f"{name} {key!r}")
+            images = what if kind == "truth" else dict(zip(what.columns, what.recon, strict=True))
+            if key in images:
+                show_image(ax, np.clip(images[key], 0.0, 1.0))
+                if kind == "recon" and what.captions:
+                    cap = what.captions[list(what.columns).index(key)]
+                    ax.set_xlabel(cap, fontsize=5.5, linespacing=1.0, labelpad=1.5)
+            else:
+                _gap(ax, "" if kind == "truth" else what.absent.get(key, ""))
+            if kind == "truth" and headers and key in headers:
+                ax.set_title(headers[key], fontsize=5.5, pad=2)
+            if c == 0:
+                _label(ax, "ground truth" if kind == "truth" else what.label)
+    if title_lines:
+        fig.suptitle("\n".join(title_lines), fontsize=7.5)
+    return fig
+
+
+def grid_figure(
+    blocks: Sequence[GridBlock],
+    title: str,
+    path: str | os.PathLike[str],
+    headers: Mapping[Hashable, str] | None = None,
+) -> list[Path]:
+    """:func:`build_grid`, saved as 300 dpi PNG and PDF (:func:`~privaudit.eval.style.save`)."""
+    return save(build_grid(blocks, title, headers), path)
 
 
 def reconstruction_grid(
@@ -93,8 +201,10 @@ def reconstruction_grid(
     title: str,
     path: str | os.PathLike[str],
     row_labels: Sequence[str] | None = None,
+    column_labels: Sequence[str] | None = None,
 ) -> Path:
-    """Ground truth on top, one row per reconstruction batch below; returns ``path``.
+    """Ground truth on top, one row per reconstruction batch below, written as PNG at
+    ``path`` and PDF beside it; returns ``path``.
 
     true_images:        ``(B, C, H, W)`` in [0, 1], grayscale or RGB.
     recon_images:       one batch of the same shape, already in matched order (index
@@ -103,11 +213,11 @@ def reconstruction_grid(
     metrics_per_image:  per row, a mapping with per-image lists ``psnr``, ``ssim`` and
                         optionally ``lpips`` (None entries skipped), e.g.
                         ``score(...)["per_image"]``; a list for several rows; None for none.
-    title:              figure title (target / round / ε ...).
+    title:              figure title (threat · target · round · ε …:
+                        :func:`privaudit.eval.style.title`).
     row_labels:         one label per reconstruction row (default "reconstruction").
+    column_labels:      one label per image, shown above its column (victim, link, attack).
     """
-    from matplotlib.figure import Figure
-
     truth = _images(true_images, "true_images")
     if isinstance(recon_images, (list, tuple)):
         rows = [_images(r, f"recon_images[{k}]") for k, r in enumerate(recon_images)]
@@ -115,7 +225,33 @@ def reconstruction_grid(
         rows = [_images(recon_images, "recon_images")]
     if not rows:
         raise ValueError("recon_images: need at least one row of reconstructions")
+    metrics = _metrics(metrics_per_image, rows, len(truth))
+    if row_labels is None:
+        row_labels = (
+            ["reconstruction"] if len(rows) == 1 else [f"row {k}" for k in range(len(rows))]
+        )
+    if len(row_labels) != len(rows):
+        raise ValueError(f"{len(row_labels)} row labels for {len(rows)} rows")
     n = len(truth)
+    if column_labels is not None and len(column_labels) != n:
+        raise ValueError(f"{len(column_labels)} column labels for {n} images")
+    keys = [(i, 0) for i in range(n)]
+    headers = dict(zip(keys, column_labels, strict=True)) if column_labels is not None else None
+    blocks = [
+        GridBlock(label, truth, r, keys, [_caption(m, i) for i in range(n)])
+        for label, r, m in zip(row_labels, rows, metrics, strict=True)
+    ]
+    path = Path(path)
+    grid_figure(blocks, title, path, headers)
+    return path
+
+
+def _metrics(
+    metrics_per_image: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
+    rows: list[np.ndarray],
+    n: int,
+) -> list[Mapping[str, Any] | None]:
+    """One metric mapping (or None) per row, each list of one value per image."""
     for k, r in enumerate(rows):
         if len(r) != n:
             raise ValueError(f"row {k} has {len(r)} reconstructions for {n} true images")
@@ -133,32 +269,4 @@ def reconstruction_grid(
         for key in ("psnr", "ssim", "lpips"):
             if m and m.get(key) is not None and len(m[key]) != n:
                 raise ValueError(f"row {k}: {len(m[key])} {key} values for {n} images")
-    if row_labels is None:
-        row_labels = (
-            ["reconstruction"] if len(rows) == 1 else [f"row {k}" for k in range(len(rows))]
-        )
-    if len(row_labels) != len(rows):
-        raise ValueError(f"{len(row_labels)} row labels for {len(rows)} rows")
-
-    n_lines = max((_caption(m, 0).count("\n") + 1 if m else 0) for m in metrics)
-    text_in = 0.13 * n_lines
-    width = max(n * _CELL_IN + 0.6, 3.5)
-    heights = [1.0 + text_in / _CELL_IN] * (len(rows) + 1)  # equal rows: equal image sizes
-    wrap = max(int(width * 14), 30)
-    title_lines = [w for line in title.splitlines() for w in (textwrap.wrap(line, wrap) or [""])]
-    height = _CELL_IN * sum(heights) + 0.35 + 0.15 * len(title_lines)
-    fig = Figure(figsize=(width, height), layout="constrained")
-    axes = fig.subplots(len(rows) + 1, n, squeeze=False, gridspec_kw={"height_ratios": heights})
-    for i in range(n):
-        show_image(axes[0, i], truth[i])
-        for k, r in enumerate(rows):
-            show_image(axes[k + 1, i], r[i])
-            cap = _caption(metrics[k], i)
-            if cap:
-                axes[k + 1, i].set_xlabel(cap, fontsize=6, linespacing=1.1)
-    axes[0, 0].set_ylabel("ground truth", fontsize=7)
-    for k, label in enumerate(row_labels):
-        axes[k + 1, 0].set_ylabel(label, fontsize=7)
-    if title_lines:
-        fig.suptitle("\n".join(title_lines), fontsize=9)
-    return save_figure(fig, path)
+    return metrics

@@ -46,7 +46,7 @@ from privaudit.eval.bounds import (
     one_run_audit,
     one_run_group_audit,
 )
-from privaudit.eval.figures import save_figure
+from privaudit.eval.style import eps_text, num, save, series_style, style_axes
 
 __all__ = [
     "OperatingPoint",
@@ -60,6 +60,7 @@ __all__ = [
     "loss_score",
     "pair_audit",
     "plot_roc",
+    "roc_bound_label",
     "rmia",
     "roc",
     "tpr_at_fpr",
@@ -487,6 +488,11 @@ def rmia(
 
 
 # -- figure ------------------------------------------------------------------------------------
+def roc_bound_label(epsilon: float, delta: float) -> str:
+    """The guarantee in a legend, to 3 significant digits: ``(ε = 3.67, δ = 1e-05)-DP``."""
+    return f"({eps_text(epsilon)}, δ = {num(delta, 2)})-DP"
+
+
 def plot_roc(
     curves: Mapping[str, tuple[Any, Any]],
     path: str | os.PathLike[str],
@@ -494,11 +500,15 @@ def plot_roc(
     title: str = "membership inference",
 ) -> Path:
     """Log–log ROC curves, one per name in ``curves`` (``(fpr, tpr)`` as from :func:`roc`),
-    with the chance diagonal and, given ``bound`` = (ε, δ), the DP region's edge
-    (:func:`dp_roc_bound`) as a dashed line. Zero rates have no place on a log axis: they
-    are drawn at half the smallest positive FPR of any curve (1e-5 if none has one). Returns
-    ``path`` (PNG, or the format its suffix names)."""
+    overlaid on one axes in the figure style's colours, with the chance diagonal and, given
+    ``bound`` = (ε, δ), the edge of the region (ε, δ)-DP allows (:func:`dp_roc_bound`),
+    dashed, and the area beyond it shaded: a curve there is more than the guarantee
+    permits. Zero rates have no place on a log axis: they are drawn at half the smallest
+    positive FPR of any curve (1e-5 if none has one). Written as a 300 dpi PNG at ``path``
+    and as PDF beside it (:func:`privaudit.eval.style.save`); returns ``path``. ``title``
+    names the threat, target and rounds (:func:`privaudit.eval.style.title`)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     if not curves:
         raise PrivauditError("plot_roc needs at least one curve; pass {name: (fpr, tpr)}")
@@ -511,23 +521,33 @@ def plot_roc(
         data[name] = (f, t)
         positive += [f[f > 0].min()] if (f > 0).any() else []
     floor = 0.5 * min(positive) if positive else 1e-5
-    fig = Figure(figsize=(4.2, 4.0))
+    fig = Figure(figsize=(4.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     grid = np.geomspace(floor, 1, 200)
     ax.plot(grid, grid, color="0.6", lw=0.8, ls=":", label="chance")
     if bound is not None:
         eps, delta = bound
-        label = f"(ε = {eps:g}, δ = {delta:g})-DP bound"
-        ax.plot(grid, dp_roc_bound(grid, eps, delta), color="k", ls="--", lw=1, label=label)
+        edge = np.maximum(dp_roc_bound(grid, eps, delta), floor)
+        dp = roc_bound_label(eps, delta)
+        ax.plot(grid, edge, color="k", ls="--", lw=1, label=f"edge of the region {dp} allows")
+        ax.fill_between(
+            grid, edge, 1.05, color="#D55E00", alpha=0.12, lw=0, label=f"beyond it: refutes {dp}"
+        )
+    style = series_style(list(data))
     for name, (f, t) in data.items():
-        ax.plot(np.maximum(f, floor), np.maximum(t, floor), lw=1.3, label=name)
+        color, _ = style[name]
+        ax.plot(np.maximum(f, floor), np.maximum(t, floor), lw=1.3, color=color, label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # decades only: minor labels collide on a short range
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(floor, 1)
     ax.set_ylim(floor, 1.05)
-    ax.set_xlabel("false-positive rate")
-    ax.set_ylabel("true-positive rate")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return save_figure(fig, path)
+    ax.set_xlabel("false-positive rate", fontsize=7.5)
+    ax.set_ylabel("true-positive rate", fontsize=7.5)
+    ax.set_title(title, fontsize=7.5)
+    ax.legend(fontsize=6.5, loc="lower right", framealpha=0.9, edgecolor="0.8")
+    style_axes(ax)
+    path = Path(path)
+    save(fig, path)
+    return path

@@ -7,8 +7,9 @@
   (every point of the sweep and privacy–utility plots), ``images.csv`` (every number
   printed under a grid image).
 - :func:`grid_figure`, :func:`sweep_figure`, :func:`privacy_utility_figure`: matplotlib
-  (Agg, no pyplot), written as 300 dpi PNG and as PDF. Colours are Okabe & Ito's
-  colour-blind-safe palette; markers repeat the colour's information for print.
+  (Agg, no pyplot) in the one figure style (:mod:`.style`: 300 dpi PNG and PDF, Okabe &
+  Ito's colour-blind-safe palette with a marker repeating each colour for print, titles
+  that name the threat, numbers to 3 significant digits).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import torch
 from privaudit.core.files import atomic_write
 from privaudit.core.text import sig
 
-from .figures import save_figure, show_image
+from .figures import EMPTY_BLOCK, GridBlock
+from .figures import grid_figure as block_grid
+from .style import DPI, MARKERS, OKABE_ITO, save, series_style, style_axes
 
 __all__ = [
     "summarize",
@@ -37,9 +40,7 @@ __all__ = [
     "write_report",
 ]
 
-DPI = 300
-OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+__all__ += ["DPI", "MARKERS", "OKABE_ITO", "save_png_pdf", "style_axes", "target_style"]
 METRICS = ("psnr", "ssim", "mse")
 
 
@@ -331,67 +332,80 @@ def write_tables(
 # --------------------------------------------------------------------------- figures
 
 
-def style_axes(ax: Any) -> None:
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    ax.tick_params(labelsize=7, width=0.6, length=3)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_linewidth(0.6)
-
-
 def save_png_pdf(fig: Any, path: Path) -> list[Path]:
-    """``path`` as 300 dpi PNG and the same figure as PDF beside it."""
-    return [
-        save_figure(fig, path.with_suffix(".png"), dpi=DPI),
-        save_figure(fig, path.with_suffix(".pdf"), dpi=DPI),
-    ]
-
-
-def grid_figure(
-    blocks: Sequence[tuple[str, torch.Tensor, torch.Tensor, list[float], list[float]]],
-    title: str,
-    path: Path,
-) -> list[Path]:
-    """One row of reconstructions per target, PSNR/SSIM under each image.
-
-    ``blocks``: ``(label, truth, recon, psnr, ssim)`` per target, images ``(k, C, H, W)``
-    in [0, 1], reconstructions already matched to the truth. The ground truth is drawn on
-    top; when a target's true images differ from the row above's (another defense draws
-    other batches), its own ground-truth row is drawn above it."""
-    from matplotlib.figure import Figure
-
-    k = max(len(b[1]) for b in blocks)
-    rows: list[tuple[str, np.ndarray, list[str] | None]] = []
-    shown = None
-    for label, truth, recon, ps, ss in blocks:
-        t = truth.float().numpy()
-        if shown is None or shown.shape != t.shape or not np.array_equal(shown, t):
-            rows.append(("ground truth", t, None))
-            shown = t
-        caps = [f"{p:.1f} dB\n{s:.2f}" for p, s in zip(ps, ss, strict=True)]
-        rows.append((label, recon.float().numpy(), caps))
-    cell = 0.62
-    heights = [1.0 if caps is None else 1.3 for _, _, caps in rows]
-    fig = Figure(figsize=(1.25 + k * cell, 0.35 + cell * sum(heights)), layout="constrained")
-    axes = fig.subplots(len(rows), k, squeeze=False, gridspec_kw={"height_ratios": heights})
-    for r, (label, imgs, caps) in enumerate(rows):
-        for i in range(k):
-            ax = axes[r, i]
-            if i < len(imgs):
-                show_image(ax, np.clip(imgs[i], 0.0, 1.0))
-                if caps:
-                    ax.set_xlabel(caps[i], fontsize=5.5, linespacing=1.0, labelpad=1.5)
-            else:
-                ax.set_axis_off()
-        axes[r, 0].set_ylabel(label, fontsize=6.5, rotation=0, ha="right", va="center", labelpad=4)
-    fig.suptitle(f"{title}\nPSNR (dB) / SSIM under each image", fontsize=6.5)
-    return save_png_pdf(fig, path)
+    """``path`` as 300 dpi PNG and the same figure as PDF beside it (:func:`.style.save`)."""
+    return save(fig, path)
 
 
 def target_style(targets: Sequence[str]) -> dict[str, tuple[str, str]]:
-    return {
-        t: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, t in enumerate(targets)
+    """A (colour, marker) per target, for figures with one series per target."""
+    return series_style(targets)  # type: ignore[return-value]
+
+
+Block = tuple[str, torch.Tensor, torch.Tensor, list[float], list[float]]
+
+
+def grid_figure(
+    blocks: Sequence[GridBlock | Block],
+    title: str,
+    path: Path,
+    headers: dict[Any, str] | None = None,
+) -> list[Path]:
+    """One block per target — its originals, its reconstructions under them, PSNR/SSIM
+    under each image — aligned per victim (:mod:`.figures`). ``blocks``: :class:`GridBlock`
+    (:func:`cell_block` makes one from a sweep's cell), or ``(label, truth, recon, psnr,
+    ssim)`` tuples, whose images take columns 0, 1, … in order."""
+    made = []
+    for b in blocks:
+        if isinstance(b, GridBlock):
+            made.append(b)
+            continue
+        label, truth, recon, ps, ss = b
+        keys = [(0, i) for i in range(len(truth))]
+        made.append(
+            GridBlock(label, _np(truth), _np(recon), keys, _captions(ps, ss), empty=EMPTY_BLOCK)
+        )
+    return block_grid(made, f"{title}\nPSNR (dB) / SSIM under each image", path, headers)
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().to("cpu", torch.float32).numpy()
+
+
+def _captions(psnr: Sequence[float | None], ssim: Sequence[float | None]) -> list[str]:
+    """PSNR to 3 significant digits and SSIM to 2, per image."""
+    return [f"{sig(p)} dB\n{sig(s, 2)}" for p, s in zip(psnr, ssim, strict=True)]
+
+
+def cell_block(row: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[GridBlock, dict]:
+    """A sweep cell's grid block and its column headers: each image keyed by (victim, k),
+    the k-th of that victim's batch (``links``' senders and ``batch_sizes``, in the order the
+    images were stacked); a victim whose batch was empty is an ``empty batch`` gap, and a
+    cell with no image at all a labelled empty block."""
+    label = (
+        f"{row['target']}\nε asked {eps_text(row['epsilon_requested'])} · "
+        f"ε {eps_text(row['epsilon'])}\n{row['threat']} · {row['attack']}"
+    )
+    victims = [src for src, _ in row.get("links") or []]
+    sizes = row.get("batch_sizes") or []
+    keys = [(v, k) for v, b in zip(victims, sizes, strict=False) for k in range(b)]
+    truth = tensors["truth"]
+    if len(keys) != len(truth):  # a cell without per-victim sizes: its images in order
+        keys = [(0, i) for i in range(len(truth))]
+    headers = {(v, k): f"victim {v}" + (f" · {k + 1}" if k else "") for v, k in keys}
+    absent = {
+        (v, 0): f"victim {v}:\nempty batch" for v, b in zip(victims, sizes, strict=False) if b == 0
     }
+    scores = row["per_image"]
+    block = GridBlock(
+        label,
+        _np(truth),
+        _np(tensors["recon"]),
+        keys,
+        _captions(scores["psnr"], scores["ssim"]),
+        absent=absent,
+    )
+    return block, headers
 
 
 def sweep_figure(
@@ -449,6 +463,8 @@ def sweep_figure(
             ax.set_xticks(xs_all, [f"{v:g}" for v in xs_all])
             ax.minorticks_off()
         ax.set_ylabel(label, fontsize=7.5)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, EMPTY_BLOCK, transform=ax.transAxes, ha="center", fontsize=6.5)
         style_axes(ax)
     spread = summary[0]["spread_over"] if summary else "seeds"
     handles, labels = axes[0].get_legend_handles_labels()
@@ -467,12 +483,31 @@ def _dodge(v: float, i: int, n: int, xs: list[float], x: str) -> float:
     return v + step * span
 
 
+def point_key(s: dict[str, Any]) -> tuple[str, float | None]:
+    """A summary row's series in a scatter: its target and the ε asked."""
+    return s["target"], s["epsilon_requested"]
+
+
+def point_label(s: dict[str, Any]) -> str:
+    """``dpdl-cg · ε asked 8, accounted ∞``: the legend entry of :func:`point_key`."""
+    if s["epsilon_requested"] is None:
+        return f"{s['target']} · ε ∞"
+    asked, accounted = eps_text(s["epsilon_requested"]), eps_text(s["epsilon"])
+    return f"{s['target']} · ε asked {asked}, accounted {accounted}"
+
+
+def threats(summary: Sequence[dict[str, Any]]) -> str:
+    """The threats of the rows, for a title: ``link threat`` or ``link/neighbor threat``."""
+    kinds = list(dict.fromkeys(s["threat"] for s in summary if s.get("threat")))
+    return f"{'/'.join(kinds)} threat" if kinds else ""
+
+
 def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: Path) -> list[Path]:
-    """Test accuracy against reconstruction PSNR at ``round``, colour = accounted ε (grey:
-    no ε), one marker per target; with audit results, a second panel sets the white-box
+    """Test accuracy against reconstruction PSNR at ``round``, one colour and marker per
+    (target, ε asked) — two runs of one target at ε 1 and ε 8 are two series even where
+    neither has an accounted ε; with audit results, a second panel sets the white-box
     audit's ε lower bound against the accountant's ε for the same single release (points
     above the diagonal refute the accounting)."""
-    from matplotlib import cm, colors
     from matplotlib.figure import Figure
 
     pts = [s for s in summary if s["round"] == round]
@@ -483,76 +518,112 @@ def privacy_utility_figure(summary: Sequence[dict[str, Any]], round: int, path: 
         and s["audit_epsilon_upper"] is not None
         and math.isfinite(s["audit_epsilon_upper"])
     ]
-    targets = list(dict.fromkeys(s["target"] for s in pts))
-    style = target_style(targets)
-    eps = [s["epsilon"] for s in pts if s["epsilon"] is not None]
-    norm = colors.LogNorm(min(eps) / 1.5, max(eps) * 1.5) if eps else None
-    cmap = cm.viridis
-    fig = Figure(figsize=(6.6 if audited else 4.4, 2.8), layout="constrained")
+    style = series_style([point_key(s) for s in pts])
+    fig = Figure(figsize=(7.2 if audited else 5.0, 3.0), layout="constrained")
     axes = fig.subplots(1, 2 if audited else 1, squeeze=False)[0]
     ax = axes[0]
     for s in pts:
+        color, marker = style[point_key(s)]
         if s["psnr"] is None:  # every victim's batch was empty: nothing was reconstructed
+            ax.plot(
+                [],
+                [],
+                marker,
+                color=color,
+                mec="black",
+                mew=0.4,
+                label=f"{point_label(s)}: no image",
+            )
             continue
-        _, marker = style[s["target"]]
-        c = "0.55" if s["epsilon"] is None else cmap(norm(s["epsilon"]))
         ax.errorbar(
             s["test_acc"],
             s["psnr"],
             xerr=s["test_acc_spread"] or None,
-            yerr=_err(s["psnr_spread"]),
+            yerr=s["psnr_spread"],
             fmt=marker,
-            color=c,
+            color=color,
             mec="black",
             mew=0.4,
             ms=5,
             elinewidth=0.6,
             capsize=1.5,
+            label=point_label(s),
         )
-    for t in targets:
-        _, marker = style[t]
-        ax.plot([], [], marker, color="white", mec="black", mew=0.6, label=t)
     ax.set_xlabel("test accuracy (average model, last round)", fontsize=7.5)
     ax.set_ylabel(f"reconstruction PSNR (dB), round {round}", fontsize=7.5)
-    ax.legend(fontsize=6, frameon=False, loc="best")
     style_axes(ax)
-    if norm is not None:
-        sm = cm.ScalarMappable(norm=norm, cmap=cmap)
-        cb = fig.colorbar(sm, ax=ax, pad=0.01, fraction=0.05)
-        ticks = sorted({float(f"{e:.2g}") for e in eps})  # 0.998 and 0.999 are one tick
-        cb.ax.minorticks_off()
-        cb.set_ticks(ticks, labels=[f"{e:g}" for e in ticks])
-        cb.set_label("accounted ε (grey: none)", fontsize=7)
-        cb.ax.tick_params(labelsize=6)
     if audited:
-        ax2 = axes[1]
-        for s in audited:
-            color, marker = style[s["target"]]
-            ax2.plot(
-                s["audit_epsilon_upper"],
-                s["audit_epsilon_lo"],
-                marker,
-                color=color,
-                mec="black",
-                mew=0.4,
-                ms=5,
-                label=s["target"],
-            )
-        vals = [v for s in audited for v in (s["audit_epsilon_upper"], s["audit_epsilon_lo"])]
-        lim = [0.0, max(vals) * 1.15]
-        ax2.plot(lim, lim, color="0.6", lw=0.8, ls=":")
-        ax2.set_xlim(lim)
-        ax2.set_ylim(lim)
-        ax2.set_aspect("equal")
-        ax2.legend(fontsize=6, frameon=False, loc="upper left")
-        ax2.set_xlabel("accountant's ε, one release", fontsize=7.5)
-        ax2.set_ylabel("audited ε lower bound, one release", fontsize=7.5)
-        style_axes(ax2)
-    return save_png_pdf(fig, path)
+        _audit_panel(axes[1], audited, style)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=6, frameon=False)
+    fig.suptitle(
+        f"privacy vs utility · {threats(pts)} · round {round}: reconstruction PSNR against "
+        "test accuracy" + (", audited against accounted ε" if audited else ""),
+        fontsize=7.5,
+    )
+    return save(fig, path)
+
+
+def _audit_panel(ax: Any, audited: Sequence[dict[str, Any]], style: dict) -> None:
+    """The audited ε lower bound against the accountant's ε of one release, the diagonal
+    between (a point above it refutes the accounting)."""
+    for s in audited:
+        color, marker = style[point_key(s)]
+        ax.plot(
+            s["audit_epsilon_upper"],
+            s["audit_epsilon_lo"],
+            marker,
+            color=color,
+            mec="black",
+            mew=0.4,
+            ms=5,
+        )
+    vals = [v for s in audited for v in (s["audit_epsilon_upper"], s["audit_epsilon_lo"])]
+    lim = [0.0, max(vals) * 1.15 or 1.0]
+    ax.plot(lim, lim, color="0.6", lw=0.8, ls=":")
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_aspect("equal")
+    ax.set_xlabel("accountant's ε, one release", fontsize=7.5)
+    ax.set_ylabel("audited ε lower bound, one release", fontsize=7.5)
+    style_axes(ax)
 
 
 def _slug(v: float | None) -> str:
     return "inf" if v is None else f"{v:g}"
+
+
+def _grid(
+    rows: Sequence[dict[str, Any]], rnd: Any, e: float | None, out: Path, load: Any
+) -> list[Path]:
+    """The grid of round ``rnd`` (or "last") at target ε ``e`` for the first seed: one block
+    per target (a target whose victims all had empty batches is a labelled empty block);
+    none when no target has an image."""
+    seed0 = rows[0]["seed"] if rows else 0
+    blocks, headers, shown = [], {}, []
+    for t in dict.fromkeys(r["target"] for r in rows):
+        r = next(
+            (
+                r
+                for r in rows
+                if r["target"] == t
+                and r["round"] == rnd
+                and r["seed"] == seed0
+                and r["epsilon_requested"] in (e, None)
+            ),
+            None,
+        )
+        if r is None:
+            continue
+        block, heads = cell_block(r, load(Path(r["dir"])))
+        blocks.append(block)
+        headers.update(heads)
+        shown.append(r)
+    if not any(len(b.truth) for b in blocks):
+        return []
+    when = "last round" if rnd == "last" else f"round {rnd}"
+    title = f"{threats(shown)} · {when} · target ε = {_slug(e)} · seed {seed0}"
+    return grid_figure(blocks, title, out / f"grid-r{rnd}-eps{_slug(e)}", headers)
 
 
 def write_report(
@@ -573,43 +644,10 @@ def write_report(
         rows = [{**r, "round": "last"} for r in rows if r["round"] == last[r["target"]]]
     rounds = sorted({r["round"] for r in rows})
     eps_list = sorted({r["epsilon_requested"] for r in rows if r["epsilon_requested"]})
-    seed0 = rows[0]["seed"] if rows else 0
-    targets = list(dict.fromkeys(r["target"] for r in rows))
     grids = []
     for rnd in rounds:
         for e in eps_list or [None]:
-            blocks = []
-            for t in targets:
-                r = next(
-                    (
-                        r
-                        for r in rows
-                        if r["target"] == t
-                        and r["round"] == rnd
-                        and r["seed"] == seed0
-                        and r["epsilon_requested"] in (e, None)
-                    ),
-                    None,
-                )
-                if r is None:
-                    continue
-                tens = load(Path(r["dir"]))
-                if len(tens["truth"]) == 0:  # every victim's Poisson batch was empty
-                    continue
-                label = f"{t}\nε = {eps_text(r['epsilon'])}"
-                blocks.append(
-                    (
-                        label,
-                        tens["truth"],
-                        tens["recon"],
-                        r["per_image"]["psnr"],
-                        r["per_image"]["ssim"],
-                    )
-                )
-            if blocks:
-                when = "last round" if rnd == "last" else f"round {rnd}"
-                title = f"{when} · target ε = {_slug(e)} · seed {seed0}"
-                grids += grid_figure(blocks, title, out / f"grid-r{rnd}-eps{_slug(e)}")
+            grids += _grid(rows, rnd, e, out, load)
     written["grids"] = grids
     sweeps = []
     if len(rounds) > 1 and not last_round:
@@ -619,7 +657,7 @@ def write_report(
                 sub,
                 "round",
                 {},
-                f"PSNR/SSIM vs round, target ε = {_slug(e)}",
+                f"{threats(sub)} · PSNR/SSIM vs round, target ε = {_slug(e)}",
                 out / f"sweep-round-eps{_slug(e)}",
             )
     if len(eps_list) > 1 and not last_round:
@@ -628,7 +666,7 @@ def write_report(
                 summary,
                 "epsilon_requested",
                 {"round": rnd},
-                f"PSNR/SSIM vs ε, round {rnd}",
+                f"{threats(summary)} · PSNR/SSIM vs ε, round {rnd}",
                 out / f"sweep-eps-r{rnd}",
             )
     written["sweeps"] = sweeps

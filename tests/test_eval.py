@@ -213,7 +213,7 @@ def test_reconstruction_grid_png(tmp_path: Path, n: int, channels: int) -> None:
     assert path == out
     img = mpimg.imread(out)
     assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
-    assert [p.name for p in out.parent.iterdir()] == ["grid.png"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["grid.pdf", "grid.png"]
 
 
 def test_reconstruction_grid_several_rows(tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ def test_reconstruction_grid_several_rows(tmp_path: Path) -> None:
     out2 = tmp_path / "cmp.png"  # overwrite in place
     reconstruction_grid(true, rows, None, "compare again", out2, row_labels=["a", "b"])
     assert mpimg.imread(out).shape[2] in (3, 4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp.pdf", "cmp.png"]
     with pytest.raises(ValueError, match="row labels"):
         reconstruction_grid(true, rows, None, "x", tmp_path / "bad.png", row_labels=["a"])
     assert not (tmp_path / "bad.png").exists()

@@ -268,7 +268,7 @@ def mia(
         )
         result["scores_file"] = "scores.csv"
         write_json(out / "result.json", to_jsonable(result))
-        title = f"{target} · rounds {rounds[0]}–{rounds[-1]} · {scorer}"
+        title = f"{result['threat']} · {target} · rounds {rounds[0]}–{rounds[-1]} · {scorer}"
         M.plot_roc(
             {f"{scorer} (AUC {result['auc']:.3f})": (fpr, tpr)},
             out / "roc.png",

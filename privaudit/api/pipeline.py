@@ -22,6 +22,7 @@ from privaudit.core.files import to_jsonable, write_json
 from privaudit.core.observation import Observation, Reconstruction
 from privaudit.eval.figures import reconstruction_grid
 from privaudit.eval.metrics import aggregate, score
+from privaudit.eval.style import threat_text, title
 from privaudit.sim.plan import given_batch_size, locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
@@ -262,7 +263,9 @@ def _figure(
     scores: list[dict[str, Any]],
     result: AttackResult,
 ) -> Path:
-    """Truth over reconstruction for every observation's batch, side by side."""
+    """Truth over reconstruction for every observation's batch, side by side, each column
+    labelled with its victim, link and attack; the title names the threat, target, round
+    and ε (:mod:`privaudit.eval.style`)."""
     true = torch.cat([t for t, _ in truths])
     rec = torch.cat(
         [r.images.detach().cpu()[s["perm"]] for r, s in zip(recons, scores, strict=True)]
@@ -272,9 +275,18 @@ def _figure(
         for k in ("psnr", "ssim", "lpips")
     }
     eps = result.epsilon
-    title = (
-        f"{result.target} · round {result.round} · "
-        f"{f'ε = {eps:.3g}' if eps is not None else 'ε = ∞ (no formal DP bound)'} · "
-        f"{result.attack} under {result.adversaries[0]}"
+    head = title(
+        threat_text(result.adversaries),
+        result.target,
+        result.round,
+        eps if eps is not None else "ε = ∞ (no formal DP bound)",
+        [result.attack],
     )
-    return reconstruction_grid(true, rec, per, title, path)
+    labels = [  # per column: whose image, seen on which link, by which attack
+        f"victim {src}\n{src}→{dst} · {used or result.attack}"
+        for (images, _), (src, dst), used in zip(
+            truths, result.links, result.attack_used, strict=True
+        )
+        for _ in range(len(images))
+    ]
+    return reconstruction_grid(true, rec, per, head, path, column_labels=labels)

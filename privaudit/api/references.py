@@ -831,7 +831,7 @@ def plot_game(
         curves,
         path,
         bound=(bound, result["delta"]) if bound is not None else None,
-        title=f"{result['target']} · {where} · game · {refs} references",
+        title=f"{result['threat']} · {result['target']} · {where} · game · {refs} references",
     )
 
 

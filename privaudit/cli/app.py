@@ -33,9 +33,9 @@ OUT_OF_MEMORY = (
 def commands() -> tuple[ModuleType, ...]:
     """The command modules, in the order --help lists them; each registers itself with
     ``add_parser``. Imported here, not at the top: they load numpy."""
-    from privaudit.cli import attack, audit, claims, compare, mia, reproduce, targets, train
+    from privaudit.cli import attack, audit, claims, compare, mia, report, reproduce, targets, train
 
-    return (targets, train, attack, audit, mia, compare, reproduce, claims)
+    return (targets, train, attack, audit, mia, compare, reproduce, claims, report)
 
 
 def build_parser() -> argparse.ArgumentParser:
