@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
@@ -46,6 +48,7 @@ from privaudit.core.accounting import gdp_epsilon
 from privaudit.core.errors import PrivauditError
 
 from .bounds import check_levels
+from .style import save, style_axes
 
 __all__ = [
     "Tradeoff",
@@ -56,6 +59,8 @@ __all__ = [
     "one_run_fdp_audit",
     "tradeoff_curve",
     "mu_lower_bound",
+    "gdp_mu",
+    "plot_tradeoff",
 ]
 
 GUESSES = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # fractions of the canaries guessed, as one_run_audit
@@ -237,3 +242,66 @@ def mu_lower_bound(curve: dict[str, Any]) -> float:
         mu = stats.norm.isf(a_hi) + stats.norm.isf(b_hi)
     mu = mu[np.isfinite(mu)]
     return float(max(0.0, mu.max())) if mu.size else 0.0
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The μ whose μ-GDP is exactly (ε, δ)-DP at this δ (inverting
+    :func:`privaudit.core.accounting.gdp_epsilon`): a Gaussian release's μ from its exact ε."""
+    if not epsilon > 0:
+        return 0.0
+    if math.isinf(epsilon):
+        return math.inf
+    hi = 1.0
+    while gdp_epsilon(hi, delta) < epsilon:
+        hi *= 2
+    lo = 0.0
+    for _ in range(SEARCH_STEPS + 20):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gdp_epsilon(mid, delta) < epsilon else (lo, mid)
+    return (lo + hi) / 2
+
+
+def plot_tradeoff(
+    curve: dict[str, Any],
+    path: str | os.PathLike[str],
+    mu: float | None = None,
+    title: str = "trade-off",
+) -> Path:
+    """The empirical trade-off curve (FNR against FPR, log–log) with its Clopper–Pearson band
+    (the upper bounds of both rates), the curve G_μ of the μ the band rules out
+    (:func:`mu_lower_bound`) and, given ``mu``, the accounted G_μ: a test below it does
+    better than the guarantee allows. 300-dpi PNG at ``path`` and PDF beside it."""
+    from matplotlib.figure import Figure
+
+    fpr, fnr = np.asarray(curve["fpr"]), np.asarray(curve["fnr"])
+    floor = 0.5 / max(len(fpr), 2)  # zero rates drawn here: no place on a log axis
+    fig = Figure(figsize=(4.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    grid = np.geomspace(floor, 1, 200)
+    bound = mu_lower_bound(curve)
+    for m, style, name in ((bound, ":", "ruled out"), (mu, "--", "accounted")):
+        if m is not None:
+            g = stats.norm.cdf(stats.norm.isf(grid) - m)
+            ax.plot(
+                grid, np.maximum(g, floor), "k", ls=style, lw=1, label=f"{name}: G_μ, μ = {m:.3g}"
+            )
+    x, y = np.maximum(fpr, floor), np.maximum(fnr, floor)
+    ax.plot(x, y, color="#0072B2", lw=1.3, label="measured")
+    ax.fill_between(
+        x,
+        y,
+        np.maximum(np.asarray(curve["fnr_hi"]), floor),
+        color="#0072B2",
+        alpha=0.15,
+        lw=0,
+        label=f"{100 * curve['confidence']:g} % band",
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("false-positive rate α")
+    ax.set_ylabel("false-negative rate β")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=6.5, loc="lower left")
+    style_axes(ax)
+    save(fig, path)
+    return Path(path)

@@ -208,6 +208,7 @@ def test_coalition_without_attacker_is_every_receiver(tmp_path, capsys) -> None:
     rows = (out / res["scores_file"]).read_text().splitlines()
     assert rows[0] == "coin,candidate,score" and len(rows) == 1 + res["trials"]
     assert {r.split(",")[0] for r in rows[1:]} == {"0", "1"}
+    assert (out / "tradeoff.png").exists() and (out / "tradeoff.pdf").exists()
 
 
 THREATS = [("link", None), ("neighbor", None), ("coalition", [1, 4]), ("global", None)]

@@ -98,3 +98,13 @@ def test_tradeoff_band_and_its_mu_lower_bound():
     assert inside.all() and (a >= np.array(c["fpr"])).all()
     with pytest.raises(PrivauditError, match="with and without"):
         fdp.tradeoff_curve([], [0.0])
+
+
+def test_gdp_mu_inverts_gdp_epsilon_and_the_figure_is_written(tmp_path):
+    for mu in (0.3, 1.0, 2.5):
+        assert fdp.gdp_mu(gdp_epsilon(mu, DELTA), DELTA) == pytest.approx(mu, rel=1e-6)
+    rng = np.random.default_rng(0)
+    c = fdp.tradeoff_curve(rng.normal(1.0, size=300), rng.normal(size=300), 0.95, points=50)
+    assert len(c["threshold"]) == 51
+    fdp.plot_tradeoff(c, tmp_path / "t.png", mu=1.0, title="test")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "t.pdf").exists()

@@ -33,6 +33,7 @@ def test_non_private_cross_gradients_give_their_batch_away(tmp_path, capsys):
     assert (tmp_path / "m" / "roc.png").exists() and (tmp_path / "m" / "result.json").exists()
     assert 0 <= r["label_counts_exact"] <= 1 and r["per_message"][0]["threat"].startswith("link")
     assert r["tradeoff"]["mu_lo"] > 1  # the trade-off band rules out every small μ
+    assert (tmp_path / "m" / "tradeoff.png").exists() and (tmp_path / "m" / "tradeoff.pdf").exists()
     # the raw scores: the AUC recomputed from scores.csv is the one printed
     member, score = np.loadtxt(tmp_path / "m" / r["scores_file"], delimiter=",", skiprows=1).T
     assert member.sum() == r["members"] and len(member) == r["members"] + r["nonmembers"]

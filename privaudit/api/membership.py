@@ -276,6 +276,9 @@ def mia(
             title=title,
         )
         result["figure"] = str(out / "roc.png")
+        mu = fdp.gdp_mu(bound, delta) if finite else None  # one Gaussian release's μ
+        curve = result["tradeoff"]["curve"]
+        result["tradeoff_figure"] = str(fdp.plot_tradeoff(curve, out / "tradeoff.png", mu, title))
     return result
 
 

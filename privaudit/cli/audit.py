@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from privaudit.cli.options import (
@@ -136,6 +137,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
         )
     write_columns(out / "scores.csv", result.pop("raw"))  # every trial's outcome, to re-plot
     result["scores_file"] = "scores.csv"
+    if "tradeoff" in result:
+        result["tradeoff_figure"] = str(_tradeoff_figure(result, out / "tradeoff.png"))
     doc = to_jsonable(result)
     write_json(out / "audit.json", doc)
     if a.json:
@@ -147,6 +150,17 @@ def cmd_audit(a: argparse.Namespace) -> int:
         print(f"privaudit: error: {_interrupted(result, trials)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _tradeoff_figure(r: dict[str, Any], path: Path) -> Path:
+    """The trade-off curve of the audit's scores beside the accounted one: the release's μ
+    where the observation is exactly Gaussian (its exact ε at δ read as μ-GDP)."""
+    from privaudit.eval.fdp import gdp_mu, plot_tradeoff
+
+    up = r["upper"].get("accountant")
+    mu = gdp_mu(up, r["delta"]) if "gdp" in r and up is not None else None
+    head = f"{r['threat']} · {r['target']} · round {r['round']} · {r['trials']} trials"
+    return plot_tradeoff(r["tradeoff"]["curve"], path, mu=mu, title=head)
 
 
 def _interrupted(r: dict[str, Any], asked: int) -> str:
