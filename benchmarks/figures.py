@@ -95,11 +95,21 @@ JOBS = [
         + ["distance/distance-muffliato.png", "distance/distance-dsgd.png"],
     ),
     Job(
+        "graphs-distance",
+        [*BENCH, "benchmarks/distance.py", "--topologies", "torus,exponential,erdos-renyi"]
+        + ["--defenses", "dp-dpsgd,muffliato", "--figures", "{figures}/distance"]
+        + ["--prefix", "graphs-", "--markdown", "{figures}/distance/graphs-distance.md"]
+        + ["--out", "{work}"],
+        ["distance/graphs-distance.md", "distance/graphs-distance-dp-dpsgd.png"]
+        + ["distance/graphs-distance-muffliato.png"],
+    ),
+    Job(
         "frontier",
         [*PRIVAUDIT, "compare", "--preset", "utility", "--dataset", "mnist"]
         + ["--data-root", "{data}", "--out", "{work}", "--figures", "{figures}/frontier"]
         + ["--overwrite", "--no-progress"],
-        ["frontier/frontier.md", "frontier/frontier.png", "frontier/summary.md"],
+        ["frontier/frontier.md", "frontier/frontier.png", "frontier/summary.md"]
+        + ["frontier/grid-rlast-eps8.png"],
         mnist=True,
     ),
     Job(
@@ -134,16 +144,21 @@ def run_job(job: Job, work: Path, data: str | None) -> dict[str, object]:
     folder = work / job.name
     argv = [a.format(work=folder, data=data, figures=FIGURES) for a in job.argv]
     FIGURES.mkdir(exist_ok=True)
-    t0 = time.perf_counter()
+    t0, start = time.perf_counter(), time.time() - 1
     subprocess.run(argv, cwd=ROOT, check=True)
     for src, dst in job.copies.items():
         (FIGURES / dst).write_bytes((folder / src).read_bytes())
     missing = [f for f in job.files if not (FIGURES / f).is_file()]
     if missing:
         raise SystemExit(f"figures.py: {job.name} did not write {', '.join(missing)}")
+    written = {  # what it wrote under figures/, the files it must write and any others
+        str(f.relative_to(FIGURES))
+        for f in FIGURES.rglob("*")
+        if f.is_file() and f.suffix != ".pdf" and f != MANIFEST and f.stat().st_mtime >= start
+    }
     return {
         "command": shown(argv),
-        "files": job.files,
+        "files": sorted(written | set(job.files)),
         "code": code_identity(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0),
