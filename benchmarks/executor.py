@@ -1,27 +1,26 @@
 """An 8-cell ``privaudit compare`` on the local executor and on a local Ray cluster of two
-one-CPU workers: the wall-clock ratio (the goal: at most 0.65×) and that both wrote the same
-numbers.
+one-CPU workers, on an idle machine and under load: the wall-clock ratios (the goal: at most
+0.65× idle) and that every run wrote the same numbers.
 
 The study: targets nd-cg and dpdl-cg × attacked rounds 1–4 (2 runs of 4 rounds on 4 agents,
 8 cells of 2 victims, ``--iterations`` Inverting-Gradients steps each), with one torch thread
-everywhere (the CLI's default). Three times are reported:
+everywhere (the CLI's default). The cluster is started as the CLI starts one
+(:func:`privaudit.api.cluster.start_options`: its workers at the CLI's niceness, the same as
+this process's), once, and its two workers import the engine before any timing (a cluster
+in use). Then the study runs four times, each into its own folder under ``--out`` (nothing
+is cached between them):
 
-- ``local``: :func:`privaudit.api.sweeps.execute` in this process, one cell after the other;
-- ``ray``: the same study on :class:`privaudit.api.executor.RayExecutor`, on a cluster that is
-  already up and whose two workers have imported the engine (a cluster in use);
-- ``ray_cold``: ``ray`` plus the cluster's start and the workers' first imports (torch), what a
-  one-off ``privaudit compare --executor ray`` on a fresh machine pays.
+- **idle**: ``local`` (:func:`privaudit.api.sweeps.execute` in this process, one cell after
+  the other), then ``ray`` (the same study on :class:`privaudit.api.executor.RayExecutor`);
+  the ratio ray / local, and ``ratio_cold``: ray plus the cluster's start and the workers'
+  first imports (torch), what a one-off ``privaudit compare --executor ray`` pays;
+- **loaded**: the same two while ``--hogs`` processes (default 1) spin on the CPU at
+  niceness 0, as another user's job would: the ratio ray / local under that load.
 
-Ray starts its workers at nice 15; here they run at ``--niceness`` (default 0, as the local
-executor's process), so that on a machine whose cores other jobs share both compete alike.
-Where other jobs share the cores, the wall times say more about them than about the
-executors: the CPU seconds of the local process and of each Ray worker (from /proc) are
-reported too, and the busiest worker's over the local process's estimates the wall ratio on
-an idle machine.
-
-Each executor writes into its own folder under ``--out`` (a fresh temporary folder by
-default), so nothing is cached between them. On a machine whose cores other jobs share the
-ratio is noisy: run it on an idle one.
+Both ratios compare runs of the same invocation, so the machine is the same for both sides.
+The CPU seconds of the local process and of each Ray worker (from /proc) during the idle runs
+are reported too: the busiest worker's over the local process's estimates the idle wall ratio
+on a machine whose cores nothing else uses.
 
     python benchmarks/executor.py                   # 300 iterations per cell
     python benchmarks/executor.py --iterations 100 --json executor.json
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,87 +74,107 @@ def _cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _pair(sweep, root: Path, pids: set[int]) -> dict:
+    """The study locally, then on Ray, into ``root/local`` and ``root/ray``: wall and CPU
+    seconds, and each side's rows."""
+    from privaudit.api.executor import RayExecutor
+    from privaudit.api.sweeps import execute
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    local_rows = execute(sweep, root / "local", progress=False)
+    local, local_cpu = time.perf_counter() - t0, time.process_time() - c0
+    before = {pid: _cpu(pid) for pid in pids}
+    t0 = time.perf_counter()
+    ray_rows = execute(sweep, root / "ray", progress=False, executor=RayExecutor(threads=1))
+    remote = time.perf_counter() - t0
+    after = {pid: _cpu(pid) for pid in pids}
+    # CPU workers are reused (max_calls unlimited): the two warmed ones ran every task
+    spent = [after[p] - before[p] for p in pids if before[p] is not None and after[p] is not None]
+    return {
+        "local_s": round(local, 1),
+        "ray_s": round(remote, 1),
+        "ratio": round(remote / local, 3),
+        "local_cpu_s": round(local_cpu, 1),
+        "ray_worker_cpu_s": [round(x, 1) for x in spent],
+        "rows": [[(r["metrics"], r["per_image"]) for r in rows] for rows in (local_rows, ray_rows)],
+    }
+
+
+def _loaded(sweep, root: Path, pids: set[int], hogs: int) -> dict:
+    """:func:`_pair` while ``hogs`` processes spin on the CPU (niceness 0, as this
+    process and the Ray workers)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    try:
+        return _pair(sweep, root, pids)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=300, help="IG steps per cell (300)")
-    p.add_argument("--out", default=None, help="folder for both studies (default: a temporary)")
+    p.add_argument("--out", default=None, help="folder for the studies (default: a temporary)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     p.add_argument(
-        "--niceness",
-        type=int,
-        default=0,
-        help="of the Ray workers (0, as this process; Ray's own default is 15)",
+        "--hogs", type=int, default=1, help="busy processes for the loaded runs (1; 0: skip)"
     )
     a = p.parse_args(argv)
 
     import ray
     import torch
 
-    from privaudit.api.executor import RayExecutor
-    from privaudit.api.sweeps import execute
+    from privaudit.api import cluster
 
     torch.set_num_threads(1)
-    root = Path(a.out or tempfile.mkdtemp(prefix="privaudit-executor-"))
+    root = Path(a.out or tempfile.mkdtemp(prefix="privaudit-executor-")).absolute()
     sweep = study(a.iterations)
 
-    t0, c0 = time.perf_counter(), time.process_time()
-    local_rows = execute(sweep, root / "local", progress=False)
-    local, local_cpu = time.perf_counter() - t0, time.process_time() - c0
-
     t0 = time.perf_counter()
-    # Ray runs its workers at nice 15: on a machine whose cores other jobs share they would
-    # get less CPU than the local executor's process (nice 0) and the ratio would measure that
     ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="warning",
-        _system_config={"worker_niceness": a.niceness},
+        num_cpus=2, include_dashboard=False, logging_level="warning", **cluster.start_options()
     )
     warm = ray.remote(num_cpus=1)(_warm)
     pids = set(ray.get([warm.remote() for _ in range(2)]))
     start = time.perf_counter() - t0
-    before = {pid: _cpu(pid) for pid in pids}
-    t0 = time.perf_counter()
-    ray_rows = execute(sweep, root / "ray", progress=False, executor=RayExecutor(threads=1))
-    remote = time.perf_counter() - t0
-    after = {pid: _cpu(pid) for pid in pids}
-    ray.shutdown()
-    # CPU workers are reused (max_calls unlimited): the two warmed ones ran every task
-    spent = [after[p] - before[p] for p in pids if before[p] is not None and after[p] is not None]
-
-    same = [(r["metrics"], r["per_image"]) for r in local_rows] == [
-        (r["metrics"], r["per_image"]) for r in ray_rows
-    ]
+    try:
+        idle = _pair(sweep, root / "idle", pids)
+        loaded = _loaded(sweep, root / "loaded", pids, a.hogs) if a.hogs > 0 else None
+    finally:
+        ray.shutdown()
+    rows = [*idle.pop("rows"), *(loaded.pop("rows") if loaded else [])]
+    same = all(r == rows[0] for r in rows)
+    spent = idle["ray_worker_cpu_s"]
     doc = {
-        "cells": len(local_rows),
+        "cells": len(rows[0]),
         "iterations": a.iterations,
         "workers": 2,
-        "worker_niceness": a.niceness,
+        "worker_niceness": cluster.WORKER_NICENESS,
         "warm_workers": len(pids),
-        "local_s": round(local, 1),
-        "ray_s": round(remote, 1),
         "ray_start_s": round(start, 1),
-        "ray_cold_s": round(remote + start, 1),
-        "ratio": round(remote / local, 3),
-        "ratio_cold": round((remote + start) / local, 3),
-        # CPU seconds: the local process's, and each Ray worker's during the study; on an
-        # idle machine (a core per worker) the wall times approach these, so the last ratio
-        # estimates what the wall ratio is there, whatever else shares the cores here
-        "local_cpu_s": round(local_cpu, 1),
-        "ray_worker_cpu_s": [round(x, 1) for x in spent],
-        "ratio_cpu_estimate": round(max(spent) / local_cpu, 3) if spent else None,
+        "idle": idle,
+        "ratio_cold": round((idle["ray_s"] + start) / idle["local_s"], 3),
+        "ratio_cpu_estimate": round(max(spent) / idle["local_cpu_s"], 3) if spent else None,
+        "hogs": a.hogs,
+        "loaded": loaded,
         "goal": GOAL,
         "same_numbers": same,
         "out": str(root),
     }
     print(
-        f"{doc['cells']} cells, {a.iterations} IG iterations each: local {local:.1f} s; "
-        f"Ray, 2 one-CPU workers {remote:.1f} s ({doc['ratio']:.2f}×, goal ≤ {GOAL}×); "
-        f"with the cluster's start {remote + start:.1f} s ({doc['ratio_cold']:.2f}×); "
-        f"same numbers: {same}\nCPU seconds: local {local_cpu:.1f}, Ray workers "
-        f"{', '.join(f'{x:.1f}' for x in spent)} (the busiest / local: "
-        f"{doc['ratio_cpu_estimate']}×, the wall ratio on an idle machine)"
+        f"{doc['cells']} cells, {a.iterations} IG iterations each, Ray: 2 one-CPU workers at "
+        f"nice {cluster.WORKER_NICENESS}\nidle: local {idle['local_s']} s, Ray {idle['ray_s']} "
+        f"s ({idle['ratio']:.2f}×, goal ≤ {GOAL}×); with the cluster's start "
+        f"{doc['ratio_cold']:.2f}×; CPU seconds local {idle['local_cpu_s']}, Ray workers "
+        f"{', '.join(map(str, spent))} (busiest / local: {doc['ratio_cpu_estimate']}×)"
     )
+    if loaded:
+        print(
+            f"loaded ({a.hogs} busy process{'es' * (a.hogs != 1)}): local {loaded['local_s']} "
+            f"s, Ray {loaded['ray_s']} s ({loaded['ratio']:.2f}×)"
+        )
+    print(f"same numbers: {same}")
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
     return doc

@@ -18,7 +18,10 @@ with one line naming both (:func:`privaudit.api.cache.require`). Two implement :
   that held a GPU is recycled after one task (``max_calls=1``, so no CUDA memory outlives
   its cell), and a task whose worker was killed (preempted, out of memory) is retried
   ``max_retries`` times. A failed task is reported with its label and error line while the
-  others finish; Ctrl-C cancels what has not finished and keeps what has.
+  others finish; Ctrl-C cancels what has not finished and keeps what has. Before anything
+  is submitted the cluster is checked (:mod:`privaudit.api.cluster`: the address answers,
+  every task fits on a node, every node runs the driver's code and sees the study's
+  folder), and a head node lost during the study ends it with one line.
 
 The cache is safe for any number of concurrent writers (:func:`commit_folder`): an entry is
 written in a hidden temporary folder and renamed into place in one step, so a reader sees
@@ -31,12 +34,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import logging
 import math
 import os
 import re
 import shutil
-import signal
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -47,7 +48,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from privaudit.api import cache
+from privaudit.api import cache, cluster
 from privaudit.core.errors import Interrupted, PrivauditError
 
 __all__ = [
@@ -158,11 +159,6 @@ class LocalExecutor:
             yield t, result
 
 
-# what --ray-address accepts: Ray's "auto" (the running cluster), a head's HOST:PORT, or a
-# Ray Client address ray://HOST:PORT (anything else Ray rejects with an internal ValueError)
-ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")
-
-
 def _call(
     threads: int | None,
     setup: Callable[[], None] | None,
@@ -213,18 +209,22 @@ class RayExecutor:
 
     ``address``: None finds a running cluster (``RAY_ADDRESS``, or the latest ``ray start``
     on this machine) or starts one on this machine; ``"auto"`` must find one; ``HOST:PORT``
-    connects to that head node. A cluster this executor started is shut down when the study
-    ends; one it joined is left running. ``cell_cpus``/``cell_gpus``: what each task
-    reserves (``cell_gpus`` None: a whole GPU for each task that runs on CUDA, none
-    otherwise). ``max_calls``: tasks a worker runs before it is replaced (None: 1 for a
-    task that holds a GPU, so no CUDA memory outlives its cell, and unlimited otherwise, as
-    a CPU worker's start — importing torch — costs seconds). ``max_retries``: how often a
-    task whose worker died is run again (a task that raises is not: it would raise again).
-    ``setup``: called in the worker before each task (it must pickle: e.g. a
-    :func:`functools.partial` of a module-level function). ``threads``: torch's CPU threads
-    in the workers (None: this process's). Where Ray is already initialised in this
-    process (``ray.init(num_cpus=2)``: a cluster of one's own making), its cluster is used
-    and ``address`` is not looked at.
+    connects to that head node (which must answer within seconds: :func:`cluster.connect`).
+    A cluster this executor started is shut down when the study ends; one it joined is left
+    running. ``cell_cpus``/``cell_gpus``: what each task reserves (``cell_gpus`` None: a
+    whole GPU for each task that runs on CUDA, none otherwise), checked against the nodes
+    that are up before anything is submitted. ``max_calls``: tasks a worker runs before it
+    is replaced (None: 1 for a task that holds a GPU, so no CUDA memory outlives its cell,
+    and unlimited otherwise, as a CPU worker's start — importing torch — costs seconds).
+    ``max_retries``: how often a task whose worker died is run again (a task that raises is
+    not: it would raise again). ``setup``: called in the worker before each task (it must
+    pickle: e.g. a :func:`functools.partial` of a module-level function). ``threads``:
+    torch's CPU threads in the workers (None: this process's). ``shared``: the folder every
+    task writes into (a study's ``--out``), made absolute here; before a study, every node
+    must read back a probe file written there and run this process's code
+    (:func:`cluster.check_nodes`). Where Ray is already initialised in this process
+    (``ray.init(num_cpus=2)``: a cluster of one's own making), its cluster is used and
+    ``address`` is not looked at.
     """
 
     keeps_going = True
@@ -239,17 +239,14 @@ class RayExecutor:
         max_retries: int = 3,
         setup: Callable[[], None] | None = None,
         threads: int | None = None,
+        shared: str | Path | None = None,
     ) -> None:
         _import_ray()  # refuse at once, before any work, where Ray is not installed
         if not (math.isfinite(cell_cpus) and cell_cpus > 0):
             raise PrivauditError(f"--cell-cpus must be a number > 0, got {cell_cpus:g}")
         if cell_gpus is not None and not (math.isfinite(cell_gpus) and cell_gpus >= 0):
             raise PrivauditError(f"--cell-gpus must be a number ≥ 0, got {cell_gpus:g}")
-        if address is not None and not ADDRESS.fullmatch(address):
-            raise PrivauditError(
-                f"--ray-address must be auto, HOST:PORT or ray://HOST:PORT, got {address!r}; "
-                "leave it out to start a cluster here"
-            )
+        cluster.check_reachable(address)  # a head that is not there: refused before any work
         if max_retries < 0:
             raise PrivauditError(f"max_retries must be ≥ 0, got {max_retries}")
         if threads is None:
@@ -263,33 +260,10 @@ class RayExecutor:
         self.max_retries = max_retries
         self.setup = setup
         self.threads = threads
+        self.shared = None if shared is None else Path(shared).expanduser().absolute()
         self.producer = cache.producer()  # the driver's code and plugins, loaded by now
 
     # -- the cluster ------------------------------------------------------------------------
-    def _connect(self, ray: Any) -> bool:
-        """Join or start the cluster; whether this call started the connection. Ray's
-        driver installs its own SIGINT/SIGTERM handlers: the caller's come back."""
-        if ray.is_initialized():
-            return False
-        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        kw: dict[str, Any] = {
-            "address": self.address,
-            "include_dashboard": False,
-            "logging_level": logging.WARNING,
-        }
-        try:
-            ray.init(**kw)
-        except ConnectionError as e:
-            raise PrivauditError(
-                f"no Ray cluster at {self.address or 'RAY_ADDRESS'} ({_error_line(e)}); start "
-                "one with `ray start --head`, or leave out --ray-address to start one here"
-            ) from None
-        finally:
-            for s, h in saved.items():
-                if h is not None:
-                    signal.signal(s, h)
-        return True
-
     def options(self, task: Task) -> dict[str, Any]:
         """The Ray task options of ``task``."""
         gpus = task.gpus if self.cell_gpus is None else self.cell_gpus
@@ -297,11 +271,21 @@ class RayExecutor:
         return {
             "num_cpus": self.cell_cpus,
             "num_gpus": gpus,
-            "max_calls": calls,  # a setting of ray.remote, not of .options: see _run
+            "max_calls": calls,  # a setting of ray.remote, not of .options: see _submit
             "max_retries": self.max_retries,
             "retry_exceptions": False,
             "name": (task.label or task.key)[:100],
         }
+
+    def check(self, ray: Any, tasks: Sequence[Task]) -> None:
+        """Before anything is submitted: every task fits on a node that is up, and every
+        node a task may run on runs this process's code and sees :attr:`shared`."""
+        nodes = cluster.alive_nodes(ray)
+        why = "--device cuda" if self.cell_gpus is None else f"--cell-gpus {self.cell_gpus:g}"
+        requests = [(self.cell_cpus, self.options(t)["num_gpus"], why) for t in tasks]
+        cluster.check_resources(nodes, requests)
+        usable = cluster.fitting(nodes, self.cell_cpus, min(r[1] for r in requests))
+        cluster.check_nodes(ray, usable, self.setup, self.producer, self.shared)
 
     @staticmethod
     def _cancel(ray: Any, pending: dict[Any, Task]) -> None:
@@ -322,22 +306,31 @@ class RayExecutor:
         cached: int = 0,
         on_start: Callable[[Task], None] | None = None,
     ) -> Iterator[tuple[Task, Any]]:
-        """Submit every task at once (each prerequisite's ObjectRef passed to the tasks that
-        need it) and yield each as it finishes, under one bar over the study's cells: done,
-        running, cached (``cached``: cells found in the cache, not submitted) and failed.
-        ``on_start`` is not called: where a task starts is the cluster's choice."""
+        """Check the cluster (:meth:`check`), submit every task at once (each
+        prerequisite's ObjectRef passed to the tasks that need it) and yield each as it
+        finishes, under one bar over the study's cells: done, running, cached (``cached``:
+        cells found in the cache, not submitted) and failed. ``on_start`` is not called:
+        where a task starts is the cluster's choice. A head node lost during the study ends
+        it with :class:`cluster.ClusterLost`."""
         _check_order(tasks)
         ray = _import_ray()
-        started = self._connect(ray)
+        started = cluster.connect(ray, self.address)
+        lost = False
         try:
+            if tasks:
+                self.check(ray, tasks)
             yield from self._run(ray, tasks, progress, cached)
+        except cluster.ClusterLost:
+            lost = True
+            raise
         finally:
-            if started:
+            if lost:
+                cluster.quiet_shutdown(ray)
+            elif started:
                 ray.shutdown()
 
-    def _run(
-        self, ray: Any, tasks: Sequence[Task], progress: bool, cached: int
-    ) -> Iterator[tuple[Task, Any]]:
+    def _submit(self, ray: Any, tasks: Sequence[Task]) -> dict[Any, Task]:
+        """Submit every task, in order; each one's ObjectRef → the task."""
         remotes: dict[int, Any] = {}  # max_calls → the remote function
         refs: dict[str, Any] = {}
         pending: dict[Any, Task] = {}
@@ -354,11 +347,18 @@ class RayExecutor:
             )
             refs[t.key] = ref
             pending[ref] = t
+        return pending
+
+    def _run(
+        self, ray: Any, tasks: Sequence[Task], progress: bool, cached: int
+    ) -> Iterator[tuple[Task, Any]]:
+        pending = self._submit(ray, tasks)
         cells = sum(t.cell for t in tasks)
         slots = max(1, int(ray.cluster_resources().get("CPU", 1) // self.cell_cpus))
         finished: set[str] = set()
         failed: dict[str, str] = {}
         count = {"done": 0, "failed": 0}
+        head = cluster.Heartbeat(getattr(ray.get_runtime_context(), "gcs_address", None))
         bar = Progress(
             "[progress.description]{task.description}",
             BarColumn(),
@@ -377,20 +377,16 @@ class RayExecutor:
                 f"{count['failed']} failed"
             )
 
+        def kept() -> str:
+            return f"{count['done'] + cached} of {cells + cached} cells finished and kept"
+
         bar.update(bar_task, completed=cached, description=describe())
         with bar:
             try:
                 while pending:
-                    ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-                    for ref in ready:
+                    for ref in self._wait(ray, pending, head, kept):
                         t = pending.pop(ref)
-                        try:
-                            result: Any = ray.get(ref)
-                        except Exception as e:  # a task's error, or its worker died
-                            upstream = [failed[d] for d in t.depends if d in failed]
-                            why = f"not run: {upstream[0]}" if upstream else _error_line(e)
-                            failed[t.key] = why if upstream else f"{t.label}: {why}"
-                            result = TaskFailed(t, why)
+                        result = self._result(ray, ref, t, failed)
                         finished.add(t.key)
                         if t.cell:
                             count["failed" if isinstance(result, TaskFailed) else "done"] += 1
@@ -404,10 +400,41 @@ class RayExecutor:
             except KeyboardInterrupt:
                 self._cancel(ray, pending)
                 raise Interrupted(
-                    f"interrupted: {count['done'] + cached} of {cells + cached} cells finished "
-                    "and kept in the cache, the rest cancelled; run the same command again to "
-                    "resume"
+                    f"interrupted: {kept()} in the cache, the rest cancelled; run the same "
+                    "command again to resume"
                 ) from None
+
+    @staticmethod
+    def _wait(
+        ray: Any, pending: dict[Any, Task], head: cluster.Heartbeat, kept: Callable[[], str]
+    ) -> list[Any]:
+        """The refs of ``pending`` that finished within half a second (so that Ctrl-C stays
+        prompt); :class:`cluster.ClusterLost` when the head node no longer answers."""
+        why = None
+        try:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+        except (ConnectionError, ray.exceptions.RaySystemError) as e:
+            ready, why = [], _error_line(e)
+        if why is None and not head.lost():
+            return ready
+        where = f" at {':'.join(map(str, head.target))}" if head.target else ""
+        raise cluster.ClusterLost(
+            f"lost the Ray cluster: its head node{where} no longer answers"
+            f"{f' ({why})' if why else ''}; {kept()} in the cache; start the cluster again "
+            "and run the same command to resume"
+        )
+
+    @staticmethod
+    def _result(ray: Any, ref: Any, t: Task, failed: dict[str, str]) -> Any:
+        """The finished task's result, or a :class:`TaskFailed` for it (recorded in
+        ``failed``): its error, or that of the prerequisite it could not run without."""
+        try:
+            return ray.get(ref)
+        except Exception as e:  # a task's error, or its worker died
+            upstream = [failed[d] for d in t.depends if d in failed]
+            why = f"not run: {upstream[0]}" if upstream else _error_line(e)
+            failed[t.key] = why if upstream else f"{t.label}: {why}"
+            return TaskFailed(t, why)
 
 
 # -- the cache ------------------------------------------------------------------------------

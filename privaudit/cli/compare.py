@@ -213,6 +213,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     a.iterations = iterations if a.iterations is None else a.iterations
     a.audit_trials = trials if a.audit_trials is None else a.audit_trials
     check_sweep_attack(a)
+    executor = executor_from_args(a)  # makes --out/--data-root absolute for Ray: before configs
     if a.audit_trials is not None:
         limits.check_int("--audit-trials", a.audit_trials, 1, limits.MAX_TRIALS)
     targets = a.targets or (FRONTIER_TARGETS if frontier else COMPARE_TARGETS).split(",")
@@ -242,7 +243,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
                     "attack preset's settings",
                     file=sys.stderr,
                 )
-    executor = executor_from_args(a)
     t0 = time.perf_counter()
     out = Path(a.out)
     dest = None

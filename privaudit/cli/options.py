@@ -690,8 +690,9 @@ def add_executor_options(c: argparse.ArgumentParser) -> None:
         "--ray-address",
         default=None,
         metavar="auto|HOST:PORT",
-        help="the Ray cluster to join (default: RAY_ADDRESS or a cluster started on this "
-        "machine by `ray start`, else a new one here; auto: one must be running)",
+        help="the Ray cluster to join: the head's HOST:PORT (default: RAY_ADDRESS or a "
+        "cluster started on this machine by `ray start`, else a new one here; auto: any Ray "
+        "running on this machine)",
     )
     g.add_argument(
         "--cell-cpus",
@@ -732,10 +733,22 @@ def executor_from_args(a: argparse.Namespace) -> Any:
     from privaudit.api.executor import RayExecutor
     from privaudit.plugins import loaded_files
 
+    absolute_paths(a)
     return RayExecutor(
         address=a.ray_address,
         cell_cpus=a.cell_cpus,
         cell_gpus=a.cell_gpus,
         setup=functools.partial(worker_setup, loaded_files()),
         threads=getattr(a, "threads", None),
+        shared=getattr(a, "out", None),
     )
+
+
+def absolute_paths(a: argparse.Namespace) -> None:
+    """Make ``a.out`` and ``a.data_root`` absolute, in place: a Ray worker's working
+    folder is where its node's ``ray start`` ran, not this one, so a relative path in a
+    task would name another folder there. Call it before ``a`` is turned into configs."""
+    for name in ("out", "data_root"):
+        value = getattr(a, name, None)
+        if value is not None:
+            setattr(a, name, str(Path(value).expanduser().absolute()))
