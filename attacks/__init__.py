@@ -31,6 +31,7 @@ from privaudit.core.observation import Observation, Reconstruction, check_finite
 # importing an attack's module registers it (:mod:`.registry`)
 from .analytic import analytic
 from .auto import auto
+from .cpa import cpa
 from .dlg import dlg, hybrid, idlg
 from .fi import fi
 from .ig import ig
@@ -48,6 +49,7 @@ from .registry import (
     register_attack,
 )
 from .rgap import rgap
+from .spear import spear
 
 DEFAULT_ATTACK = "ig"
 
@@ -150,6 +152,7 @@ __all__ = [
     "auto",
     "check_attack",
     "check_options",
+    "cpa",
     "dlg",
     "fi",
     "hybrid",
@@ -160,4 +163,5 @@ __all__ = [
     "register_attack",
     "rgap",
     "run_attack",
+    "spear",
 ]

@@ -23,6 +23,12 @@ Exact closed forms first, optimisation where the maths leaves no closed form:
    (max-pooling, residual connections), a sum of gradient terms — started from R-GAP's
    partial recovery where a rank condition failed.
 
+Before 3 and 4, a batch (B > 1) goes to ``spear`` (:mod:`.spear`; Dimitrov et al. 2024)
+where its first linear layer is followed by a ReLU and its gradient has rank B, the message
+is noise-free and B ≤ ``spear.AUTO_MAX_B`` (the search is exponential in B): the batch is
+then separated exactly. The Cocktail Party Attack (:mod:`.cpa`) is never picked: its ICA
+separation of photographs and digits is approximate (``benchmarks/disaggregation.py``).
+
 ``meta["attack"]`` names the attack whose answer is returned, ``meta["auto"]`` why.
 """
 
@@ -44,14 +50,19 @@ from .fi import fi_from
 from .ig import ig
 from .registry import LABEL_METHOD, NON_NEGATIVE, POSITIVE, UNIT_OPEN, register_attack
 from .rgap import DEFAULT_RCOND, rgap
+from .spear import applies as spear_applies
+from .spear import spear
 
 FI_RESIDUAL = 1e-2
 
 
 def choose(obs: Observation) -> tuple[str, str]:
     """``(attack, reason)`` for one observation before anything runs: "analytic", "rgap"
-    (subject to its rank condition, see :func:`auto`) or "ig"."""
+    (subject to its rank condition, see :func:`auto`), "spear" or "ig"."""
     if obs.batch_size != 1:
+        why = spear_applies(obs)
+        if why is not None:
+            return "spear", why
         return "ig", f"B = {obs.batch_size}: the closed forms invert one example"
     if obs.terms:
         return "ig", "a sum of gradient terms: the closed forms invert one gradient"
@@ -74,7 +85,7 @@ def choose(obs: Observation) -> tuple[str, str]:
 
 @register_attack(
     "auto",
-    summary="picks analytic, R-GAP, fi or IG per observation by what is exactly solvable",
+    summary="picks analytic, R-GAP, SPEAR, fi or IG per observation by what is exactly solvable",
     rules={
         "lr": POSITIVE,
         "tv": NON_NEGATIVE,
@@ -128,6 +139,8 @@ def auto(
             )
         elif attack == "analytic":
             (rec,) = analytic(o, **common)
+        elif attack == "spear":
+            (rec,) = spear(o, seed=seed + i, device=device, progress=progress, **opt)
         elif attack == "rgap":
             (rec,) = rgap(o, seed=seed + i, rcond=rcond, **common, **opt)
             if rec.meta["fallback"] is not None:

@@ -79,12 +79,14 @@ def invert_features(
     progress: bool = False,
     lr: float = 0.1,
     tv: float = 5e-2,
+    module: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 2 on every observation at once -> (images (K, B, *S), feature loss (K, B)), each
-    example from its best restart."""
+    example from its best restart. ``module``: the submodule whose input the features are
+    (default: the classifier's; a batch disaggregation attack passes its linear layer)."""
     stack = stack_observations(obs, device).repeat(restarts)
     k, b = len(obs), stack.batch_size
-    features = feature_fn(stack, classifier_module(obs[0]))
+    features = feature_fn(stack, classifier_module(obs[0]) if module is None else module)
     target, inv = feature_targets(feats, restarts, stack.device, stack.dtype)
 
     def per_image(x: torch.Tensor) -> torch.Tensor:

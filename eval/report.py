@@ -284,9 +284,9 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
         f"\nMean ± spread (s.d.) over {'seeds' if n['spread_over'] == 'seeds' else 'victims'} "
         f"({n['seeds']} seed(s), {n['victims']} victims attacked per cell; scored: those "
         "whose batch held an image, over every seed; no ± where one value). ε asked: the target σ "
-        "was calibrated to; ε message: the attacked kind's guarantee over the run; ε run: "
-        "the guarantee of everything the run puts on the wire; ∞: no formal guarantee "
-        "(docs/privacy-accounting.md).\n"
+        "was calibrated to, over the run; ε message: the attacked kind's guarantee spent up to "
+        "the rounds the cell observes; ε run: that of everything the run puts on the wire, "
+        "up to the same rounds; ∞: no formal guarantee (docs/privacy-accounting.md).\n"
     )
     return "\n".join(lines) + "\n" + note
 

@@ -239,7 +239,9 @@ def test_mixed_architectures_are_refused(lenet_obs):
 
 
 def test_registry():
-    assert set(ATTACKS) == {"ig", "dlg", "idlg", "analytic", "rgap", "fi", "hybrid", "auto"}
+    assert set(ATTACKS) == {
+        "ig", "dlg", "idlg", "analytic", "rgap", "fi", "hybrid", "auto", "cpa", "spear"
+    }  # fmt: skip
     assert DEFAULT_ATTACK in ATTACKS
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -29,8 +30,6 @@ ARGS = [
     "1",
     "--trials",
     "300",
-    "--row-seconds",
-    "0",
     "--no-progress",
 ]
 TARGETS = [
@@ -49,7 +48,12 @@ def ledger(tmp_path_factory):
     md = out / "figures" / "claims.md"
     cap = pytest.MonkeyPatch()
     lines: list[str] = []
-    cap.setattr("builtins.print", lambda *a, **k: lines.append(" ".join(map(str, a))))
+    err: list[str] = []
+
+    def capture(*a, file=None, **k) -> None:  # stdout: the JSON; stderr: warning, summary
+        (lines if file in (None, sys.stdout) else err).append(" ".join(map(str, a)))
+
+    cap.setattr("builtins.print", capture)
     try:
         code = main([*ARGS, "--out", str(out), "--markdown", str(md), "--json"])
     finally:
@@ -151,14 +155,21 @@ def test_markdown_has_the_header_and_a_row_per_kind(ledger) -> None:
     json.loads((out / "ledger.json").read_text())  # valid JSON on disk too
 
 
-def test_a_rerun_resumes_from_the_cached_rows(ledger, capsys) -> None:
+def test_a_rerun_resumes_from_the_cached_rows(ledger, capsys, monkeypatch) -> None:
+    """Every row is read back from OUT/rows (none recomputed; stderr says so), and the ledger
+    is the one computed: the same JSON, the same files byte for byte."""
     out, _, doc = ledger
+    files = {name: (out / name).read_bytes() for name in ("ledger.json", "claims.md")}
+
+    def row(*a, **k):
+        raise AssertionError("a cached row was recomputed")
+
+    monkeypatch.setattr(claims, "row", row)
     assert main([*ARGS, "--out", str(out), "--json"]) == 0
-    again = from_jsonable(json.loads(capsys.readouterr().out))
-    assert all(r.get("cached") for r in again["rows"])
-    assert [r["audit"]["epsilon_lo"] for r in again["rows"]] == [
-        r["audit"]["epsilon_lo"] for r in doc["rows"]
-    ]
+    std = capsys.readouterr()
+    assert from_jsonable(json.loads(std.out)) == doc
+    assert f"({len(TARGETS)} from {out}/rows)" in std.err
+    assert {name: (out / name).read_bytes() for name in files} == files
 
 
 def test_ctrl_c_keeps_the_rows_done(tmp_path, monkeypatch, capsys) -> None:
@@ -174,15 +185,18 @@ def test_ctrl_c_keeps_the_rows_done(tmp_path, monkeypatch, capsys) -> None:
     args = ["claims", "--target", "dsgd-half-model,nd-cg", "--agents", "3", "--trials", "64"]
     out = tmp_path / "c"
     assert main([*args, "--no-progress", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    warning, *err = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("privaudit: warning: --trials 64 is too few for the canary search")
     assert len(err) == 1 and err[0].startswith("privaudit: error: interrupted: 1 row done")
     assert "run the same command again to resume" in err[0]
     assert len(list((out / "rows").glob("*.json"))) == 1
     assert "Partial" in (out / "claims.md").read_text()
-    monkeypatch.setattr(claims, "row", real)
+    calls.clear()  # the rerun: the row done is read back, the other computed (no Ctrl-C)
     assert main([*args, "--no-progress", "--out", str(out), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r.get("cached", False) for r in rows] == [True, False]
+    std = capsys.readouterr()
+    rows = json.loads(std.out)["rows"]
+    assert [r["target"] for r in rows] == ["nd-cg", "dsgd-half-model"]  # registry order
+    assert calls == [1] and "(1 from " in std.err
 
 
 @pytest.mark.parametrize(
@@ -192,7 +206,12 @@ def test_ctrl_c_keeps_the_rows_done(tmp_path, monkeypatch, capsys) -> None:
         (["--target", "dpdl-nope"], "unknown target 'dpdl-nope'"),
         (["--trials", "5"], "too few"),
         (["--confidence", "2"], "--confidence"),
-        (["--row-seconds", "-1"], "--row-seconds"),
+        # a budget in seconds made the trial count depend on the machine: refused
+        (
+            ["--row-seconds", "10"],
+            "--row-seconds was removed: a row's budget is --trials (the same everywhere); ",
+        ),
+        (["--row-seconds", "0"], "--row-seconds was removed"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys) -> None:
@@ -276,7 +295,7 @@ def _doc(rows: list[dict]) -> dict:
     from privaudit.core.config import RunConfig
 
     return {
-        "setting": claims.setting(RunConfig(), 1000, 0.95, 0, 10.0, len(rows)),
+        "setting": claims.setting(RunConfig(), 1000, 0.95, 0, [r["target"] for r in rows]),
         "topologies": {r["defense"]: "ring" for r in rows},
         "sigma": {r["defense"]: 1.0 for r in rows},
         "rows": rows,

@@ -144,7 +144,7 @@ BAD = {
     "compare audit trials zero": ([*COMPARE, "--audit-trials", "0"], "--audit-trials"),
     "claims trials zero": ([*CLAIMS, "--trials", "0"], "--trials"),
     "claims confidence one": ([*CLAIMS, "--confidence", "1"], "--confidence"),
-    "claims row seconds nan": ([*CLAIMS, "--row-seconds", "nan"], "--row-seconds"),
+    "claims row seconds removed": ([*CLAIMS, "--row-seconds", "10"], "--row-seconds was removed"),
     "reproduce one agent": ([*REPRODUCE, "--agents", "1"], "--agents"),
     "reproduce seed negative": ([*REPRODUCE, "--seeds", "-3"], "--seeds"),
     # flags that would be ignored or silently lose to another

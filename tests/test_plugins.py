@@ -175,7 +175,7 @@ def test_the_ledger_real_example_audit_catches_the_halved_noise(tmp_path, capsys
     setting above: within the correct defense's ε, above the twin's stated one (its noise is
     half what it states); the twin's violation holds at the ledger's Bonferroni level."""
     argv = "claims --defense cta-dpsgd,cta-dpsgd-halfnoise --agents 4 --rounds 2 --sigma 1"
-    argv += " --trials 400 --confidence 0.999 --row-seconds 0 --json --no-progress"
+    argv += " --trials 400 --confidence 0.999 --json --no-progress"
     code, out, err = run_cli(capsys, *PLUGINS, *argv.split(), "--out", str(tmp_path))
     assert code == 0, err
     rows = {r["target"]: r for r in json.loads(out)["rows"]}

@@ -17,7 +17,8 @@ import torch
 
 from privaudit.api.gossip import observe_beyond
 from privaudit.attacks import DEFAULT_ATTACK, run_attack
-from privaudit.core.errors import Unobservable
+from privaudit.attacks.identifiability import identifiability
+from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.files import to_jsonable, write_json
 from privaudit.core.observation import Observation, Reconstruction
 from privaudit.eval.figures import reconstruction_grid
@@ -38,10 +39,13 @@ def observe(
     *,
     attackers: list[int] | None = None,
     victims: list[int] | None = None,
+    tie: bool = False,
 ) -> list[Observation]:
     """One Observation per victim of ``target``'s message of ``round``, as the ``threat``
     adversary sees it, capturing (or re-simulating from the nearest checkpoint) only the
-    links and rounds it needs.
+    links and rounds it needs. ``tie``: every victim by the coalition ``attackers``' gossip
+    algebra under El Mrini et al.'s tied approximation (``observe_beyond(..., tie=True)``:
+    refused on a run whose batches are not full, and for ``links`` or another threat).
 
     Victim, adversary and copy follow the planner's defaults (:mod:`privaudit.sim.plan`).
     A victim the named attackers cannot observe on their links is reached, where the
@@ -54,6 +58,15 @@ def observe(
     The attacker is told the realised size of each batch behind the message (the usual
     known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
     B): :func:`given_batch_size`."""
+    if tie:
+        if links or threat not in (None, "coalition", "neighbor"):
+            raise PrivauditError(
+                "tie=True observes a coalition's victims by the gossip algebra; it takes no "
+                "links and no threat but the coalition's"
+            )
+        return observe_beyond(
+            run, target, round, attackers or [], victims, tie=True, progress=progress
+        )
     try:
         found = locate(
             run,
@@ -132,6 +145,10 @@ class AttackResult:
     rounds_with_a_batch: list[int]
     wall_s: float
     run: str
+    # per observation: what its message can determine (privaudit.attacks.identifiability):
+    # the numbers it carries vs the batch's unknowns, each linear layer's gradient rank, and
+    # the sentence ("at most k of B examples are determined by this message")
+    identifiability: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     figure: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +184,7 @@ def reconstruct(
     restarts: int | None = None,
     seed: int = 0,
     options: dict[str, Any] | None = None,
+    tie: bool = False,
     lpips: bool = True,
     progress: bool = True,
 ) -> Attempt:
@@ -175,14 +193,18 @@ def reconstruct(
     batch; an empty batch has nothing to reconstruct and scores None (left out of
     ``metrics``).
 
-    ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG)."""
+    ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG);
+    ``tie``: :func:`observe`'s (recorded with them as ``tie``)."""
     attack = attack or DEFAULT_ATTACK
     t0 = time.perf_counter()
-    obs = observe(run, target, round, links, threat, progress, attackers=attackers, victims=victims)
+    obs = observe(
+        run, target, round, links, threat, progress, attackers=attackers, victims=victims, tie=tie
+    )
     kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
     kw.update(options or {})
     device = run.ctx.device
     recons = run_attack(attack, [o.to(device) for o in obs], seed=seed, progress=progress, **kw)
+    bounds = [identifiability(o).to_dict() for o in obs if o.batch_size]
     wall = time.perf_counter() - t0
     truths = [run.secret_batch(round, o.meta["src"]) for o in obs]
     scores = [
@@ -203,7 +225,7 @@ def reconstruct(
         attack_used=[r.meta.get("attack") for r in recons],
         # per observation, why the attack handed over to another (R-GAP → IG), or None
         fallback=[r.meta.get("fallback") for r in recons],
-        attack_options={**kw, "seed": seed},
+        attack_options={**kw, "seed": seed, **({"tie": True} if tie else {})},
         threat=obs[0].meta["threat"].split()[0],
         adversaries=[o.meta["threat"] for o in obs],
         threat_chosen=threat is None and not attackers,
@@ -231,6 +253,7 @@ def reconstruct(
         else nonempty_rounds(run, round, [o.meta["src"] for o in obs]),
         wall_s=float(f"{wall:.3f}"),
         run=str(run.dir.path),
+        identifiability=bounds,
     )
     return Attempt(result, truths, recons, scores)
 

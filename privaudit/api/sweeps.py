@@ -6,12 +6,24 @@ under ``OUT/results/`` as ``result.json`` (scores) beside ``recon.safetensors`` 
 and the matched reconstructed images, for the figures). Both paths end in a hash of
 everything that determines their content, so re-running the same sweep reuses every
 finished run and result (and reproduces the same numbers), an interrupted sweep resumes
-where it stopped, and sweeps with other settings can share one ``OUT``. Every cached result,
-audit, membership inference and accuracy is read only when its files are what was written
-and it was written by the code running now (:mod:`privaudit.api.cache`: privaudit's code
-identity and the loaded plugins' sources); a run folder is kept only while the code that
-trained it is the code running now (:func:`adopt_run`). Anything else is recomputed, with
-one line on stderr saying why.
+where it stopped, and sweeps with other settings can share one ``OUT``.
+
+A run is keyed by what determines its messages up to any round
+(:func:`privaudit.sim.run.run_key`: the defense's parameters with their defaults filled in,
+numbers in one spelling), not by how far it is trained: a sweep that attacks later rounds
+trains the same run further, from its last checkpoint, and every cell, audit and membership
+inference is computed on the run as far as its own observation reaches
+(:meth:`privaudit.sim.run.Run.up_to`: the ε it reports is what was spent up to there), so
+none is recomputed, or changes, when a later round is added. Where σ is calibrated to ε
+over the rounds trained (``horizon`` unset), a longer run has another σ: it is another run,
+its cells are computed again, and the study says so in one line; a ``horizon`` fixes the
+rounds σ is calibrated over, and attacked rounds then only choose where to look.
+
+Every cached result, audit, membership inference and accuracy is read only when its files
+are what was written and it was written by the code running now (:mod:`privaudit.api.cache`:
+privaudit's code identity and the loaded plugins' sources); a run folder is kept only while
+the code that trained it is the code running now (:func:`adopt_run`). Anything else is
+recomputed, with one line on stderr saying why.
 
 A defense whose σ is not set from ε (no Gaussian noise multiplier: dsgd, nd, lppa,
 adad2p, …) is run once per seed and reported with ε = ∞ at every ε.
@@ -22,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +57,7 @@ from privaudit.api.membership import mia
 from privaudit.api.pipeline import reconstruct
 from privaudit.core import limits
 from privaudit.core.accounting import noised as sigma_noised
-from privaudit.core.config import RunConfig
+from privaudit.core.config import RunConfig, canonical
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError, unknown
 from privaudit.core.files import digest, from_jsonable, to_jsonable
@@ -54,7 +67,8 @@ from privaudit.experiments.audit import audit, check_trials
 from privaudit.scenario import presets
 from privaudit.scenario.data import load_dataset
 from privaudit.scenario.topology import build_topology, metropolis_hastings
-from privaudit.sim.run import Run
+from privaudit.sim.run import Run, calibrated, run_key
+from privaudit.sim.rundir import RunDir
 from privaudit.sim.targets import Target
 
 __all__ = [
@@ -110,6 +124,9 @@ class Sweep:
     trains at its operating point (:func:`privaudit.scenario.presets.apply`, with the user's
     ``explicit`` settings on top), ``rounds`` empty attacks each run's last round, ε = ∞ in
     ``epsilons`` runs a noised defense without noise (:mod:`.frontier` draws the result).
+    ``horizon``: the rounds each run is configured for, over which σ is calibrated to ε
+    (at least every round a cell needs; each run is trained only as far as its cells need);
+    None: the rounds trained, the largest any cell of the run needs.
     """
 
     targets: list[str]
@@ -128,6 +145,7 @@ class Sweep:
     membership: bool = False
     preset: str = "attack"
     explicit: dict[str, Any] = field(default_factory=dict)
+    horizon: int | None = None
 
     def validate(self) -> Sweep:
         if not self.targets:
@@ -161,6 +179,13 @@ class Sweep:
             raise PrivauditError("a sweep sets σ from --epsilons; --sigma is not supported here")
         if self.audit and self.audit_trials is not None:
             check_trials(self.audit_trials, self.base.delta)
+        if self.horizon is not None:
+            limits.check_int("--horizon", self.horizon, 1, limits.MAX_ROUNDS, "rounds")
+            if self.preset == "utility":
+                raise PrivauditError(
+                    "--horizon is for the attack preset: the utility preset trains each run "
+                    "to its operating point's rounds"
+                )
         return self
 
 
@@ -196,7 +221,9 @@ def configure(sweep: Sweep, defense: str, epsilon: float | None, seed: int = 0) 
 
 
 def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], list[Cell]]:
-    """The runs ``{(defense, ε or None, seed): RunConfig}`` and the cells to attack."""
+    """The runs ``{(defense, ε or None, seed): RunConfig}`` and the cells to attack. A run's
+    ``rounds`` are its configured length: ``sweep.horizon``, else the largest round any of
+    its cells needs (:func:`_until`: how far it is trained)."""
     sweep.validate()
     by_defense: dict[str, list[str]] = {}
     for t in sweep.targets:
@@ -216,6 +243,13 @@ def plan(sweep: Sweep) -> tuple[dict[tuple[str, float | None, int], RunConfig], 
                 )
                 if sweep.preset == "utility":
                     need = max(need, cfg.rounds)
+                if sweep.horizon is not None:
+                    if need > sweep.horizon:
+                        raise PrivauditError(
+                            f"{name}'s cells need round {need}, past --horizon "
+                            f"{sweep.horizon}; raise the horizon or attack earlier rounds"
+                        )
+                    need = sweep.horizon
                 runs[(name, eps, seed)] = dataclasses.replace(cfg, rounds=need).validate()
                 cells += [Cell(t, r, eps, seed) for t in targets for r in rounds]
     return runs, cells
@@ -233,16 +267,25 @@ def _eps_tag(eps: float | None) -> str:
 
 
 def run_dir(out: Path, cfg: RunConfig) -> Path:
-    """``OUT/runs/<defense>-eps<ε>-seed<s>-<hash of the run's identity>``."""
+    """``OUT/runs/<defense>-eps<ε>-seed<s>-<hash of the run's key>``
+    (:func:`privaudit.sim.run.run_key`: not how far it is trained)."""
+    return out / "runs" / f"{_run_prefix(cfg)}{digest(run_key(cfg))}"
+
+
+def _run_prefix(cfg: RunConfig) -> str:
+    """The start of the folder names of ``cfg``'s defense, ε and seed, whatever the rest."""
     tag = _eps_tag(cfg.epsilon) if cfg.sigma is None else f"sigma{cfg.sigma:g}"
-    return out / "runs" / f"{cfg.defense}-eps{tag}-seed{cfg.seed}-{digest(cfg.identity())}"
+    return f"{cfg.defense}-eps{tag}-seed{cfg.seed}-"
 
 
 def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
-    """What a cell computes; the code that computes it is checked apart
-    (:mod:`privaudit.api.cache`), so the key holds no version."""
-    return {
-        "run": cfg.identity(),
+    """What a cell computes: its run's key (:func:`privaudit.sim.run.run_key`, not how far
+    the run is trained: the cell is computed on the run up to its own rounds) and the
+    attack's settings, numbers in one spelling (:func:`~privaudit.core.config.canonical`);
+    the code that computes it is checked apart (:mod:`privaudit.api.cache`), so the key
+    holds no version."""
+    key = {
+        "run": run_key(cfg),
         "target": cell.target,
         "round": cell.round,
         "threat": sweep.threat,
@@ -252,6 +295,7 @@ def _attack_key(sweep: Sweep, cell: Cell, cfg: RunConfig) -> dict[str, Any]:
         "options": sweep.attack_options,
         "lpips": sweep.lpips,
     }
+    return canonical(key)
 
 
 def result_dir(out: Path, sweep: Sweep, cell: Cell, cfg: RunConfig) -> Path:
@@ -269,7 +313,7 @@ def adopt_run(cfg: RunConfig, rdir: Path) -> None:
     record (a run trained by ``privaudit train`` into the study's folder,
     docs/running-at-scale.md) is adopted as this code's."""
     mark = rdir.with_name(rdir.name + ".producer.json")
-    key = {"run": cfg.identity()}
+    key = {"run": run_key(cfg)}
     if cache.read_value(mark, key, covers=rdir) is None:
         cache.write_value(mark, key, {"run": rdir.name})
 
@@ -364,25 +408,34 @@ def train_run(
     progress: bool,
     prepare: bool,
     producer: dict[str, Any],
+    until: int | None = None,
 ) -> None:
-    """A study's task that trains the run of ``cfg`` in ``rdir`` (resuming what is there),
-    recording the messages of ``rounds`` while it trains, and caches its test accuracy.
+    """A study's task that trains the run of ``cfg`` in ``rdir`` to round ``until``
+    (default its configured rounds), resuming what is there, recording the messages of
+    ``rounds`` while it trains, and caches its test accuracy at ``until``.
 
-    ``prepare``: its cells run in other processes, at the same time: when the run was
-    already trained, the messages of ``rounds`` are re-simulated here, once, rather than by
-    each cell (a run has one writer at a time). The run is kept in memory for the cells
+    ``prepare``: its cells run in other processes, at the same time: the messages of
+    ``rounds`` not captured while training here (the run was trained that far already) are
+    read, or re-simulated here, once, rather than by each cell (a run has one writer at a
+    time). The run is kept in memory for the cells
     that follow in this process. ``producer``: the study's code, taken where the study was
     planned (:func:`privaudit.api.cache.producer`); a worker running other code refuses."""
     cache.require(producer)
     path = Path(rdir)
+    until = cfg.rounds if until is None else until
     run = Run.create(cfg, path)
-    finished = cfg.rounds in run.dir.checkpoint_rounds()  # else capture while training
-    capture = None if finished else CaptureSpec.of(rounds=rounds)
-    state = run.train(capture=capture, progress=progress)
-    if prepare and finished and rounds:
-        run.messages(CaptureSpec.of(rounds=rounds), progress=progress)
-    if read_accuracy(path, cfg) is None:
-        write_accuracy(path, cfg, run.test_accuracy(state))
+    finished = until in run.dir.checkpoint_rounds()  # else capture while training
+    # captured on the way: the rounds not trained yet (those before the last checkpoint
+    # are on disk, or re-simulated once they are read: below, or by the cell)
+    done = max([0, *run.dir.checkpoint_rounds()])
+    wanted = [] if finished else [t for t in rounds if t > done]
+    capture = CaptureSpec.of(rounds=wanted) if wanted else None
+    state = run.train(until=until, capture=capture, progress=progress)
+    missing = [t for t in rounds if t not in wanted]
+    if prepare and missing:
+        run.messages(CaptureSpec.of(rounds=missing), progress=progress)
+    if read_accuracy(path, cfg, until) is None:
+        write_accuracy(path, cfg, run.test_accuracy(state), until)
     _keep(rdir, run)
 
 
@@ -398,7 +451,9 @@ def attack_run_cell(
 ) -> dict[str, Any]:
     """A study's task that attacks ``cell`` of the (trained) run in ``rdir`` and caches the
     result in ``rd``; returns the result. A cell cached meanwhile (by another worker) is
-    read, never run again. The run is opened once per process for its cells in a row.
+    read, never run again. The run is opened once per process for its cells in a row, and
+    attacked as far as the cell's own rounds (:meth:`~privaudit.sim.run.Run.up_to`: its
+    result, ε included, does not depend on how far the run was trained).
     ``producer``: as :func:`train_run`'s."""
     cache.require(producer)
     entry, key = Path(rd), _attack_key(sweep, cell, cfg)
@@ -406,12 +461,20 @@ def attack_run_cell(
     if found is not None:
         return found
     run = _runs.get(rdir)
-    if run is None or run.cfg.identity() != cfg.identity():
+    if run is None or run_key(run.cfg) != run_key(cfg):
         run = _keep(rdir, Run.create(cfg, Path(rdir)))
-    result, tensors = attack_cell(run, sweep, cell, progress)
+    view = run.up_to(max(_rounds(cell, cfg)))  # the run as far as this cell looks
+    result, tensors = attack_cell(view, sweep, cell, progress)
     result["key"] = key
     _commit(entry, result, tensors, key)
     return result
+
+
+def _as_far_as(cfg: RunConfig, rdir: str, target: str, r: int) -> Run:
+    """The run of ``cfg`` in ``rdir`` as far as observing ``target`` at round ``r`` reaches
+    (:meth:`~privaudit.sim.run.Run.up_to`), for an audit or a membership inference."""
+    last = max(Target.parse(target).rounds_needed(r, cfg.agents))
+    return Run.create(cfg, Path(rdir)).up_to(last)
 
 
 def audit_run(
@@ -432,7 +495,8 @@ def audit_run(
         if cache.read_value(path, key) is not None:
             continue
         kw = {"trials": sweep.audit_trials} if sweep.audit_trials else {}
-        res = audit(Run.create(cfg, Path(rdir)), target, "white-box", r, progress=progress, **kw)
+        run = _as_far_as(cfg, rdir, target, r)
+        res = audit(run, target, "white-box", r, progress=progress, **kw)
         found = {
             "epsilon_lo": res["epsilon_lo"],
             "epsilon_upper": res["upper"]["accountant"],
@@ -460,7 +524,7 @@ def membership_run(
         if cache.read_value(path, key) is not None:
             continue
         first = max(1, r - MIA_MESSAGES + 1)
-        run = Run.create(cfg, Path(rdir))
+        run = _as_far_as(cfg, rdir, target, r)
         found: dict[str, Any] = {"error": None}
         try:
             threat = sweep.threat or MIA_THREAT
@@ -515,6 +579,8 @@ def execute(
         _schedule_run(
             study, sweep, out, (defense, eps, seed), cfg, mine, len(cells), inner, parallel
         )
+    for note in study.notes:  # one line each, unwrapped, as the cache's
+        (log or (lambda s: print(s, file=sys.stderr, flush=True)))(note)
     _run_tasks(study, sweep, out, executor, cells, progress, say, log or console.print)
     return _rows(sweep, out, study.groups)
 
@@ -523,8 +589,8 @@ def execute(
 class _Schedule:
     """What :func:`execute` hands its executor, gathered run by run by
     :func:`_schedule_run`: the tasks, each run's (config, folder, cells, ε), the line a
-    task prints when it starts here, each cell task's place in the study and how many
-    cells were cached already."""
+    task prints when it starts here, each cell task's place in the study, how many
+    cells were cached already and the lines to show before any task runs."""
 
     producer: dict[str, Any]
     tasks: list[Task] = field(default_factory=list)
@@ -532,6 +598,7 @@ class _Schedule:
     starts: dict[str, str] = field(default_factory=dict)  # a task's line before it runs here
     numbers: dict[str, int] = field(default_factory=dict)  # a cell task's place (local)
     cached: int = 0
+    notes: list[str] = field(default_factory=list)  # lines shown before the tasks run
 
 
 def _schedule_run(
@@ -559,23 +626,27 @@ def _schedule_run(
     gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
     producer = study.producer
     train_key, depends = f"train {rdir}", ()
-    if todo or read_accuracy(rdir, cfg) is None:
-        rounds = sorted({t for c in mine for t in _rounds(c, cfg)})
+    until = _until(sweep, cfg, mine)
+    if todo or read_accuracy(rdir, cfg, until) is None:
+        rounds = sorted({t for c in todo for t in _rounds(c, cfg)})
         label = f"{defense} ε={_eps_tag(eps)} seed {seed}"
         study.tasks.append(
             Task(
                 train_key,
                 train_run,
-                (cfg, str(rdir), rounds, inner, parallel, producer),
-                label=f"{label}: train to round {cfg.rounds}",
+                (cfg, str(rdir), rounds, inner, parallel, producer, until),
+                label=f"{label}: train to round {until}",
                 cell=False,
                 gpus=gpus,
             )
         )
         study.starts[train_key] = (
             f"[{len(study.numbers) + study.cached}/{total}] {label}: "
-            f"train to round {cfg.rounds} in {rdir}"
+            f"train to round {until} in {rdir}"
         )
+        note = _another_length(out, cfg, rdir)
+        if note:
+            study.notes.append(f"{label}: {note}")
         depends = (train_key,)
     for c in mine:
         rd = result_dir(out, sweep, c, cfg)
@@ -703,7 +774,8 @@ def _rows(
     inference's numbers where the sweep asked for them."""
     rows: list[dict[str, Any]] = []
     for cfg, rdir, mine, eps in groups:
-        test_acc = _found(read_accuracy(rdir, cfg), accuracy_path(rdir))
+        until = _until(sweep, cfg, mine)
+        test_acc = _found(read_accuracy(rdir, cfg, until), accuracy_path(rdir, until))
         mine_rows: list[dict[str, Any]] = []
         for c in mine:
             rd = result_dir(out, sweep, c, cfg)
@@ -735,30 +807,70 @@ def _found(value: Any, where: Path) -> Any:
     return value
 
 
-def accuracy_path(rdir: Path) -> Path:
-    """Where the test accuracy of the run in ``rdir`` (its average model, last round) is kept."""
-    return rdir.with_name(rdir.name + ".accuracy.json")
+def accuracy_path(rdir: Path, rounds: int) -> Path:
+    """Where the test accuracy of the run in ``rdir`` (its average model) after round
+    ``rounds`` is kept: one file per round, as one run may be trained further by a study."""
+    return rdir.with_name(f"{rdir.name}.r{rounds}.accuracy.json")
 
 
-def read_accuracy(rdir: Path, cfg: RunConfig) -> float | None:
-    """The cached test accuracy of the run of ``cfg`` in ``rdir`` (:func:`accuracy_path`),
-    verified (:func:`privaudit.api.cache.read_value`); None: not cached (or discarded)."""
-    found = cache.read_value(accuracy_path(rdir), {"accuracy": cfg.identity()})
+def _accuracy_key(cfg: RunConfig, rounds: int) -> dict[str, Any]:
+    return {"accuracy": run_key(cfg), "round": rounds}
+
+
+def read_accuracy(rdir: Path, cfg: RunConfig, rounds: int | None = None) -> float | None:
+    """The cached test accuracy of the run of ``cfg`` in ``rdir`` after round ``rounds``
+    (default its configured rounds; :func:`accuracy_path`), verified
+    (:func:`privaudit.api.cache.read_value`); None: not cached (or discarded)."""
+    rounds = cfg.rounds if rounds is None else rounds
+    found = cache.read_value(accuracy_path(rdir, rounds), _accuracy_key(cfg, rounds))
     return None if found is None else found["test_acc"]
 
 
-def write_accuracy(rdir: Path, cfg: RunConfig, accuracy: float) -> None:
-    """Cache the test accuracy of the run of ``cfg`` in ``rdir`` after its last round."""
-    value = {"test_acc": accuracy, "round": cfg.rounds}
-    cache.write_value(accuracy_path(rdir), {"accuracy": cfg.identity()}, value)
+def write_accuracy(rdir: Path, cfg: RunConfig, accuracy: float, rounds: int | None = None) -> None:
+    """Cache the test accuracy of the run of ``cfg`` in ``rdir`` after round ``rounds``
+    (default its configured rounds)."""
+    rounds = cfg.rounds if rounds is None else rounds
+    value = {"test_acc": accuracy, "round": rounds}
+    cache.write_value(accuracy_path(rdir, rounds), _accuracy_key(cfg, rounds), value)
 
 
 def _rounds(cell: Cell, cfg: RunConfig) -> list[int]:
     return [t for t in Target.parse(cell.target).rounds_needed(cell.round, cfg.agents) if t >= 1]
 
 
+def _until(sweep: Sweep, cfg: RunConfig, cells: list[Cell]) -> int:
+    """How far the run of ``cfg`` is trained for ``cells``: its configured rounds, or under
+    a ``horizon`` the largest round any of its cells needs."""
+    if sweep.horizon is None:
+        return cfg.rounds
+    return max(t for c in cells for t in _rounds(c, cfg))
+
+
+def _another_length(out: Path, cfg: RunConfig, rdir: Path) -> str:
+    """Why a run of this defense, ε and seed already in ``out`` is not this one's, when the
+    only difference is the rounds σ is calibrated to ε over (a study that attacks later
+    rounds than before): the line that says its cells are computed again; else ''."""
+    if rdir.exists() or not calibrated(cfg):
+        return ""
+    for other in sorted((out / "runs").glob(f"{_run_prefix(cfg)}*")):
+        if not other.is_dir() or other == rdir:
+            continue
+        try:
+            was, _ = RunDir(other).read_config()
+            same = run_key(dataclasses.replace(was, rounds=cfg.rounds)) == run_key(cfg)
+        except PrivauditError:
+            continue
+        if same:
+            return (
+                f"σ is calibrated to ε over the rounds trained, so a run to round "
+                f"{cfg.rounds} is another run than {other.name} (to round {was.rounds}): "
+                "its cells are computed again (a horizon fixes σ over a set number of rounds)"
+            )
+    return ""
+
+
 def _audit_key(sweep: Sweep, cfg: RunConfig, target: str, r: int) -> dict[str, Any]:
-    return {"run": cfg.identity(), "target": target, "round": r, "trials": sweep.audit_trials}
+    return {"run": run_key(cfg), "target": target, "round": r, "trials": sweep.audit_trials}
 
 
 Per = list[tuple[str, int, Path, dict[str, Any]]]  # (target, round, file, key) beside a run
@@ -787,7 +899,7 @@ def _audits(sweep: Sweep, cfg: RunConfig, rdir: Path, cells: list[Cell]) -> Per:
 def _membership_key(sweep: Sweep, cfg: RunConfig, target: str, r: int) -> dict[str, Any]:
     threat = sweep.threat or MIA_THREAT
     return {
-        "run": cfg.identity(),
+        "run": run_key(cfg),
         "target": target,
         "round": r,
         "messages": MIA_MESSAGES,

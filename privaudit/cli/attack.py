@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -23,14 +24,23 @@ from privaudit.cli.options import (
     training_options,
 )
 from privaudit.cli.rules import agent_ids
-from privaudit.cli.train import run_epsilon_line
+from privaudit.cli.train import full_batch, run_epsilon_line, sampled, sampling_options
 from privaudit.core import limits
+from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
 from privaudit.core.threat import threat_help
 
 
 def add_parser(sub: Any) -> None:
     """Register ``attack`` on the CLI's subparsers."""
-    at = sub.add_parser("attack", help="reconstruct a private batch from a target's messages")
+    at = sub.add_parser(
+        "attack",
+        help="reconstruct a private batch from a target's messages",
+        epilog="-a tie=true: El Mrini, Cyffers & Bellet's tied approximation (ICML 2024): every "
+        "non-attacker's gradient taken equal over the rounds, so the coalition (--attacker) "
+        "reaches victims beyond its neighbours by the gossip algebra; only on a full-batch run "
+        "(--sampling full --examples-per-agent K), its error first order in the step size",
+    )
     at.add_argument("--target", required=True, help="e.g. dpdl-cg (privaudit targets)")
     at.add_argument("--round", type=int, required=True, help="round whose message is attacked")
     at.add_argument(
@@ -73,10 +83,13 @@ def add_parser(sub: Any) -> None:
     at.add_argument("--no-lpips", action="store_true")
     at.add_argument("--json", action="store_true", help="print result.json on stdout")
     training_options(at, None)
+    sampling_options(at)
     at.set_defaults(func=cmd_attack)
 
 
 def cmd_attack(a: argparse.Namespace) -> int:
+    """Attack ``--target`` at ``--round`` on ``--run`` (or on a run trained for it), write
+    result.json and the figure to ``--out``, and print the scores with the run's ε."""
     from privaudit.api.pipeline import attack
     from privaudit.core.threat import parse_links
     from privaudit.sim.targets import Target
@@ -84,6 +97,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     check_threat(a.threat or ("link" if a.link else None), a.attacker)  # before any training
     target = Target.parse(a.target)
     # unknown attacks and bad options fail before any training
+    tie, a = tie_option(a)
     options = attack_options(a, a.attack)
     limits.check_int("--round", a.round, 1, limits.MAX_ROUNDS)
     out = check_out(a.out or f"privaudit-out/{a.target}-r{a.round}", "attack", a.overwrite)
@@ -93,8 +107,10 @@ def cmd_attack(a: argparse.Namespace) -> int:
     else:
         agents = setting(a, "agents")
         rounds = target.rounds_to_train(a.round, agents) if a.rounds is None else a.rounds
-        cfg = checked_params(config_from_args(a, target.defense.name, rounds))
+        cfg, _ = sampled(a, checked_params(config_from_args(a, target.defense.name, rounds)))
         edges = edges_of(cfg)
+    if tie:
+        check_tie(a, cfg, given is not None)
     links = parse_links(a.link, edges) if a.link else None  # before a run is created
     attackers = agent_ids("--attacker", a.attacker, cfg.agents) if a.attacker else None
     victims = agent_ids("--victim", a.victim, cfg.agents) if a.victim else None
@@ -113,22 +129,12 @@ def cmd_attack(a: argparse.Namespace) -> int:
             restarts=a.restarts,
             seed=a.attack_seed,
             options=options,
+            tie=tie,
             lpips=not a.no_lpips,
             progress=not a.no_progress,
         )
     m = result.metrics
-    empty = None
-    if m["mse"] is None:
-        near = result.rounds_with_a_batch
-        hint = (
-            f"the nearest recorded rounds where it is not: {', '.join(map(str, near))}"
-            if near
-            else "try a neighbouring --round"
-        )
-        empty = (
-            f"{a.target} round {a.round}: every victim's batch is empty (Poisson sampling, "
-            f"realised sizes {result.batch_sizes}): nothing to reconstruct; {hint}"
-        )
+    empty = empty_line(a, result)
     if a.json:
         from privaudit.core.files import to_jsonable
 
@@ -136,6 +142,8 @@ def cmd_attack(a: argparse.Namespace) -> int:
             print(empty, file=sys.stderr)
         print(json.dumps(to_jsonable(result.to_dict()), indent=2))
         return 0
+    for sentence in dict.fromkeys(b["sentence"] for b in result.identifiability):
+        print(f"{a.target} round {a.round}: {sentence}")
     line = run_epsilon_line(run.resolved)
     if run.resolved["epsilon_reason"]:
         line += " (each kind's reason: result.json's epsilon_reason, or privaudit train)"
@@ -170,3 +178,59 @@ def cmd_attack(a: argparse.Namespace) -> int:
         print(result.lpips_note)
     print(f"wrote {out / 'result.json'} and {result.figure}")
     return 0
+
+
+def empty_line(a: argparse.Namespace, result: Any) -> str | None:
+    """The line saying that every victim's batch of the attacked round is empty (Poisson
+    sampling), with the nearest recorded rounds where one is not; None when one is not."""
+    if result.metrics["mse"] is not None:
+        return None
+    near = result.rounds_with_a_batch
+    hint = (
+        f"the nearest recorded rounds where it is not: {', '.join(map(str, near))}"
+        if near
+        else "try a neighbouring --round"
+    )
+    return (
+        f"{a.target} round {a.round}: every victim's batch is empty (Poisson sampling, "
+        f"realised sizes {result.batch_sizes}): nothing to reconstruct; {hint}"
+    )
+
+
+def tie_option(a: argparse.Namespace) -> tuple[bool, argparse.Namespace]:
+    """``-a tie=true|false`` taken out of the ``-a`` options (it chooses how the victims are
+    observed, not how the attack inverts them), and the arguments without it: a copy, the
+    given ones untouched. Anything but true or false is refused."""
+    values = [v for k, v in a.attack_option if k == "tie"]
+    rest = copy.copy(a)
+    rest.attack_option = [(k, v) for k, v in a.attack_option if k != "tie"]
+    bad = [v for v in values if not isinstance(v, bool)]
+    if bad:
+        raise PrivauditError(
+            f"-a tie takes true or false (El Mrini et al.'s tied approximation), got {bad[0]!r}"
+        )
+    return bool(values and values[-1]), rest
+
+
+def check_tie(a: argparse.Namespace, cfg: RunConfig, given: bool) -> None:
+    """Refuse ``-a tie=true`` before any training where it cannot run: it observes a
+    coalition's victims by the gossip algebra (``--attacker`` names the coalition, which
+    :func:`~privaudit.cli.options.check_threat` keeps to a threat with attackers; no
+    ``--link``), and takes every gradient constant over the rounds, which
+    only full batches allow — a run to be trained must be ``--sampling full``; a ``--run``'s
+    shards are checked when it is opened (:func:`privaudit.api.gossip.observe_beyond`)."""
+    if a.link:
+        raise PrivauditError(
+            "-a tie=true observes a coalition's victims by the gossip algebra, not a link's "
+            "message; drop --link and name the coalition with --attacker A[,B]"
+        )
+    if not a.attacker:
+        raise PrivauditError(
+            "-a tie=true solves the gossip algebra of a coalition: name it with --attacker A[,B]"
+        )
+    if not given and not full_batch(cfg):
+        raise PrivauditError(
+            "-a tie=true assumes each agent's gradient is the same in every round (El Mrini "
+            f"et al.'s D-GD), but this run would draw Poisson batches of {cfg.batch_size}; add "
+            "--sampling full --examples-per-agent K (every step on the agent's K examples)"
+        )

@@ -26,6 +26,10 @@ from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
 OUT = "privaudit-out/claims"
+ROW_SECONDS_REMOVED = (
+    "--row-seconds was removed: a row's budget is --trials (the same everywhere); drop it "
+    "(the costly kinds run a fixed share of --trials, as the setting line states)"
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -53,7 +57,7 @@ def add_parser(sub: Any) -> None:
 
 def _arguments(c: argparse.ArgumentParser) -> None:
     """The arguments of ``claims``, with the ledger's defaults."""
-    from privaudit.experiments.claims import CONFIDENCE, ROW_SECONDS, TRIALS
+    from privaudit.experiments.claims import CONFIDENCE, TRIALS
 
     c.add_argument(
         "--defense",
@@ -73,16 +77,12 @@ def _arguments(c: argparse.ArgumentParser) -> None:
         "--trials",
         type=int,
         default=TRIALS,
-        help=f"white-box trials per row (default {TRIALS})",
+        help=f"white-box trials per row, the same on every machine (default {TRIALS}); the "
+        "costly kinds run a fixed share of them, and fewer than the canary search needs "
+        "audit one canary: the setting line states each row's trials and search",
     )
-    c.add_argument(
-        "--row-seconds",
-        type=float,
-        default=ROW_SECONDS,
-        metavar="S",
-        help=f"a row whose trials would take longer than S seconds runs as many as fit, "
-        f"at least a bound's worth (default {ROW_SECONDS:g}; 0: no limit)",
-    )
+    # removed: a budget in seconds made the ledger depend on the machine's speed and load
+    c.add_argument("--row-seconds", default=None, help=argparse.SUPPRESS)
     c.add_argument(
         "--confidence", type=float, default=CONFIDENCE, help="of the lower bounds (0.95)"
     )
@@ -130,20 +130,26 @@ def rows_on(executor: Any) -> Any:
 
 
 def cmd_claims(a: argparse.Namespace) -> int:
+    from privaudit.api import cache
     from privaudit.core.files import to_jsonable
     from privaudit.experiments import claims
 
+    if a.row_seconds is not None:
+        raise PrivauditError(ROW_SECONDS_REMOVED)
     limits.check_int("--trials", a.trials, 1, limits.MAX_TRIALS)
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
-    limits.check_float("--row-seconds", a.row_seconds, 0.0, limits.MAX_SECONDS, hint="0: no limit")
     limits.check_seed("--audit-seed", a.audit_seed)
     out = check_out(a.out, "claims", a.overwrite)
     targets = claims.select(a.defense, a.target)
     if a.markdown is not None:  # a folder, a run's file or the user's file: refused now
         check_destination("--markdown", a.markdown, out, a.overwrite)
+    executor = executor_from_args(a)  # makes --out/--data-root absolute for Ray: before configs
     # the shared configuration; each defense (and its own topology) is set per run
     base = config_from_args(a, DEFAULTS.defense, a.rounds)
-    executor = executor_from_args(a)
+    # before any work: a --trials too few for any bound is refused, too few for the search
+    # is said (the setting line says it too)
+    for line in claims.budget_warnings(a.trials, base.delta, a.confidence):
+        print(f"privaudit: warning: {line}", file=sys.stderr, flush=True)
     with nothing_left_on_refusal(out):
         mark_out(out, "claims")
         try:
@@ -154,11 +160,11 @@ def cmd_claims(a: argparse.Namespace) -> int:
                 trials=a.trials,
                 confidence=a.confidence,
                 seed=a.audit_seed,
-                row_seconds=a.row_seconds or None,
                 fresh=a.fresh,
                 # a bar would put an empty line before JSON that goes to a pipe or a file
                 progress=not a.no_progress and (sys.stdout.isatty() or not a.json),
                 run_rows=None if executor is None else rows_on(executor),
+                cache=cache,  # rows verified on read: checksum, code, key
             )
         except claims.Interrupted as stop:
             done = len(stop.ledger["rows"])
@@ -172,16 +178,21 @@ def cmd_claims(a: argparse.Namespace) -> int:
     claims.write(doc, a.out, a.markdown)
     if a.markdown:
         record_written(out, [Path(a.markdown)])  # a rerun may replace it while unchanged
-    if a.json:
-        print(json.dumps(to_jsonable(doc), indent=2, allow_nan=False))
-        return 0
-    print(claims.table(doc))
     where = f"{Path(a.out) / 'ledger.json'}, {Path(a.out) / 'claims.md'}"
     if a.markdown:
         where += f" and {a.markdown}"
     cached = sum(1 for r in doc["rows"] if r.get("cached"))
-    print(
-        f"\n{len(doc['rows'])} rows in {doc['seconds']:.0f} s"
+    done = (
+        f"{len(doc['rows'])} rows in {doc['seconds']:.0f} s"
         f"{f' ({cached} from {a.out}/rows)' if cached else ''}; wrote {where}"
     )
+    if a.json:  # the ledger alone on stdout, as ledger.json holds it; how it went on stderr
+        text = json.dumps(
+            to_jsonable(claims.public(doc)), indent=2, sort_keys=True, allow_nan=False
+        )
+        print(text)
+        print(done, file=sys.stderr)
+        return 0
+    print(claims.table(doc))
+    print(f"\n{done}")
     return 0

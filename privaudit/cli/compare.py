@@ -192,6 +192,16 @@ def _add_study_grid(c: argparse.ArgumentParser) -> None:
         type=comma_list(int, "--seeds"),
         help="run and attack seeds, comma-separated (default 0)",
     )
+    g.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        metavar="R",
+        help="the rounds each run is configured for, over which σ is calibrated to ε (at "
+        "least every attacked round; runs are trained only as far as the cells need): "
+        "attacking other rounds later reuses every run and cell (default: the largest "
+        "attacked round, so a longer --rounds recalibrates σ and recomputes noised cells)",
+    )
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
@@ -234,6 +244,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         membership=frontier if a.membership is None else a.membership,
         preset=preset,
         explicit=explicit_settings(sweep_namespace(a), max(a.rounds) if a.rounds else None),
+        horizon=a.horizon,
     ).validate()
     if frontier:
         for name in dict.fromkeys(Target.parse(t).defense.name for t in targets):

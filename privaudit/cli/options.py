@@ -151,7 +151,9 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     g.add_argument("--data-root", default=None, help="folder holding the torchvision dataset")
     g.add_argument("--download", action="store_true", help="let torchvision download it")
     g.add_argument(
-        "--model", default=None, help="lenet | cnn | tanh-cnn | resnet18 (default: the preset)"
+        "--model",
+        default=None,
+        help="lenet | cnn | tanh-cnn | resnet18 | fedavg-cnn | mlp (default: the preset)",
     )
     g.add_argument("--batch-size", type=int, default=None, help="expected batch size B")
     g.add_argument(

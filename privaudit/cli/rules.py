@@ -17,6 +17,7 @@ refused with one line naming its flag (:func:`check`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ RUN = Mode(
     "with --run {run}, which trains with its own settings (its config.json)",
     ", or leave out --run to train a new run",
 )
+# attack's run mode: its own training flags too (train and attack take them:
+# privaudit.cli.train.sampling_options), which a --run has in its config.json
+ATTACK_RUN = dataclasses.replace(RUN, ignores=(*RUN.ignores, "--examples-per-agent", "--sampling"))
 NO_DATA_ROOT = Mode(
     "no data root",
     lambda a: a.data_root is None,
@@ -101,7 +105,7 @@ TABLES: dict[str, tuple[Mode, ...]] = {
         ),
         NO_DATA_ROOT,
     ),
-    "attack": (RUN, NO_DATA_ROOT),
+    "attack": (ATTACK_RUN, NO_DATA_ROOT),
     "audit": (
         Mode(
             "one-run",
@@ -152,6 +156,7 @@ TABLES: dict[str, tuple[Mode, ...]] = {
     ),
     "claims": (LOCAL, NO_DATA_ROOT),
     "reproduce": (sweep("reproduce", "--epsilon"), NO_DATA_ROOT),
+    "report": (),  # one mode: every option of it applies
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -18,7 +19,10 @@ from privaudit.cli.options import (
     training_options,
 )
 from privaudit.core import limits
+from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
+
+SAMPLINGS = ("poisson", "full")  # --sampling
 
 
 def add_parser(sub: Any) -> None:
@@ -30,6 +34,7 @@ def add_parser(sub: Any) -> None:
         "--json", action="store_true", help="print σ, ε per message kind and per agent as JSON"
     )
     training_options(tr, None)
+    sampling_options(tr)
     sc = tr.add_argument_group("engine (README, Scale-out)")
     sc.add_argument(
         "--capture",
@@ -55,6 +60,64 @@ def add_parser(sub: Any) -> None:
         help="how long a rank waits for a peer before the run stops (default 300)",
     )
     tr.set_defaults(func=cmd_train)
+
+
+def sampling_options(p: argparse.ArgumentParser) -> None:
+    """``--examples-per-agent`` and ``--sampling`` (``train``'s and ``attack``'s): El Mrini,
+    Cyffers & Bellet's D-GD setting — one example per agent, every step on it — from the
+    command line, where the tied attack (``attack -a tie=true``) is exact to first order."""
+    g = p.add_argument_group(
+        "data and sampling (El Mrini et al.'s D-GD: --examples-per-agent 1 --sampling full)"
+    )
+    g.add_argument(
+        "--examples-per-agent",
+        type=int,
+        default=None,
+        metavar="K",
+        help="train each agent on K examples of its shard (a seeded draw; default: the whole "
+        "shard); 1: one example per agent",
+    )
+    g.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        default=None,
+        help="poisson (default): each example joins a round's batch with probability "
+        "q = B/n_i, and ε is amplified by q | full: every step on the agent's whole shard "
+        "(D-GD; needs --examples-per-agent K and sets the batch size to K: q = 1, ε without "
+        "amplification)",
+    )
+
+
+def full_batch(cfg: RunConfig) -> bool:
+    """Whether every agent of ``cfg``'s run steps on its whole shard every round (q = 1),
+    known from the configuration alone: its shards are cut to K examples
+    (``--examples-per-agent``) and its batch size is K (``--sampling full``)."""
+    return cfg.examples_per_agent is not None and cfg.batch_size >= cfg.examples_per_agent
+
+
+def sampled(a: argparse.Namespace, cfg: RunConfig) -> tuple[RunConfig, str | None]:
+    """``cfg`` with ``--examples-per-agent`` and ``--sampling`` applied and validated, and
+    for ``--sampling full`` what it set, in words (else None). Full batches need shards of
+    one size K, so that the batch size B = K is each agent's whole shard (q_i = B/n_i = 1,
+    which the accountant charges without amplification); a ``--batch-size`` beside it that
+    is not K would be overridden, so it is refused."""
+    k = a.examples_per_agent
+    if a.sampling != "full":
+        if k is not None:
+            cfg = dataclasses.replace(cfg, examples_per_agent=k).validate()
+        return cfg, None
+    if k is None:
+        raise PrivauditError(
+            "--sampling full steps on every agent's whole shard, which needs shards of one "
+            "size: add --examples-per-agent K (1: El Mrini et al.'s one example per agent)"
+        )
+    if a.batch_size is not None and a.batch_size != k:
+        raise PrivauditError(
+            f"--sampling full sets the batch to each agent's {k} examples (--examples-per-agent "
+            f"{k}), but --batch-size is {a.batch_size}; drop --batch-size"
+        )
+    cfg = dataclasses.replace(cfg, examples_per_agent=k, batch_size=k).validate()
+    return cfg, f"--sampling full: batch_size={k}, every example in every round (q = 1)"
 
 
 def _capture(text: str | None, rounds: int) -> Any:
@@ -90,7 +153,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     check_free(out)  # a second writer is turned away before any data is loaded
     get_defense(a.defense)
     cfg, origin = configured(a, a.defense, a.rounds, preset="utility")
-    cfg = checked_params(cfg)
+    cfg, full = sampled(a, checked_params(cfg))
+    origin += f"; {full}" if full else ""
     print(origin, file=sys.stderr if a.json else sys.stdout, flush=True)
     capture = _capture(a.capture, cfg.rounds)
     if a.nproc is not None:
@@ -172,6 +236,16 @@ def run_epsilon_line(resolved: dict[str, Any]) -> str:
     return line
 
 
+def sampling_text(resolved: dict[str, Any]) -> str:
+    """How the run's batches are drawn, as its accounting took them: the Poisson rates, or
+    — where every agent's rate is 1 (``--sampling full``) — full batches, each round charged
+    as the Gaussian mechanism itself."""
+    rates = [row.get("sample_rate") for row in resolved.get("agents", [])]
+    if rates and all(q == 1 for q in rates):
+        return "full batches: q = 1 for every agent, no amplification by sampling"
+    return resolved["sampling"]
+
+
 def privacy_lines(resolved: dict[str, Any]) -> str:
     """The run's ε (:func:`run_epsilon_line`), then the ε its messages have kind by kind
     (worst agent), with the reason for each ∞ and the paper's claim where it differs;
@@ -179,7 +253,7 @@ def privacy_lines(resolved: dict[str, Any]) -> str:
     lines = [
         run_epsilon_line(resolved),
         f"per message kind (δ = {resolved['delta']:g}, {resolved['adjacency']}, "
-        f"{resolved['sampling']}, worst agent):",
+        f"{sampling_text(resolved)}, worst agent):",
     ]
     for kind, k in resolved["kinds"].items():
         eps, claim = k["epsilon"], k["epsilon_claimed"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,13 @@ from privaudit.core.errors import PrivauditError, unknown
 
 # Fields that do not change the messages: a run may be resumed with different values.
 NON_IDENTITY = ("device", "max_memory", "checkpoint_every", "data_root", "download", "preset")
+# How far a run is trained: no message of an earlier round depends on it (each agent's
+# generator is seeded and checkpointed per agent, no step size is scheduled over the run), so
+# a longer run resumes a shorter one (:meth:`RunConfig.key`) — unless σ is calibrated from ε
+# over these rounds, when a longer run has another σ and so other messages
+LENGTH = "rounds"
+# integral floats up to this size are written as ints in a key: 1.0 and 1 are one number
+EXACT_INT = 2**53
 
 AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph is dense N×N"
 
@@ -32,6 +40,9 @@ class RunConfig:
     download: bool = False
     model: str = "lenet"
     batch_size: int = 8
+    # each agent trains on this many examples of its shard (a seeded draw; None: all of
+    # it): --examples-per-agent 1 is El Mrini et al.'s one example per agent
+    examples_per_agent: int | None = None
     dirichlet_alpha: float = 0.5  # label skew of the partition (not DPDL's α)
     epsilon: float | None = 1.0  # target ε per agent over the run; None: use ``sigma``
     delta: float = 1e-5
@@ -55,6 +66,14 @@ class RunConfig:
         limits.check_int("--agents", self.agents, 2, limits.MAX_AGENTS, AGENTS_HINT)
         limits.check_int("--rounds", self.rounds, 1, limits.MAX_ROUNDS)
         limits.check_int("--batch-size", self.batch_size, 1)
+        if self.examples_per_agent is not None:
+            limits.check_int("--examples-per-agent", self.examples_per_agent, 1)
+            if self.batch_size > self.examples_per_agent:
+                raise PrivauditError(
+                    f"--batch-size {self.batch_size} is more than --examples-per-agent "
+                    f"{self.examples_per_agent}: a batch is drawn from the agent's examples; "
+                    "use --sampling full (every step on all of them) or a smaller --batch-size"
+                )
         if self.epsilon is not None:
             limits.check_float("--epsilon", self.epsilon, *limits.EPSILON, hint="ε per agent")
         limits.check_delta(self.delta)
@@ -73,10 +92,26 @@ class RunConfig:
         return self
 
     def identity(self) -> dict[str, Any]:
+        """Every field that determines the run trained to its end (its messages and its last
+        model), as given: what a run folder records (:func:`privaudit.sim.rundir.run_record`)
+        and what a result of the whole run is keyed by."""
         d = dataclasses.asdict(self)
         for k in NON_IDENTITY:
             d.pop(k)
         return d
+
+    def key(self, params: dict[str, Any], calibrated: bool) -> dict[str, Any]:
+        """What determines the run's messages up to any round, in one spelling, for folder
+        names, cache keys and the check that a folder holds this run: :meth:`identity` with
+        the defense's parameters ``params`` as resolved (every default filled in, so ``-p
+        clip=1`` where 1 is the default is the same run), numbers canonical (:func:`canonical`)
+        and :data:`LENGTH` (how far it is trained) only when ``calibrated``: σ is set from ε
+        over those rounds (:func:`privaudit.sim.run.run_key` says which)."""
+        d = self.identity()
+        d["params"] = params
+        if not calibrated:
+            d.pop(LENGTH)
+        return canonical(d)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -97,3 +132,16 @@ class RunConfig:
             return cls(**values).validate()
         except TypeError as e:
             raise PrivauditError(f"malformed config: {e}") from None
+
+
+def canonical(value: Any) -> Any:
+    """``value`` with every number in one spelling, so that equal settings hash alike: a
+    finite integral float as an int (``1.0`` and ``1`` are one value), through dicts, lists
+    and tuples (as lists); anything else unchanged."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value) if abs(value) <= EXACT_INT else value
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [canonical(v) for v in value]
+    return value

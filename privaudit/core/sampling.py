@@ -5,6 +5,12 @@ independently with probability q_i = B/n_i, B the configured batch size: the sam
 opacus' ``DPDataLoader``, which the privacy accountant assumes (add/remove adjacency). The
 realised size b_i ~ Binomial(n_i, q_i) varies from round to round, with mean B.
 
+Full batches (``--sampling full``: B = n_i, q_i = 1) are the same draw at q = 1: every
+example of the shard in every round, the batch mean its full gradient (D-GD, El Mrini,
+Cyffers & Bellet, ICML 2024), and the accountant charges each round the Gaussian mechanism
+itself — no amplification by subsampling. The uniforms are drawn all the same, so an
+agent's generator (and the noise it draws next) is the one a Poisson run at q = 1 has.
+
 The held agents' batches of one round are one padded index tensor ``index`` (n_held, W),
 W = max(max_r b_r, 1):
 
@@ -31,15 +37,19 @@ IGNORE = -100  # the label of a padded slot (``F.cross_entropy``'s default ignor
 
 
 def rate(batch_size: int, shard_size: int) -> float:
-    """The sampling rate q = min(1, B/n) of an agent with ``shard_size`` training examples."""
+    """The sampling rate q = min(1, B/n) of an agent with ``shard_size`` training examples:
+    exactly 1.0 for a full batch (B = n), which the accountant then charges unamplified."""
     return min(1.0, batch_size / max(shard_size, 1))
 
 
 def poisson(part: Tensor, q: float, generator: torch.Generator) -> Tensor:
     """One Poisson batch of the shard ``part`` (indices): each kept with probability ``q``,
     by one uniform per example from ``generator`` (on the generator's device), so an agent's
-    draw depends on its generator alone. Indices in shard order."""
+    draw depends on its generator alone. Indices in shard order; at q ≥ 1 the whole shard
+    (a full batch), its uniforms still drawn."""
     u = torch.rand(len(part), generator=generator, device=generator.device)
+    if q >= 1:  # a full batch: the whole shard (u < 1 always; drawn to keep the stream)
+        return part
     return part[(u < q).to(part.device)]
 
 

@@ -25,15 +25,25 @@ adjacency is adding or removing one example, each agent's batch is Poisson sampl
 q_i = B/n_i, and the run's ε is the worst agent's. Per-release bounds are at sample rate 1,
 which is what a single-round white-box audit measures.
 
+A row's budget is a number of trials fixed before the study starts (:func:`plan`):
+``--trials``, a fixed share of it for the costly kinds (:data:`TRIAL_DIVISORS`). Nothing
+timed decides a trial count, so a ledger is the same, byte for byte (:func:`public`), on
+any machine, under any load, locally or on a cluster. The setting line states each row's
+trials and whether its canary search ran (a search needs more trials than a bound:
+:func:`search_needs`).
+
 Rows are cached under ``OUT/rows`` as they finish, keyed by everything that determines them
-(the run's configuration, the mechanism facts, the audit's setting), so an interrupted
-ledger resumes where it stopped and a changed defense is re-audited.
+(the run's configuration, the mechanism facts, the audit's setting and the row's trials), so
+an interrupted ledger resumes where it stopped and a changed defense is re-audited. The
+cache is the caller's (:class:`RowCache`: the CLI passes :mod:`privaudit.api.cache`, which
+this layer may not import): each entry carries a checksum and the code that computed it,
+verified on read, so an edited or damaged row, or one written by other code, is recomputed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import math
 import signal
 import sys
@@ -43,22 +53,40 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from privaudit.core.accounting import ADJACENCY, SAMPLING
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import Interrupted as RunStopped
 from privaudit.core.errors import PrivauditError, unknown
-from privaudit.core.files import atomic_write, digest, from_jsonable, to_jsonable, write_json
+from privaudit.core.files import atomic_write, digest, to_jsonable, write_json
 from privaudit.core.text import progress, sig
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.eval import bounds
-from privaudit.experiments.audit import HELD_OUT, audit, check_trials, verdict
+from privaudit.experiments.audit import HELD_OUT, audit, check_trials, search_size, verdict
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target, all_targets
 
-TRIALS = 1000  # white-box trials per row
-ROW_SECONDS = 10.0  # a row whose trials would take longer runs fewer (at least a bound's worth)
+TRIALS = 1000  # white-box trials per row (--trials); the costly kinds run a fixed share
+# The kinds whose white-box trial re-runs far more than one message (the rest of the round or
+# the next one, PDSL's Shapley weights): their rows run --trials // divisor trials (at least a
+# bound's worth), so that the default ledger takes minutes rather than hours. A fixed table,
+# measured once at the default configuration on 2 cores (a message's trial: 1–20 ms; the ÷4
+# kinds: 40–130 ms; PDSL's ÷16: 300–450 ms, and its formal rows audit twice): a row's trials
+# are a pure function of the ledger's configuration, whatever the machine or its load.
+TRIAL_DIVISORS: dict[str, int] = {
+    "dp-cga-model": 4,
+    "dp-cga-half-model": 4,
+    "dsgt-model": 4,
+    "lppa-model": 4,
+    "lppa-gt": 4,
+    "lppa-noise": 4,
+    "dp-dsgt-model": 4,
+    "pdsl-model": 16,
+    "pdsl-mm": 16,
+    "pdsl-half-model": 16,
+}
+CANDIDATES = 5  # the canary search's candidates per kind (privaudit.eval.canaries.candidates)
 CONFIDENCE = 0.95
 ROUND = 1  # the audited round: white-box audits of round 1 need no training
 THREAT = "link"  # the weakest adversary: one curious link, the victim's first receiver
@@ -119,6 +147,60 @@ def privacy_facts(privacy: Any) -> dict[str, Any]:
     """A Privacy's fields as data (its functions — σ(ε) rule, pairwise bounds — left out)."""
     facts = {f.name: getattr(privacy, f.name) for f in dataclasses.fields(privacy)}
     return {k: v for k, v in facts.items() if not callable(v)}
+
+
+def row_trials(target: str, trials: int, need: int) -> int:
+    """The trials of ``target``'s row: ``trials`` (--trials) divided by the target's entry
+    in :data:`TRIAL_DIVISORS` (1 where it has none), never fewer than ``need`` (the fewest
+    any bound needs, :func:`~privaudit.experiments.audit.check_trials`): fixed before the
+    study, the same on every machine and under any load."""
+    return max(need, trials // TRIAL_DIVISORS.get(target, 1))
+
+
+@functools.cache
+def search_needs(k: int, delta: float, confidence: float) -> int:
+    """The fewest trials whose white-box audit searches ``k`` canary candidates (1 for
+    k = 1): :func:`~privaudit.experiments.audit.search_size`, which grows with the trials,
+    gives a smaller budget fewer (the first of each kind's priority order), down to one
+    canary and no search at all — what a ledger of fewer trials must say it did."""
+    hi = 1
+    while search_size(k, hi, delta, confidence) < k:
+        hi *= 2
+    lo = hi // 2  # too few (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if search_size(k, mid, delta, confidence) >= k else (mid, hi)
+    return hi
+
+
+def plan(
+    targets: list[str], trials: int, delta: float, confidence: float
+) -> dict[str, dict[str, int]]:
+    """Each row's budget, fixed before the study: its trials (:func:`row_trials`) and how
+    many of its :data:`CANDIDATES` canary candidates those let the audit search (1: no
+    search). Raises the one-line error of a ``trials`` too few for any bound."""
+    need = check_trials(trials, delta, confidence)
+    out = {}
+    for t in targets:
+        n = row_trials(t, trials, need)
+        out[t] = {"trials": n, "canaries": search_size(CANDIDATES, n, delta, confidence)}
+    return out
+
+
+def budget_warnings(trials: int, delta: float, confidence: float) -> list[str]:
+    """What ``trials`` per row cannot do that the default does, one line each (the CLI prints
+    them before the study; the setting line states the same): too few for the canary search,
+    every row audits the first candidate of its kind alone. Raises the error of a ``trials``
+    too few for any bound."""
+    check_trials(trials, delta, confidence)
+    two, every = (search_needs(k, delta, confidence) for k in (2, CANDIDATES))
+    if trials >= two:
+        return []
+    return [
+        f"--trials {trials} is too few for the canary search (it needs {two} for 2 "
+        f"candidates, {every} for all {CANDIDATES}): every row audits the first candidate of "
+        "its kind alone, and the setting line says so"
+    ]
 
 
 # -- one row ------------------------------------------------------------------------------------
@@ -201,16 +283,11 @@ def row(
     confidence: float = CONFIDENCE,
     seed: int = 0,
     progress: bool = False,
-    row_seconds: float | None = ROW_SECONDS,
     family: int = 1,
 ) -> dict[str, Any]:
-    """The ledger's row of ``kind`` on ``run`` (a row with ``error`` set when the audit
-    cannot be made, e.g. the link adversary does not observe the kind in round 1).
-
-    With ``row_seconds``, a probe audit of the fewest trials that give a bound times one
-    trial first; when ``trials`` of them would take longer than ``row_seconds``, the row
-    runs as many as fit (kinds whose observation needs a whole round, or the next one,
-    cost a hundred times more per trial than a single message).
+    """The ledger's row of ``kind`` on ``run``, audited on ``trials`` trials (its budget,
+    :func:`plan`): a row with ``error`` set when the audit cannot be made, e.g. the link
+    adversary does not observe the kind in round 1.
 
     A lower bound at ``confidence`` exceeds a correct upper bound with probability up to
     1 − confidence, so among many rows some would read "violated" by chance. A row whose
@@ -219,11 +296,41 @@ def row(
     ledger's ``family`` rows); that second audit is the row's evidence, so every
     "violated" of a ledger holds together at ``confidence``."""
     defense = run.defense
-    target = f"{defense.name}-{kind}"
-    rep = run.resolved["kinds"][kind]
     privacy = defense.privacy(run.params, kind, run.ctx.W.cpu(), 0)
-    out: dict[str, Any] = {
-        "target": target,
+    out = _facts(run, kind, privacy)
+    audits = _Audits(run, out["target"], confidence, seed, progress, family)
+    try:
+        res, first = audits.checked(audits.once(trials))
+        real = None
+        if out["formal"]:  # the input-space audit: a real example, as many trials
+            real = audits.checked(audits.once(res["trials"], shape="real"), "real")
+    except RunStopped:  # a stop request is not this row's failure
+        raise
+    except PrivauditError as e:
+        out["error"] = str(e)
+        return out
+    out.update(
+        audit=_evidence(res, first, trials),
+        upper=res["upper"],
+        verdicts=res["verdicts"],
+        real=None if real is None else _real(*real),
+        claim=claim_verdict(res, privacy.assumption),
+        accounting={
+            "epsilon": res["upper"]["accountant"],
+            "verdict": res["verdicts"]["accountant"],
+            "sample_rate": res["accounting"]["sample_rate"],
+        },
+    )
+    return out
+
+
+def _facts(run: Any, kind: str, privacy: Any) -> dict[str, Any]:
+    """A row's promise and truth (module docstring): what the paper claims, what its
+    accounting and a correct one give over the run; the evidence is added to it."""
+    defense = run.defense
+    rep = run.resolved["kinds"][kind]
+    return {
+        "target": f"{defense.name}-{kind}",
         "defense": defense.name,
         "kind": kind,
         "message": defense.kinds[kind],
@@ -244,131 +351,122 @@ def row(
         "claimed_releases_per_round": privacy.claimed_releases,
         "error": None,
     }
-    t0 = time.perf_counter()
 
-    def run_audit(
-        n: int, level: float = confidence, offset: int = 0, shape: str | None = None
+
+@dataclasses.dataclass(frozen=True)
+class _Audits:
+    """The white-box audits of one row: round :data:`ROUND`, the :data:`THREAT` adversary,
+    at ``confidence``, re-audited at the Bonferroni level over ``family`` rows where a bound
+    is violated (:func:`row`)."""
+
+    run: Any
+    target: str
+    confidence: float
+    seed: int
+    progress: bool
+    family: int
+
+    def once(
+        self, n: int, level: float | None = None, offset: int = 0, shape: str | None = None
     ) -> dict[str, Any]:
+        """One audit of ``n`` trials at ``level`` (default: the row's confidence)."""
         res = audit(
-            run,
-            target,
+            self.run,
+            self.target,
             mode="white-box",
             round=ROUND,
             trials=n,
-            confidence=level,
+            confidence=self.confidence if level is None else level,
             threat=THREAT,
-            seed=seed + offset,
-            progress=progress,
+            seed=self.seed + offset,
+            progress=self.progress,
             canary_shape=shape,
         )
         if res["interrupted"]:  # Ctrl-C between trials: the row is not finished
             raise KeyboardInterrupt
         return res
 
-    def recheck(res: dict[str, Any], shape: str | None = None) -> tuple[dict, dict | None]:
+    def checked(
+        self, res: dict[str, Any], shape: str | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """``res``, or where it finds a bound violated, a second audit at the Bonferroni
         level (and the first, as the screening)."""
-        if family == 1 or "violated" not in res["verdicts"].values():
+        if self.family == 1 or "violated" not in res["verdicts"].values():
             return res, None
-        level = 1 - (1 - confidence) / family
-        again = bounds.trials_needed(run.cfg.delta, 1 - (1 - level) / 2, HELD_OUT)
+        level = 1 - (1 - self.confidence) / self.family
+        again = bounds.trials_needed(self.run.cfg.delta, 1 - (1 - level) / 2, HELD_OUT)
         first = {k: res[k] for k in ("epsilon_lo", "trials", "confidence", "verdicts")}
-        return run_audit(max(res["trials"], again), level, 1, shape), first
+        return self.once(max(res["trials"], again), level, 1, shape), first
 
-    need = bounds.trials_needed(run.cfg.delta, 1 - (1 - confidence) / 2, HELD_OUT)
-    try:
-        if row_seconds and trials > need:
-            res = run_audit(need)
-            per_trial = res["seconds"] / need
-            n = trials if trials * per_trial <= row_seconds else int(row_seconds / per_trial)
-            if n > need:
-                res = run_audit(n)
-        else:
-            res = run_audit(trials)
-        res, first = recheck(res)
-        real = None
-        if rep["formal"]:  # the input-space audit: a real example, as many trials
-            real, real_first = recheck(run_audit(res["trials"], shape="real"), "real")
-    except RunStopped:  # a stop request is not this row's failure
-        raise
-    except PrivauditError as e:
-        out["error"] = str(e)
-        return out
+
+def _evidence(res: dict[str, Any], first: dict[str, Any] | None, trials: int) -> dict[str, Any]:
+    """A row's ``audit``: the white-box audit's bound, its power (trials, the canaries
+    searched) and the canary that gave it; ``first``: the screening audit a violation sent
+    the row past; ``trials``: the row's budget."""
     cp = res["clopper_pearson"]
-    out.update(
-        audit={
-            "epsilon_lo": res["epsilon_lo"],
-            "capped": bool(cp["capped"]) and cp["epsilon_lo"] >= res["epsilon_lo"],
-            "clopper_pearson": cp["epsilon_lo"],
-            "gdp": res.get("gdp", {}).get("epsilon_lo"),
-            "trials": res["trials"],
-            "trials_asked": trials,
-            "confidence": res["confidence"],
-            "screening": first,  # the first audit, when a violation sent the row to a second
-            "round": res["round"],
-            "threat": res["threat"],
-            "victim": res["victim"],
-            "receiver": res["receiver"],
-            "copies": res["copies"],
-            "canary": res["canary"],
-            # every searched canary: its gradient norm and bound (claim_verdict reads them)
-            "candidates": [
-                {k: c[k] for k in ("kind", "norm", "impact", "epsilon_lo")}
-                for c in res["search"]["candidates"]
-            ],
-            "seconds": res["seconds"],
-        },
-        upper=res["upper"],
-        verdicts=res["verdicts"],
-        real=None
-        if real is None
-        else {
-            "epsilon_lo": real["epsilon_lo"],
-            "trials": real["trials"],
-            "confidence": real["confidence"],
-            "screening": real_first,
-            "norm": real["canary"]["norm"],
-            "impact": real["canary"]["impact"],
-            "verdict": real["verdicts"]["accountant"],
-        },
-        claim=claim_verdict(res, privacy.assumption),
-        accounting={
-            "epsilon": res["upper"]["accountant"],
-            "verdict": res["verdicts"]["accountant"],
-            "sample_rate": res["accounting"]["sample_rate"],
-        },
-        seconds=round(time.perf_counter() - t0, 3),
-    )
-    return out
+    return {
+        "epsilon_lo": res["epsilon_lo"],
+        "capped": bool(cp["capped"]) and cp["epsilon_lo"] >= res["epsilon_lo"],
+        "clopper_pearson": cp["epsilon_lo"],
+        "gdp": res.get("gdp", {}).get("epsilon_lo"),
+        "trials": res["trials"],
+        "trials_asked": trials,
+        # how many canary candidates the audit searched (1: none, its first alone)
+        "searched": len(res["search"]["candidates"]),
+        "confidence": res["confidence"],
+        "screening": first,  # the first audit, when a violation sent the row to a second
+        "round": res["round"],
+        "threat": res["threat"],
+        "victim": res["victim"],
+        "receiver": res["receiver"],
+        "copies": res["copies"],
+        "canary": res["canary"],
+        # every searched canary: its gradient norm and bound (claim_verdict reads them)
+        "candidates": [
+            {k: c[k] for k in ("kind", "norm", "impact", "epsilon_lo")}
+            for c in res["search"]["candidates"]
+        ],
+    }
+
+
+def _real(res: dict[str, Any], first: dict[str, Any] | None) -> dict[str, Any]:
+    """A row's ``real``: the input-space audit (a real example as the canary)."""
+    return {
+        "epsilon_lo": res["epsilon_lo"],
+        "trials": res["trials"],
+        "confidence": res["confidence"],
+        "screening": first,
+        "norm": res["canary"]["norm"],
+        "impact": res["canary"]["impact"],
+        "verdict": res["verdicts"]["accountant"],
+    }
 
 
 @dataclasses.dataclass(frozen=True)
 class RowJob:
     """A row to compute in another process (:func:`compute_row`), as plain data: the run
-    (its configuration and folder, created already), the kind, the audit's setting and where
-    the finished row is cached."""
+    (its configuration and folder, created already, as an absolute path: a worker's working
+    folder is not the driver's), the kind, the audit's setting (``trials``: the row's own),
+    and where the finished row is cached and under which key (the driver caches it)."""
 
     target: str
     kind: str
     cfg: RunConfig
     rdir: str
     path: str
+    key: Any
     trials: int
     confidence: float
     seed: int
-    row_seconds: float | None
     family: int
 
 
 def compute_row(job: RowJob) -> dict[str, Any]:
     """:func:`row` of ``job``, wherever it runs (a Ray worker: see ``privaudit claims
-    --executor``), cached at ``job.path`` unless the audit could not be made. A stop request
-    mid-audit raises instead: a row of fewer trials than asked is never cached."""
+    --executor``); the driver caches it. A stop request mid-audit raises instead: a row of
+    fewer trials than asked is never returned."""
     run = Run.create(job.cfg, Path(job.rdir))
-    r = row(run, job.kind, job.trials, job.confidence, job.seed, False, job.row_seconds, job.family)
-    if r["error"] is None:
-        write_json(Path(job.path), to_jsonable(r))
-    return r
+    return row(run, job.kind, job.trials, job.confidence, job.seed, False, job.family)
 
 
 # rows computed elsewhere: given the jobs, the number of rows cached and whether to draw a
@@ -411,10 +509,11 @@ def setting(
     trials: int,
     confidence: float,
     seed: int,
-    row_seconds: float | None,
-    family: int,
+    targets: list[str],
 ) -> dict[str, Any]:
-    """What every row was computed on, stated in the output."""
+    """What every row was computed on, stated in the output: the configuration, and the
+    audit's setting with each row's budget (:func:`plan`) and what the canary search needs."""
+    delta = base.delta
     return {
         "agents": base.agents,
         "topology": base.topology,
@@ -424,7 +523,7 @@ def setting(
         "rounds": base.rounds,
         "epsilon": base.epsilon,
         "sigma": base.sigma,
-        "delta": base.delta,
+        "delta": delta,
         "accountant": base.accountant,
         "params": dict(base.params),
         "seed": base.seed,
@@ -438,13 +537,31 @@ def setting(
             "round": ROUND,
             "threat": THREAT,
             "victim": 0,
-            "trials": trials,
-            "row_seconds": row_seconds,
+            "trials": trials,  # --trials: each row's own are in the plan
+            "plan": plan(targets, trials, delta, confidence),
+            # the trials a search of k candidates needs (k = 2: any search at all)
+            "search": {
+                "candidates": CANDIDATES,
+                "needs": {
+                    str(k): search_needs(k, delta, confidence) for k in range(2, CANDIDATES + 1)
+                },
+            },
             "confidence": confidence,
-            "family": family,
+            "family": len(targets),
             "seed": seed,
         },
     }
+
+
+class RowCache(Protocol):
+    """Where finished rows are kept and read back (``OUT/rows``): a value cached with its
+    key, verified on read — its checksum, the code that computed it, the key — and None
+    (after one line saying why) where it does not check out. :mod:`privaudit.api.cache`
+    is one; this layer may not import it, so the caller passes it."""
+
+    def read_value(self, path: Path, key: Any) -> Any | None: ...
+
+    def write_value(self, path: Path, key: Any, value: Any) -> None: ...
 
 
 def ledger(
@@ -454,93 +571,47 @@ def ledger(
     trials: int = TRIALS,
     confidence: float = CONFIDENCE,
     seed: int = 0,
-    row_seconds: float | None = ROW_SECONDS,
     fresh: bool = False,
     progress: bool = True,
     run_rows: RowRunner | None = None,
+    cache: RowCache | None = None,
 ) -> dict[str, Any]:
     """A row per target (default: every target, :func:`select`) on ``base``'s configuration
-    (each defense with :func:`run_config`). Runs live in ``OUT/runs``, finished rows in
-    ``OUT/rows`` (reused unless ``fresh``). Ctrl-C raises :class:`Interrupted` carrying the
-    rows finished so far (each already cached).
+    (each defense with :func:`run_config`), each on its budget of trials (:func:`plan`,
+    fixed here, before any row runs). Runs live in ``OUT/runs``; with a ``cache``, finished
+    rows are kept in ``OUT/rows`` and reused (unless ``fresh``) when they check out. Ctrl-C
+    raises :class:`Interrupted` carrying the rows finished so far (each already cached).
 
     ``run_rows``: compute the rows not cached elsewhere, all at once (e.g. as Ray tasks:
     ``privaudit claims --executor ray``), instead of here one after the other; a row that
     could not finish is reported and, once the others are done, raised."""
     targets = targets or select()
-    check_trials(trials, base.delta, confidence)
-    if row_seconds is not None and row_seconds < 0:
-        raise PrivauditError(f"--row-seconds must be ≥ 0, got {row_seconds}")
+    doc: dict[str, Any] = {
+        "setting": setting(base, trials, confidence, seed, targets),  # refuses too few trials
+        "topologies": {},
+        "sigma": {},
+        "rows": [],
+        "complete": False,
+    }
     by_defense: dict[str, list[str]] = {}
     for t in targets:
         tg = Target.parse(t)
         by_defense.setdefault(tg.defense.name, []).append(tg.kind)
     configs = {n: run_config(base, n) for n in by_defense}
-    out = Path(out)
-    doc: dict[str, Any] = {
-        "setting": setting(base, trials, confidence, seed, row_seconds, len(targets)),
-        "topologies": {n: c.topology for n, c in configs.items()},
-        "sigma": {},
-        "rows": [],
-        "complete": False,
-    }
+    doc["topologies"] = {n: c.topology for n, c in configs.items()}
+    study = _Study(doc, Path(out), cache, fresh, progress, run_rows is not None)
     t0 = time.perf_counter()
     bar, task = _bar(len(targets), progress and run_rows is None)
-    jobs: list[RowJob] = []  # with run_rows: the rows computed elsewhere, in ledger order
     with bar, _watch_interrupt() as interrupted:
         try:
             for name, kinds in by_defense.items():
-                cfg = configs[name]
-                try:
-                    run = Run.create(cfg, out / "runs" / f"{name}-{digest(cfg.identity())}")
-                except PrivauditError as e:
-                    raise PrivauditError(f"{name}: {e}") from None
-                doc["sigma"][name] = run.resolved["sigma"]
+                run = study.run(name, configs[name])
                 for kind in kinds:
-                    target = f"{name}-{kind}"
-                    bar.update(task, description=f"claims {target}")
-                    privacy = run.defense.privacy(run.params, kind, run.ctx.W.cpu(), 0)
-                    facts = [
-                        cfg.identity(),
-                        run.resolved["kinds"][kind],
-                        privacy_facts(privacy),
-                        doc["setting"]["audit"],
-                    ]
-                    path = out / "rows" / f"{target}-{digest(facts)}.json"
-                    r = None if fresh else _load(path)
-                    if r is None and run_rows is not None:
-                        job = RowJob(
-                            target,
-                            kind,
-                            cfg,
-                            str(run.dir.path),
-                            str(path),
-                            trials,
-                            confidence,
-                            seed,
-                            row_seconds,
-                            len(targets),
-                        )
-                        jobs.append(job)
-                        doc["rows"].append(job)  # its place, filled below
-                        continue
-                    if r is None:
-                        # the audit's own bar per trial, under the row bar: on a terminal only
-                        # (elsewhere each nested bar leaves an empty line on stdout)
-                        inner = progress and sys.stdout.isatty()
-                        r = row(
-                            run, kind, trials, confidence, seed, inner, row_seconds, len(targets)
-                        )
-                        if interrupted[0]:
-                            raise KeyboardInterrupt
-                        if r["error"] is None:
-                            write_json(path, to_jsonable(r))
-                    else:
-                        r = {**from_jsonable(r), "cached": True}
-                    doc["rows"].append(r)
+                    bar.update(task, description=f"claims {run.defense.name}-{kind}")
+                    study.add(run, kind, interrupted)
                     bar.advance(task)
-            if jobs and run_rows is not None:
-                _run_elsewhere(doc, jobs, run_rows, len(targets) - len(jobs), progress)
+            if study.jobs and run_rows is not None:
+                _run_elsewhere(study, run_rows, len(targets) - len(study.jobs), progress)
         except (KeyboardInterrupt, RunStopped):  # RunStopped: a run's own stop request
             doc["rows"] = [r for r in doc["rows"] if not isinstance(r, RowJob)]
             doc["seconds"] = round(time.perf_counter() - t0, 1)
@@ -550,11 +621,76 @@ def ledger(
     return doc
 
 
-def _run_elsewhere(
-    doc: dict[str, Any], jobs: list[RowJob], run_rows: RowRunner, cached: int, progress: bool
-) -> None:
-    """Compute ``jobs`` through ``run_rows`` and put each row in its place in ``doc``;
-    report each job that could not finish as it happens, and raise once all are done."""
+@dataclasses.dataclass
+class _Study:
+    """A ledger being computed: its document, where its runs and rows live, the row cache
+    (None: none), whether cached rows are ignored (``fresh``), whether to draw the audits'
+    bars, and whether rows are computed elsewhere (``remote``: :attr:`jobs` collects them)."""
+
+    doc: dict[str, Any]
+    out: Path
+    cache: RowCache | None
+    fresh: bool
+    progress: bool
+    remote: bool
+    jobs: list[RowJob] = dataclasses.field(default_factory=list)
+
+    def run(self, name: str, cfg: RunConfig) -> Run:
+        """The run of defense ``name`` on ``cfg``, in ``OUT/runs``; its σ noted."""
+        try:
+            run = Run.create(cfg, self.out / "runs" / f"{name}-{digest(cfg.identity())}")
+        except PrivauditError as e:
+            raise PrivauditError(f"{name}: {e}") from None
+        self.doc["sigma"][name] = run.resolved["sigma"]
+        return run
+
+    def add(self, run: Run, kind: str, interrupted: list[bool]) -> None:
+        """Put ``kind``'s row in the ledger: read from the cache, computed here, or (remote)
+        a :class:`RowJob` in its place, computed later."""
+        a = self.doc["setting"]["audit"]
+        target = f"{run.defense.name}-{kind}"
+        trials = a["plan"][target]["trials"]
+        privacy = run.defense.privacy(run.params, kind, run.ctx.W.cpu(), 0)
+        # the row's own setting: the ledger's without the other rows' budgets, with its own
+        audit_key = {**{k: v for k, v in a.items() if k != "plan"}, "trials": trials}
+        key = [run.cfg.identity(), run.resolved["kinds"][kind], privacy_facts(privacy), audit_key]
+        path = self.out / "rows" / f"{target}-{digest(key)}.json"
+        r = None if self.fresh or self.cache is None else self.cache.read_value(path, key)
+        if r is not None:
+            self.doc["rows"].append({**r, "cached": True})
+            return
+        if self.remote:
+            rdir = str(Path(run.dir.path).resolve())
+            job = RowJob(target, kind, run.cfg, rdir, str(path), key, trials, *self._audit())
+            self.jobs.append(job)
+            self.doc["rows"].append(job)  # its place, filled when it is done
+            return
+        # the audit's own bar per trial, under the row bar: on a terminal only (elsewhere
+        # each nested bar leaves an empty line on stdout)
+        inner = self.progress and sys.stdout.isatty()
+        confidence, seed, family = self._audit()
+        r = row(run, kind, trials, confidence, seed, inner, family)
+        if interrupted[0]:
+            raise KeyboardInterrupt
+        self.keep(path, key, r)
+        self.doc["rows"].append(r)
+
+    def _audit(self) -> tuple[float, int, int]:
+        """The audit's confidence, seed and family (the number of rows)."""
+        a = self.doc["setting"]["audit"]
+        return a["confidence"], a["seed"], a["family"]
+
+    def keep(self, path: str | Path, key: Any, r: dict[str, Any]) -> None:
+        """Cache the finished row ``r`` (not one whose audit could not be made)."""
+        if r["error"] is None and self.cache is not None:
+            self.cache.write_value(Path(path), key, r)
+
+
+def _run_elsewhere(study: _Study, run_rows: RowRunner, cached: int, progress: bool) -> None:
+    """Compute ``study``'s jobs through ``run_rows``, cache each row and put it in its place
+    in the ledger; report each job that could not finish as it happens, and raise once all
+    are done."""
+    doc, jobs = study.doc, study.jobs
     done = 0
     failed: list[str] = []
     for job, r in run_rows(jobs, cached, progress):
@@ -563,6 +699,7 @@ def _run_elsewhere(
             print(f"failed: {job.target}: {r}", file=sys.stderr)
         else:
             done += 1
+            study.keep(job.path, job.key, r)
             place = next(i for i, x in enumerate(doc["rows"]) if x is job)
             doc["rows"][place] = r
     if failed:
@@ -573,21 +710,27 @@ def _run_elsewhere(
         )
 
 
-def _bar(total: int, enabled: bool):
+def _bar(total: int, enabled: bool) -> tuple[Any, Any]:
+    """The ledger's bar over its rows (and its task), with the time elapsed."""
     return progress(total, "claims", enabled, elapsed=True)
 
 
-def _load(path: Path) -> dict[str, Any] | None:
-    """A cached row, or None when there is none or it does not parse (it is then redone)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def public(doc: dict[str, Any]) -> dict[str, Any]:
+    """The ledger as it is written and printed: what was computed, without how long it took
+    or where each row came from (this run or ``OUT/rows``), so that it is the same, byte for
+    byte, wherever, under whatever load and however often it is computed."""
+    rows = [
+        r if isinstance(r, RowJob) else {k: v for k, v in r.items() if k != "cached"}
+        for r in doc["rows"]
+    ]
+    return {**{k: v for k, v in doc.items() if k != "seconds"}, "rows": rows}
 
 
 def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None = None) -> None:
-    """``OUT/ledger.json`` and ``OUT/claims.md``, and the markdown at ``markdown_path``."""
+    """``OUT/ledger.json`` and ``OUT/claims.md``, and the markdown at ``markdown_path``: the
+    :func:`public` ledger."""
     out = Path(out)
+    doc = public(doc)
     write_json(out / "ledger.json", to_jsonable(doc))
     text = markdown(doc)
     for path in [out / "claims.md", *([Path(markdown_path)] if markdown_path else [])]:
@@ -639,8 +782,15 @@ def claim_text(c: dict[str, Any]) -> str:
     return text
 
 
-def cells(r: dict[str, Any], claims: Notes, reasons: Notes, errors: Notes) -> list[str]:
-    """One table row's cells (see :data:`COLUMNS`)."""
+def cells(
+    r: dict[str, Any],
+    claims: Notes,
+    reasons: Notes,
+    errors: Notes,
+    setting: dict[str, Any] | None = None,
+) -> list[str]:
+    """One table row's cells (see :data:`COLUMNS`); ``setting``: the ledger's, against which
+    a row's power is noted in its audit cell where it differs (:func:`power_notes`)."""
     run_eps = sig(r["epsilon"])
     if math.isinf(r["epsilon"]):
         run_eps += f" ({reasons.ref(r['reason'])})"
@@ -654,9 +804,7 @@ def cells(r: dict[str, Any], claims: Notes, reasons: Notes, errors: Notes) -> li
         return [*first, "—", "—", run_eps, "—", f"no audit ({ref})", "—", "—", "—"]
     c, a = r["claim"], r["audit"]
     lo = sig(a["epsilon_lo"])
-    notes = (["capped"] if a["capped"] else []) + (
-        [f"{a['trials']} trials"] if a["trials"] < a["trials_asked"] else []
-    )
+    notes = (["capped"] if a["capped"] else []) + power_notes(a, setting)
     if a.get("screening"):
         notes.append(f"rechecked at {a['confidence']:.4g}")
     if notes:
@@ -683,6 +831,20 @@ def cells(r: dict[str, Any], claims: Notes, reasons: Notes, errors: Notes) -> li
         said,
         _verdict(r["accounting"]["verdict"], a["epsilon_lo"]),
     ]
+
+
+def power_notes(a: dict[str, Any], setting: dict[str, Any] | None = None) -> list[str]:
+    """A row's power where it is less than the ledger's (the setting line's): its trials
+    where they are not --trials (a costly kind's share), and the canary candidates its audit
+    searched where fewer than the most any row of the ledger searched ("no search": the
+    first candidate alone)."""
+    asked = a["trials_asked"] if setting is None else setting["audit"]["trials"]
+    notes = [f"{a['trials']} trials"] if a["trials"] != asked else []
+    if setting is not None and "searched" in a:
+        most = max(p["canaries"] for p in setting["audit"]["plan"].values())
+        if a["searched"] < most:
+            notes.append("no search" if a["searched"] == 1 else f"{a['searched']} canaries")
+    return notes
 
 
 def _names(targets: list[str], none: str = "none") -> str:
@@ -769,23 +931,55 @@ def describe(doc: dict[str, Any]) -> str:
         if m > 1
         else ""
     )
-    searched = (
-        " (canary searched: privaudit/experiments/audit.py)" if a.get("canary") == "search" else ""
-    )
-    budget = (
-        f" (fewer where they would take over {a['row_seconds']:g} s: shown in the row)"
-        if a.get("row_seconds")
-        else ""
-    )
     return (
         f"{s['agents']} agents on {topo}, {s['dataset']}, {s['model']}, B = {s['batch_size']}, "
         f"{s['rounds']} rounds, δ = {s['delta']:g}, {s['accountant']} accountant; {noise}"
         f"{f' (σ: {sig})' if sig else ''}. Adjacency: {s['adjacency']}; sampling: "
         f"{s['sampling']}; the run's ε is the worst agent's. Evidence: {a['mode']} canary "
-        f"audit{searched} and, for formal kinds, the same audit with a real example of "
-        f"round {a['round']}, {a['threat']} threat (victim {a['victim']} "
-        f"→ its first receiver), {a['trials']} trials per row{budget}, confidence "
+        f"audit ({_search_text(a)}) and, for formal kinds, the same audit with a real example, "
+        f"of round {a['round']}, {a['threat']} threat (victim {a['victim']} "
+        f"→ its first receiver), {_trials_text(a)}, confidence "
         f"{a['confidence']:g} per row{recheck}; per-release bounds at sample rate 1 (PRV)."
+    )
+
+
+def _trials_text(a: dict[str, Any]) -> str:
+    """Each row's trials, as the setting line states them: --trials, and the costly kinds'
+    share of it (:data:`TRIAL_DIVISORS`), naming them."""
+    fewer: dict[int, list[str]] = {}
+    for target, p in a["plan"].items():
+        if p["trials"] != a["trials"]:
+            fewer.setdefault(p["trials"], []).append(target)
+    text = f"{a['trials']} trials per row"
+    if fewer:
+        each = "; ".join(
+            f"{n} for {', '.join(ts)}" for n, ts in sorted(fewer.items(), reverse=True)
+        )
+        text += f" ({each}: the costly kinds run a fixed share of --trials)"
+    return text
+
+
+def _search_text(a: dict[str, Any]) -> str:
+    """Whether each row's canary search ran, and over how many candidates, as the setting
+    line states it: by trial count, with what a search needs."""
+    total, needs = a["search"]["candidates"], a["search"]["needs"]
+    by: dict[int, set[int]] = {}  # candidates searched -> the trial counts that search them
+    for p in a["plan"].values():
+        by.setdefault(p["canaries"], set()).add(p["trials"])
+    parts = []
+    for k in sorted(by, reverse=True):
+        counts = " or ".join(str(n) for n in sorted(by[k], reverse=True))
+        if k == 1:
+            parts.append(
+                f"no canary search with {counts} trials: the first of its kind's "
+                f"{total} candidates alone"
+            )
+        else:
+            which = "all" if k == total else f"the first {k} of the"
+            parts.append(f"canary searched over {which} {total} candidates with {counts} trials")
+    return (
+        f"{'; '.join(parts)}; a search needs {needs['2']} trials for 2 candidates, "
+        f"{needs[str(total)]} for all {total}: privaudit/experiments/audit.py"
     )
 
 
@@ -804,7 +998,9 @@ LEGEND = [
     "- **audit ε ≥, release**: the white-box audit's ε lower bound for that release "
     "(Clopper–Pearson, or Gaussian DP for Gaussian channels); capped: at the most the trial "
     "count can show, more trials raise it; rechecked: the bound of the second audit a "
-    "violation triggers (see Setting).",
+    "violation triggers (see Setting); N trials: a costly kind's fixed share of --trials; no "
+    "search, k canaries: the audit searched fewer canary candidates than the ledger's best "
+    "rows (fewer trials; see Setting).",
     "- **real example ε ≥**: the same audit with a real training example under its own "
     "label as the canary (the input-space audit: membership of real data, which no one "
     "crafted to be found), for every kind with a formal guarantee; as many trials; "
@@ -828,7 +1024,7 @@ LEGEND = [
 def markdown(doc: dict[str, Any]) -> str:
     """The ledger as markdown: setting, headline, table, legend, notes."""
     claims, reasons, errors = Notes("P"), Notes("R"), Notes("E")
-    body = [cells(r, claims, reasons, errors) for r in doc["rows"]]
+    body = [cells(r, claims, reasons, errors, doc["setting"]) for r in doc["rows"]]
     lines = ["# Claims ledger", ""]
     if not doc.get("complete", True):
         done = len(doc["rows"])
@@ -876,7 +1072,10 @@ def table(doc: dict[str, Any]) -> str:
     about 170 characters wide; the markdown keeps each cell on one line."""
     claims, reasons, errors = Notes("P"), Notes("R"), Notes("E")
     body = [
-        [c.replace("**", "").replace("`", "") for c in cells(r, claims, reasons, errors)]
+        [
+            c.replace("**", "").replace("`", "")
+            for c in cells(r, claims, reasons, errors, doc["setting"])
+        ]
         for r in doc["rows"]
     ]
     grid = [

@@ -413,8 +413,8 @@ def _check_agents(n_agents: int, n: int, min_size: int) -> None:
     if n_agents * min_size > n:
         raise PrivauditError(
             f"{n} examples cannot give {n_agents} agents at least {min_size} each (a batch "
-            "and the defense's held-out examples); lower --agents or --batch-size, or use a "
-            "larger dataset"
+            "and the defense's held-out examples); lower --agents, --batch-size or "
+            "--examples-per-agent, or use a larger dataset"
         )
 
 
@@ -465,3 +465,20 @@ def dirichlet_partition(
         f"a Dirichlet(α={alpha}) split left some of {n_agents} agents with fewer than "
         f"{min_size} examples in {max_tries} draws; raise --dirichlet-alpha or lower --agents"
     )
+
+
+def per_agent(parts: list[Tensor], examples: int | None, seed: int = 0) -> list[Tensor]:
+    """Each shard cut to ``examples`` of its indices (``--examples-per-agent``; None: the
+    shards unchanged): a seeded draw per shard, kept sorted, apart from the partition's and
+    the run's own streams. El Mrini, Cyffers & Bellet (ICML 2024) give every agent one fixed
+    example; a shard cut to its batch size is trained full-batch (q = 1, D-GD)."""
+    if examples is None:
+        return parts
+    small = [len(p) for p in parts if len(p) < examples]
+    if small:
+        raise PrivauditError(
+            f"--examples-per-agent {examples} is more than a shard of {min(small)} examples "
+            "holds; lower it or --agents"
+        )
+    gen = torch.Generator().manual_seed(seed + 104729)
+    return [p[torch.randperm(len(p), generator=gen)[:examples]].sort().values for p in parts]

@@ -19,6 +19,15 @@
 - ``resnet18``: torchvision's ResNet-18 with a CIFAR stem (3×3 stride-1 first convolution,
   no max-pool). BatchNorm is replaced by GroupNorm because per-example gradients — which DP
   clipping needs — are undefined with batch statistics (the same substitution opacus makes).
+- ``fedavg-cnn``: the CNN of McMahan et al. 2017 ("Communication-Efficient Learning of Deep
+  Networks from Decentralized Data", AISTATS, §3): conv 5×5 32 (same padding), ReLU, max-pool
+  2×2, conv 5×5 64, ReLU, max-pool 2×2, FC 512 ReLU, FC classes — 1,663,370 parameters on
+  MNIST, as the paper counts. Sized for any ``input_shape`` by a probe; PyTorch's default
+  initialisation. Its wide FC 512 layer's gradient has rank B for B ≤ 512: the layer a batch
+  disaggregation attack separates (:mod:`privaudit.attacks.cpa`, :mod:`privaudit.attacks.spear`).
+- ``mlp``: the paper's "2NN": two hidden layers of 200 units with ReLU (199,210 parameters
+  on MNIST); the input is flattened, so any ``input_shape`` fits. Its first layer's gradient is
+  a sum of B outer products with the examples themselves.
 """
 
 from __future__ import annotations
@@ -101,6 +110,50 @@ class TanhCNN(nn.Module):
         return self.head(self.body(x).flatten(1))
 
 
+class FedAvgCNN(nn.Module):
+    """McMahan et al.'s CNN (module docstring), sized for any ``input_shape``."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        c, h, w = input_shape
+        self.body = nn.Sequential(
+            nn.Conv2d(c, 32, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            feat = self.body(torch.zeros(1, c, h, w)).shape[1]
+        self.head = nn.Sequential(nn.Linear(feat, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class MLP(nn.Module):
+    """McMahan et al.'s 2NN: 200-200 ReLU (module docstring); ``width`` is an open choice."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 200):
+        super().__init__()
+        d = 1
+        for s in input_shape:
+            d *= int(s)
+        self.body = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(d, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def resnet18_cifar(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """torchvision ResNet-18, CIFAR stem, GroupNorm (see module docstring)."""
     from torchvision.models import resnet18
@@ -116,6 +169,8 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "cnn": DPDLCNN,
     "tanh-cnn": TanhCNN,
     "resnet18": resnet18_cifar,
+    "fedavg-cnn": FedAvgCNN,
+    "mlp": MLP,
 }
 
 

@@ -13,6 +13,8 @@ Both engines step rounds through :class:`privaudit.sim.loop.RoundLoop` (:meth:`R
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ from privaudit.core.accounting import (
     run_privacy,
     sample_rates,
 )
-from privaudit.core.config import RunConfig
+from privaudit.core.config import LENGTH, NON_IDENTITY, RunConfig
 from privaudit.core.context import Consumed, State, agent_seed, params_of
 from privaudit.core.errors import Interrupted, PrivauditError
 from privaudit.core.interrupts import signals_deferred, stop_requests
@@ -45,6 +47,7 @@ from privaudit.scenario.data import (
     dirichlet_partition,
     evaluation_split,
     load_dataset,
+    per_agent,
     split_validation,
 )
 from privaudit.scenario.models import build_model, normalizes_inputs
@@ -99,10 +102,10 @@ def resolve_privacy(
     mechanism facts (:func:`privaudit.core.accounting.calibrate`: the worst agent, each at
     its own Poisson rate q_i = B/n_i); a defense whose σ is not a noise multiplier keeps
     its parameter. The ε reported per message kind and per agent then comes from the same
-    facts at that σ (:func:`privaudit.core.accounting.run_privacy`)."""
+    facts at that σ (:func:`privacy_report`)."""
     W = W.cpu()
     rates = sample_rates(shard_sizes, cfg.batch_size)
-    p, calibrated = base, None
+    p, calibration = base, None
     if noised(defense, base, W):
         if cfg.sigma is not None:
             sigma = cfg.sigma
@@ -111,17 +114,78 @@ def resolve_privacy(
                 defense, base, W, rates, cfg.epsilon, cfg.delta, cfg.rounds, cfg.accountant
             )
             kinds, basis = calibration_basis(defense, base, W)
-            calibrated = {"epsilon": cfg.epsilon, "kinds": kinds, "basis": basis}
+            calibration = {"epsilon": cfg.epsilon, "kinds": kinds, "basis": basis}
         else:
             raise PrivauditError(f"{defense.name} adds noise: pass --epsilon or --sigma")
         p = params_of(defense.Params, {**cfg.params, "sigma": sigma})
-    report = run_privacy(defense, p, W, rates, cfg.delta, cfg.rounds, cfg.accountant)
+    return p, privacy_report(cfg, defense, p, W, rates, calibration)
+
+
+def privacy_report(
+    cfg: RunConfig,
+    defense: Defense,
+    p: Any,
+    W: Tensor,
+    rates: list[float],
+    calibration: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What a run of ``cfg`` reports about privacy over its ``cfg.rounds`` rounds, at the
+    parameters ``p`` (σ resolved; never calibrated here): ε per kind and per agent
+    (:func:`privaudit.core.accounting.run_privacy`), σ, the largest sample rate of
+    ``rates`` and ``calibration`` (which kinds ``--epsilon`` set σ on, or None)."""
+    report = run_privacy(defense, p, W.cpu(), rates, cfg.delta, cfg.rounds, cfg.accountant)
     report.update(
         sigma=float(getattr(p, "sigma", 0.0) or 0.0),
         sample_rate=max(rates),
-        calibrated=calibrated,  # which kinds --epsilon set σ on, and by what count
+        calibrated=calibration,  # which kinds --epsilon set σ on, and by what count
     )
-    return p, report
+    return report
+
+
+def calibrated(cfg: RunConfig) -> bool:
+    """Whether σ of ``cfg``'s run is calibrated from ``--epsilon`` over its ``rounds``: a
+    longer run then has another σ, so other messages from round 1 on."""
+    return cfg.sigma is None and cfg.epsilon is not None and sigma_is_set(cfg)
+
+
+@functools.lru_cache(maxsize=256)
+def _run_key(config: str) -> str:
+    cfg = RunConfig(**json.loads(config))
+    defense = get_defense(cfg.defense)
+    params = dataclasses.asdict(params_of(defense.Params, cfg.params))
+    return json.dumps(cfg.key(params, calibrated(cfg)), sort_keys=True)
+
+
+def run_key(cfg: RunConfig) -> dict[str, Any]:
+    """What determines the messages of ``cfg``'s run up to any round
+    (:meth:`RunConfig.key`): its settings with the defense's parameters resolved (defaults
+    filled in, each as its field's type) and numbers canonical, and its length only where
+    σ is calibrated over it (:func:`calibrated`). Two configurations with one key send the
+    same messages in every round both have: the key of a run's folder in a study, of what is
+    computed from it, and what :meth:`Run.create` checks a folder against."""
+    return json.loads(_run_key(cfg.to_json()))
+
+
+def _differences(old: RunConfig, new: RunConfig) -> list[str]:
+    """The fields in which the run ``new`` is not the run ``old`` (:func:`run_key`; empty:
+    the same run). Where ``old`` cannot be keyed any more (its defense or a parameter is
+    unknown now), the fields of :meth:`RunConfig.identity` that differ as written."""
+    now = run_key(new)
+    try:
+        was = run_key(old)
+    except PrivauditError:
+        was, now = old.identity(), new.identity()
+        return sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k)) or ["params"]
+    return sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+
+
+def _adopted(stored: RunConfig, asked: RunConfig) -> RunConfig:
+    """The configuration to open the run ``stored`` with when ``asked`` is the same run
+    (:func:`run_key`): its recorded settings (the run as it is written, however ``asked``
+    spells them), with ``asked``'s length and the fields that change no message (device,
+    memory, …)."""
+    keep = {k: getattr(asked, k) for k in (*NON_IDENTITY, LENGTH)}
+    return dataclasses.replace(stored, **keep)
 
 
 @dataclass
@@ -145,42 +209,64 @@ class Run:
     def open(cls, path: str | Path, agents: list[int] | None = None, **override: Any) -> Run:
         """An existing run; ``override`` may change only non-identity fields (device, …).
         ``agents``: the agents this process holds (default all; one per distributed rank)."""
-        cfg, _ = RunDir(path).read_config()
-        cfg = dataclasses.replace(cfg, **override).validate()
-        return cls._build(cfg, RunDir(path), existing=True, agents=agents)
+        stored, _ = RunDir(path).read_config()
+        cfg = dataclasses.replace(stored, **override).validate()
+        return cls._build(cfg, RunDir(path), stored=stored, agents=agents)
 
     @classmethod
     def create(cls, cfg: RunConfig, path: str | Path) -> Run:
-        """A new run at ``path``, or the run already there if its config is the same."""
+        """A new run at ``path``, or the run already there if it is this run: the same
+        :func:`run_key` (its messages up to any round are these settings'). The run there is
+        opened as recorded, with ``cfg``'s length and fields that change no message (device,
+        …) (:func:`_adopted`): asked for more rounds than it was configured for, it goes on
+        from its last checkpoint and its config.json says the new length; asked for fewer,
+        it is trained (and checked) only that far, its later rounds kept."""
         cfg.validate()
         check_sigma_param(cfg)
         rd = RunDir(path)
-        return cls._build(cfg, rd, existing=cls._claim(rd, cfg))
+        stored = cls._claim(rd, cfg)
+        if stored is not None:
+            cfg = _adopted(stored, cfg)
+        return cls._build(cfg, rd, stored=stored)
 
     @staticmethod
-    def _claim(rd: RunDir, cfg: RunConfig) -> bool:
-        """Whether ``rd`` holds this run already; raise if it holds anything else."""
+    def _claim(rd: RunDir, cfg: RunConfig) -> RunConfig | None:
+        """The configuration recorded in ``rd`` when it holds this run already (None: it
+        holds nothing yet); raise if it holds anything else."""
         if rd.path.exists() and not rd.path.is_dir():
             raise PrivauditError(f"{rd.path} is a file, not a folder; choose another --out")
         if rd.exists():
             old, _ = rd.read_config()
-            if old.identity() != cfg.identity():
-                diff = sorted(k for k, v in cfg.identity().items() if old.identity()[k] != v)
+            diff = _differences(old, cfg)
+            if diff:
+                why = (
+                    "; σ is calibrated to --epsilon over --rounds, so a run of another length "
+                    "has another σ"
+                    if diff == [LENGTH]
+                    else ""
+                )
                 raise PrivauditError(
                     f"{rd.path} holds a run with a different configuration "
-                    f"({', '.join(diff)}); choose another --out or delete it"
+                    f"({', '.join(diff)}{why}); choose another --out or delete it"
                 )
-            return True
+            return old
         if not rd.is_empty():
             raise PrivauditError(
                 f"{rd.path} exists and is not a privaudit run; choose another --out"
             )
-        return False
+        return None
 
     @classmethod
     def _build(
-        cls, cfg: RunConfig, rd: RunDir, existing: bool, agents: list[int] | None = None
+        cls,
+        cfg: RunConfig,
+        rd: RunDir,
+        stored: RunConfig | None,
+        agents: list[int] | None = None,
     ) -> Run:
+        """The run of ``cfg`` in ``rd``: data, model, graph and σ resolved; a new one's
+        config.json written, an existing one (``stored``: its recorded configuration)
+        checked against its files and its record, and its length extended to ``cfg``'s."""
         defense = get_defense(cfg.defense)
         device = resolve_device(cfg.device)
         data = load_dataset(cfg.dataset, root=cfg.data_root, download=cfg.download)
@@ -196,9 +282,10 @@ class Run:
             cfg.agents,
             cfg.dirichlet_alpha,
             seed=cfg.seed,
-            min_size=cfg.batch_size + held,
+            min_size=(cfg.examples_per_agent or cfg.batch_size) + held,
         )
         parts, holdout = split_holdout(parts, held, cfg.seed)
+        parts = per_agent(parts, cfg.examples_per_agent, cfg.seed)  # --examples-per-agent
         # the data split and the memory are checked before the dense N×N graph is built
 
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
@@ -238,37 +325,42 @@ class Run:
             agents=held,
         )
         run = cls(cfg, rd, resolved, defense, p, data, ctx)
-        if existing:
-            run.check_files(numel)
+        record = {**resolved, "params": dataclasses.asdict(p)}
+        if stored is not None:
+            run.check_files(numel, max(stored.rounds, cfg.rounds))
             # σ, rates and parameters as recorded at creation, edited config.json or not
-            rd.check_accounting(cfg, {**resolved, "params": dataclasses.asdict(p)})
+            rd.check_accounting(dataclasses.replace(cfg, rounds=stored.rounds), record)
+            if cfg.rounds > stored.rounds:
+                run.extend(stored, record)
         else:
             made = not rd.path.exists()
             with rd.writer():  # the check and the write as one: a racing writer is refused
-                if not cls._claim(rd, cfg):
-                    rd.write_config(cfg, {**resolved, "params": dataclasses.asdict(p)})
+                if cls._claim(rd, cfg) is None:
+                    rd.write_config(cfg, record)
                     run.fresh, run.made_folder = True, made
         return run
 
-    def check_files(self, numel: int) -> None:
+    def check_files(self, numel: int, last: int | None = None) -> None:
         """Refuse a run whose config.json disagrees with its files (the folder was edited:
         say ``agents`` changed and the manifest's hash made to match). Every checkpoint must
         hold one row per agent of ``numel``-parameter models and each agent's generator state,
-        no file may be of a round past the last, captured messages must cross links of the
-        graph, and secrets must hold every agent's batch size. The manifest's tensor shapes
-        say it all: no file is read."""
+        no file may be of a round past the last (``last``, default the configured rounds:
+        config.json's, where the run is opened for fewer), captured messages must cross
+        links of the graph, and secrets must hold every agent's batch size. The manifest's
+        tensor shapes say it all: no file is read."""
         cfg, rd = self.cfg, self.dir
+        last = cfg.rounds if last is None else last
         for what in FOLDERS:
             for t, shapes in sorted(rd.shapes(what).items()):
                 problem = (
                     f"it holds {what} of round {t}"
-                    if t > cfg.rounds
+                    if t > last
                     else self._disagreement(what, t, shapes, numel)
                 )
                 if problem:
                     raise PrivauditError(
                         f"{rd.path} does not agree with its config.json ({cfg.agents} agents on "
-                        f"{cfg.topology}, {cfg.rounds} rounds, {cfg.model}): {problem}; the run "
+                        f"{cfg.topology}, {last} rounds, {cfg.model}): {problem}; the run "
                         "folder was edited: train again into a new --out"
                     )
 
@@ -300,6 +392,33 @@ class Run:
         elif shapes.get("sizes", [n]) != [n]:
             return f"the secrets of round {t} hold {shapes['sizes'][0]} agents' batch sizes"
         return None
+
+    def extend(self, stored: RunConfig, record: dict[str, Any]) -> None:
+        """Record that this run now goes on to ``self.cfg.rounds``: config.json (configured
+        as ``stored``) and the run's record in the manifest say the new length, with
+        ``record`` (the resolved privacy, σ unchanged: it is not calibrated over the rounds,
+        :func:`run_key`), written as the run's one writer. Its messages so far are kept:
+        none of them depends on how far the run goes."""
+        cfg = dataclasses.replace(stored, rounds=self.cfg.rounds)
+        with self.dir.writer():
+            now, _ = self.dir.read_config()
+            if now.rounds < cfg.rounds:  # else another writer extended it meanwhile
+                self.dir.write_config(cfg, record)
+
+    def up_to(self, rounds: int) -> Run:
+        """This run as far as round ``rounds`` (at most its length): the same folder, data,
+        generators and σ, with its length and what it reports about privacy cut there — ε
+        spent over those rounds at the σ it is trained with (never calibrated again). What a
+        study computes from a run's first rounds (an attack on one, an audit, a membership
+        inference) is computed on this view, so it is the same however much further the run
+        was trained."""
+        if not 1 <= rounds <= self.cfg.rounds:
+            raise PrivauditError(f"round {rounds} is outside this run (1..{self.cfg.rounds})")
+        cfg = dataclasses.replace(self.cfg, rounds=rounds)
+        rates = [row["sample_rate"] for row in self.resolved["agents"]]
+        calibration = self.resolved["calibrated"]
+        report = privacy_report(cfg, self.defense, self.params, self.ctx.W, rates, calibration)
+        return dataclasses.replace(self, cfg=cfg, resolved=report)
 
     # -- public facts an adversary knows ------------------------------------------------
     def public(self) -> Public:

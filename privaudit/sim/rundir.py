@@ -16,8 +16,10 @@ its files are its own, and nothing is written outside it.
 
 What a run *is* — its configuration's identity fields and what the accounting resolved from
 them (σ, the agents' sample rates, the parameters used) — is recorded in the manifest when
-the run is created (:func:`run_record`) and compared with ``config.json`` on every read:
-an edited config.json is refused even when its hash in the manifest was updated to match.
+the run is created (:func:`run_record`), and again with config.json when privaudit extends
+it to more rounds (:meth:`privaudit.sim.run.Run.extend`: a run whose σ does not depend on
+its length), and compared with ``config.json`` on every read: an edited config.json is
+refused even when its hash in the manifest was updated to match.
 """
 
 from __future__ import annotations
@@ -333,7 +335,9 @@ class RunDir:
 
     def write_config(self, cfg: RunConfig, resolved: dict[str, Any]) -> None:
         """Write ``config.json`` (the configuration and the ``resolved`` privacy values) and
-        record what the run is in the manifest (:func:`run_record`), in one manifest write."""
+        record what the run is in the manifest (:func:`run_record`), in one manifest write:
+        when the run is created, and when it is extended to more rounds (call as the
+        writer)."""
         doc = {**json.loads(cfg.to_json()), "resolved": resolved}
         data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
         self._put(CONFIG, data, run_record(cfg, resolved))
