@@ -32,12 +32,17 @@ module is that machinery, independent of any defense:
    so noise that enters several rows (gossiped on) makes their errors correlated with
    covariance Σ = M Mᵀ. Modelling noise as extra unknowns with a known prior, rather than
    asking for Σ, is the choice here: Σ then follows from the recursion for free and is
-   exact; a further row covariance (e.g. link noise) can still be added when solving.
+   exact; a further row covariance (e.g. link noise) can still be added when solving. With
+   ``cut`` the coalition's own states at every index are known variables too
+   (:func:`state_key`, :func:`unroll`): every row is then the others' part plus the
+   members' recorded values, and the members' own rows drop out.
 3. **Identifiability** (:func:`identifiability`): u is identifiable iff e_u ∈ row(K). It is
    computed from an SVD of K (rows scaled to unit norm, unused unknowns left out), obtained
    as a QR of the tall Kᵀ followed by an SVD of its small triangular factor: with Q_k an
-   orthonormal basis of the numerical row space (rank k at relative tolerance ``rtol``),
-   u's *leverage* h_u = ‖Q_kᵀ e_u‖² is 1 exactly when e_u ∈ row(K).
+   orthonormal basis of the numerical row space (rank k at relative tolerance ``rtol``, by
+   default the rounding of K itself: :func:`default_rtol`), u's *leverage*
+   h_u = ‖Q_kᵀ e_u‖² is 1 exactly when e_u ∈ row(K), and its *condition* ‖r'_u‖ says how
+   far its solve amplifies the rows' relative errors.
    ``method="exact"`` instead row-reduces K over the prime field GF(2³¹ − 1) after unrolling
    the recursion with its rational coefficients (Metropolis–Hastings weights, step sizes): no
    tolerance and no conditioning, exact unless the prime divides a minor of K (a negligible
@@ -50,7 +55,9 @@ module is that machinery, independent of any defense:
    an :class:`~privaudit.core.observation.Observation` needs as ``target`` and ``noise_std``.
    A linear functional c of the variables (a state, to serve as an Observation's ``params``)
    is estimated the same way when its unknown part lies in row(K); noise variables in c are
-   predicted (their part of the error enters the variance).
+   predicted (their part of the error enters the variance). Each estimate also carries the
+   error the payloads' own rounding leaves in it (:func:`float_error`): what decides, in
+   floating point, how far past the neighbourhood a recovery still is one.
 
 Everything runs on the coefficient structure once; the d-dimensional payloads enter only as
 an (R × d) right-hand side. Sizes: unknowns V ≈ n·(T + 1), rows R ≤ (messages of distinct
@@ -84,12 +91,48 @@ PRIME = 2**31 - 1  # the field of the exact analysis (products of two residues f
 
 
 # -- the recursion ------------------------------------------------------------------------------
-def unroll(rec: Recursion, rounds: int) -> Iterable[tuple[int, np.ndarray]]:
+STATE = "state:"  # kind prefix of a coalition member's state entry, known to it (``cut``)
+
+
+def state_key(component: str, agent: int, t: int) -> Key:
+    """The variable ``("state:" + component, agent, t)``: component ``component`` of agent
+    ``agent``'s state s_t, a variable of its own once the recursion is cut there
+    (:func:`unroll` with ``cut``; the member knows it: it is what it holds and sends)."""
+    return (STATE + component, int(agent), int(t))
+
+
+def cut_variables(rec: Recursion, rounds: int, cut: Collection[int] = ()) -> list[Key]:
+    """:meth:`Recursion.variables` (``rounds``) followed, when ``cut`` names agents, by their
+    state entries at indices 1 … ``rounds`` (:func:`state_key`), in :func:`unroll`'s order."""
+    members = sorted({int(a) for a in cut})
+    keys = rec.variables(rounds)
+    for t in range(1, rounds + 1):
+        keys += [state_key(c, m, t) for c in rec.state for m in members]
+    return keys
+
+
+def unroll(
+    rec: Recursion, rounds: int, cut: Collection[int] = ()
+) -> Iterable[tuple[int, np.ndarray]]:
     """Yield (t, Φ_t) for t = 0 … ``rounds``: Φ_t (S × V) is the dense coefficient matrix of
-    the states s_t over :meth:`Recursion.variables` (``rounds``): s_t = Φ_t v."""
+    the states s_t over :func:`cut_variables` (``rounds``, ``cut``): s_t = Φ_t v.
+
+    ``cut``: agents (a coalition) whose states are known to the solver. After each step
+    their rows of Φ_t are replaced by the unit vectors of their own state variables
+    (:func:`state_key`), so later states are expressed through those *values* rather than
+    through what made them: with A = coalition and T = the rest, the recursion read from T's
+    side is s_T^t = A_TT s_T^{t-1} + A_TA s_A^{t-1} + B_T u^t with s_A^{t-1} a known input
+    (El Mrini et al.'s attacker-state subtraction, the B_t of their ``reconstruct_LS``).
+    Whatever reached T through a member — including the real, untied history of the other
+    agents' updates that passed through it — is then carried by the member's recorded state
+    and not re-modelled."""
     S, P = rec.S, rec.P
     V = S + rounds * P
-    phi = np.zeros((S, V))
+    members = sorted({int(a) for a in cut})
+    reset = np.array([ci * rec.n + m for ci in range(len(rec.state)) for m in members], dtype=int)
+    rest = np.setdiff1d(np.arange(S), reset)
+    own = np.array([ci * rec.n + m for ci in range(len(rec.inputs)) for m in members], dtype=int)
+    phi = np.zeros((S, V + reset.size * rounds))
     phi[:, :S] = np.eye(S)
     yield 0, phi
     for t in range(1, rounds + 1):
@@ -98,7 +141,43 @@ def unroll(rec: Recursion, rounds: int) -> Iterable[tuple[int, np.ndarray]]:
         if B is not None:
             off = S + (t - 1) * P
             phi[:, off : off + P] += B.toarray()
+        if reset.size:
+            known = V + (t - 1) * reset.size + np.arange(reset.size)
+            if B is not None and own.size:
+                _through_states(phi, reset, rest, off + own, known, rec.name)
+            phi[reset] = 0.0
+            phi[reset, known] = 1.0
         yield t, phi
+
+
+def _through_states(
+    phi: np.ndarray,
+    reset: np.ndarray,
+    rest: np.ndarray,
+    inputs: np.ndarray,
+    known: np.ndarray,
+    name: str,
+) -> None:
+    """In place, for a ``cut`` step whose fresh member inputs reach the other agents within
+    the step (Muffliato's K gossip steps mix a member's noised step into everyone's y^k):
+    rewrite those rows through the members' own states, which the members hold. With B_TA
+    and B_AA the inputs' coefficients in the others' and the members' rows and B_TA = M B_AA,
+    s_T = … + B_TA u_A = … + M (s_A − (s_A's other terms)): subtract M times the members'
+    rows, add M times their known state variables. Refused when B_TA is outside B_AA's row
+    space (an input that reaches others but not its own agent's state)."""
+    BT, BA = phi[np.ix_(rest, inputs)], phi[np.ix_(reset, inputs)]
+    if not np.abs(BT).max(initial=0.0) > 0:
+        return
+    M = BT @ np.linalg.pinv(BA)
+    if np.abs(BT - M @ BA).max() > 1e-10 * np.abs(BT).max():
+        raise PrivauditError(
+            f"in the {name} recursion a coalition member's input reaches other agents without "
+            "passing through its own state, so its states cannot stand for it; solve without "
+            "cut"
+        )
+    phi[rest] -= M @ phi[reset]
+    phi[np.ix_(rest, inputs)] = 0.0  # exactly: what is left is the product's rounding
+    phi[np.ix_(rest, known)] += M
 
 
 # -- what the coalition receives -------------------------------------------------------------
@@ -168,6 +247,8 @@ class LinearSystem:
                covariance is M Mᵀ.
     tied:      variable → the unknown it is assumed equal to (:func:`tie`: El Mrini et al.'s
                constant-gradient approximation); empty for the exact system.
+    cut:       the coalition's states are known variables (:func:`knowledge` ``cut``,
+               :func:`unroll`): rows and functionals are over :func:`cut_variables`.
     """
 
     recursion: Recursion
@@ -181,6 +262,7 @@ class LinearSystem:
     noise: list[Key]
     M: sp.csr_matrix
     tied: dict[Key, Key] = field(default_factory=dict)
+    cut: bool = False
     _where: dict[Key, tuple[str, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -218,10 +300,16 @@ class LinearSystem:
         self,
         observed: Tensor | np.ndarray,
         known_values: Mapping[Key, Any] | Callable[[Key], Any] | None = None,
+        reference: Any = None,
     ) -> np.ndarray:
         """y − C k (R × d): the observed payloads (R × d, or (R,) for d = 1, in ``rows``
         order) minus the known variables' part. ``known_values`` maps each known key with a
-        non-zero coefficient to its value (a d-vector); a missing one is refused."""
+        non-zero coefficient to its value (a d-vector); a missing one is refused.
+
+        ``reference`` (a d-vector, e.g. the shared x_0): computed as (y − ref) − C (k − ref)
+        − ref (C 1 − 1), the same number without subtracting large, nearly equal payloads
+        (a D-PSGD message is x_0 + O(η)): the differences are exact (Sterbenz) and only the
+        payloads' own rounding is left (:func:`float_error`)."""
         y = _array(observed)
         y = y.reshape(len(self.rows), -1) if y.ndim == 1 else y
         if y.shape[0] != len(self.rows):
@@ -248,7 +336,32 @@ class LinearSystem:
                     "rows involve; add its value"
                 )
             vals[i] = _array(v).reshape(-1)
-        return y - np.asarray(self.C @ vals)
+        if reference is None:
+            return y - np.asarray(self.C @ vals)
+        ref = _array(reference).reshape(1, -1)
+        vals[used] -= ref
+        total = np.asarray(self.C.sum(1)).reshape(-1, 1)
+        return (y - ref) - np.asarray(self.C @ vals) - (total - 1.0) * ref
+
+    def known_from(
+        self,
+        states: Tensor | np.ndarray,
+        values: Mapping[Key, Any] | Callable[[Key], Any] | None = None,
+    ) -> Callable[[Key], Any]:
+        """``known_values`` for :meth:`rhs`/:func:`estimate`: a member's state entry
+        (:func:`state_key`, a ``cut`` system's) read off the trajectory ``states`` (T + 1, S,
+        d) — what the member held and sent —, any other key from ``values`` (a mapping or a
+        callable; None: none)."""
+        s = _array(states)
+        rec = self.recursion
+        get = values if callable(values) else (values or {}).get
+
+        def value(key: Key) -> Any:
+            if key[0].startswith(STATE):
+                return s[key[2], rec.component(key[0][len(STATE) :]) * rec.n + key[1]]
+            return get(key)
+
+        return value
 
     def functional(self, coeffs: Mapping[Key, float]) -> tuple[np.ndarray, ...]:
         """Split a linear functional Σ c_key · key of the variables into its (unknown, known,
@@ -286,6 +399,7 @@ def knowledge(
     rounds: int | None = None,
     known: Callable[[Key], bool] | None = None,
     tied: Collection[int] | None = None,
+    cut: bool = False,
 ) -> LinearSystem:
     """The coalition's linear system from the recorded ``messages`` (:func:`gossip_messages`).
 
@@ -294,7 +408,17 @@ def knowledge(
     or its kind is in ``rec.public``); else noise when its kind is in ``rec.noise`` (std > 0;
     std 0: left out), else unknown. Rows that involve no unknown and no noise carry no
     information and are dropped. ``tied``: agents whose update (``rec.update``) is assumed
-    the same in every round — El Mrini et al.'s approximation, :func:`tie`; None: exact."""
+    the same in every round — El Mrini et al.'s approximation, :func:`tie`; None: exact.
+
+    ``cut``: subtract everything the coalition holds — its states at every index become
+    known variables (:func:`state_key`, :func:`unroll` with ``cut``), so each received row
+    reads y = (the non-members' part) + A_TA-propagated member *values*, as El Mrini et al.
+    build it (their ``reconstruct_LS_target_only`` subtracts B_t = W_TT B_{t-1} + W_TA X_A).
+    A member's own message is then one of its known variables (its row is dropped): in a
+    protocol a member's next state is computed from what it received and what it holds, so
+    that row repeats the received ones. Nothing is lost against the uncut system, and under
+    :func:`tie` it removes a model error: the other agents' real updates that travelled
+    through a member reach its neighbours as recorded values, not as tied unknowns."""
     n = rec.n
     members = _members(coalition, n)
     msgs = list(messages)
@@ -312,10 +436,10 @@ def knowledge(
         if not 0 <= m.src < n:
             raise PrivauditError(f"message sender {m.src} is not in 0..{n - 1}")
     is_known = known or _default_known(rec, set(members))
-    keys = rec.variables(rounds)
+    keys = cut_variables(rec, rounds, members if cut else ())
     role = np.empty(len(keys), dtype=object)
     for i, key in enumerate(keys):
-        if is_known(key):
+        if is_known(key) or key[0].startswith(STATE):
             role[i] = "known"
         elif key[0] in rec.noise:
             role[i] = "noise" if rec.noise[key[0]] > 0 else "absent"
@@ -325,7 +449,7 @@ def knowledge(
     for i, m in enumerate(msgs):
         by_t.setdefault(m.t, []).append(i)
     coef = np.zeros((len(msgs), len(keys)))
-    for t, phi in unroll(rec, rounds):
+    for t, phi in unroll(rec, rounds, members if cut else ()):
         for i in by_t.get(t, []):
             coef[i] = phi[rec.component(msgs[i].component) * n + msgs[i].src]
     scale = np.array([rec.noise.get(k[0], 1.0) for k in keys])
@@ -350,6 +474,7 @@ def knowledge(
         C=block("known"),
         noise=[keys[i] for i in part["noise"]],
         M=block("noise", scale[part["noise"]]),
+        cut=cut,
     )
     return system if tied is None else tie(system, tied)
 
@@ -412,6 +537,7 @@ def tie(system: LinearSystem, agents: Collection[int], kind: str | None = None) 
         noise=list(system.noise),
         M=system.M,
         tied=alias,
+        cut=system.cut,
     )
 
 
@@ -421,9 +547,10 @@ def state_functional(system: LinearSystem, t: int, agent: int, component: str = 
     rec = system.recursion
     if not 0 <= t <= system.rounds:
         raise PrivauditError(f"round {t} is outside the system's 0..{system.rounds}")
-    keys = rec.variables(t)
+    cut = system.coalition if system.cut else ()
+    keys = cut_variables(rec, t, cut)
     row = rec.component(component) * rec.n + agent
-    for s, phi in unroll(rec, t):
+    for s, phi in unroll(rec, t, cut):
         if s == t:
             return {keys[i]: float(phi[row, i]) for i in np.flatnonzero(phi[row])}
     raise AssertionError("unreachable")
@@ -463,6 +590,9 @@ class Identifiability:
     leverage:      ‖Q_kᵀ e_u‖² ∈ [0, 1] (1 when identifiable); exactly 0/1 for ``exact``.
     rank:          rank of K (numerical at ``rtol`` for ``qr``).
     method:        ``qr`` or ``exact``.
+    condition:     per unknown, κ_u = ‖r'_u‖ (``qr``: :func:`identifiability`), inf where
+                   hidden; None for ``exact``.
+    rtol:          the rank's cut-off relative to σ_1 (``qr``).
     """
 
     system: LinearSystem
@@ -472,6 +602,8 @@ class Identifiability:
     rank: int
     method: str
     _qr: dict[str, Any] | None = field(default=None, repr=False)
+    condition: np.ndarray | None = None
+    rtol: float | None = None
 
     def keys(self, kind: str | None = None) -> list[Key]:
         """Identifiable unknowns (of ``kind`` when given)."""
@@ -513,36 +645,73 @@ class Identifiability:
         }
 
 
-def _scaled(system: LinearSystem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(K restricted to used columns, rows scaled to unit norm; the row scales; used cols)."""
+def _scaled(
+    system: LinearSystem, columns: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(K restricted to its used columns with its rows scaled to unit norm — and its columns
+    too when ``columns``; the row scales; the column scales (ones unless ``columns``); the
+    used columns). K' = D_r K D_c has K's row space up to the column scaling, so e_u ∈ row(K)
+    ⇔ e_u ∈ row(K'). Rows only is the default: a coefficient below the rounding of its row
+    is then rounding, as it is in the payloads; scaling the columns would lift an unknown
+    whose coefficients gossip has shrunk below that (like w^distance) back to unit size, and
+    call identifiable what no float solve recovers."""
     K = system.K
     used = np.unique(K.indices)
     Kd = np.asarray(K[:, used].todense()) if used.size else np.zeros((K.shape[0], 0))
     norms = np.linalg.norm(Kd, axis=1)
     dscale = 1.0 / np.where(norms > 0, norms, 1.0)  # an all-zero row (noise only) keeps 1
-    return Kd * dscale[:, None], dscale, used
+    Kd = Kd * dscale[:, None]
+    cscale = np.ones(used.size)
+    if columns:
+        cnorms = np.linalg.norm(Kd, axis=0)
+        cscale = 1.0 / np.where(cnorms > 0, cnorms, 1.0)
+    return Kd * cscale[None, :], dscale, cscale, used
+
+
+def default_rtol(system: LinearSystem) -> float:
+    """The numerical rank's cut-off relative to σ_1 of the row-scaled K': machine ε times
+    max(R, U, T·f) — LAPACK's (and NumPy's ``matrix_rank``'s) ε·max(m, n), raised to the
+    rounding the unrolling itself accumulates in K's coefficients (T steps, each entry a sum
+    of at most f products, f the largest row count of A_T): a singular value below it is
+    indistinguishable from the rounding of a zero one."""
+    R, U = system.K.shape
+    A, _ = system.recursion.step(max(system.rounds, 1))
+    fan = int(np.diff(A.indptr).max(initial=1))
+    return float(np.finfo(float).eps * max(R, U, system.rounds * fan, 1))
 
 
 def identifiability(
-    system: LinearSystem, method: str = "qr", rtol: float = 1e-9, ltol: float = 1e-10
+    system: LinearSystem,
+    method: str = "qr",
+    rtol: float | None = None,
+    ltol: float = 1e-10,
+    equilibrate: bool = False,
 ) -> Identifiability:
     """Which unknowns are identifiable: e_u ∈ row(K) (El Mrini et al. 2024's criterion).
 
-    ``qr``: K' (K's rows scaled to unit norm, its used columns) as K' = V S Bᵀ, from a QR of
-    K'ᵀ and an SVD of its small triangular factor; rank k = #{σ_i > ``rtol``·σ_1}, Q_k =
-    B[:, :k] an orthonormal basis of row(K), u identifiable iff its leverage ‖Q_kᵀ e_u‖² >
-    1 − ``ltol``. Floating point: an unknown that gossip has mixed beyond ``rtol`` (its
-    coefficients shrink like w^distance) counts as hidden, which is also what a float solver
-    can recover.
+    ``qr``: K' (K's used columns, rows scaled to unit norm: :func:`_scaled`) as K' = V S Bᵀ,
+    from a QR of K'ᵀ and an SVD of its small triangular factor; rank k = #{σ_i > ``rtol``·σ_1}
+    (``rtol`` None: :func:`default_rtol`, the float error of K itself), Q_k = B[:, :k] an
+    orthonormal basis of row(K), u identifiable iff its leverage ‖Q_kᵀ e_u‖² > 1 − ``ltol``.
+    Each identifiable u's *condition* κ_u = ‖Σ_i (Q_k[u, i]/σ_i) v_i‖ = ‖r'_u‖ is the norm
+    of its min-norm weights over the unit rows (K'ᵀ r' = e_u): the factor by which relative
+    errors of the rows reach its solution — how far gossip has mixed it, where the old fixed
+    cut-off (rtol 1e-9) simply hid every unknown past ~11 hops of a line. What a victim's
+    recovered value is worth is then said with its payloads: :attr:`Recovery.float_error`.
+    ``equilibrate``: scale K's columns to unit norm too (:func:`_scaled`), which counts as
+    identifiable unknowns whose coefficients are below their rows' rounding — reached on a
+    ring of 64 (gossip averaging, measured errors 1e-6 … 4e-2 at 18 … 28 hops), but claimed
+    on a line of 64 where the solve returns rounding (d ≥ 58): off by default.
     ``exact``: rank and identifiability over GF(2³¹ − 1) (:func:`exact_identifiability`)."""
     if method == "exact":
         return exact_identifiability(system)
     if method != "qr":
         raise PrivauditError(f"unknown identifiability method {method!r}; use qr or exact")
+    rtol = default_rtol(system) if rtol is None else float(rtol)
     U = len(system.unknowns)
-    Ks, dscale, used = _scaled(system)
+    Ks, dscale, cscale, used = _scaled(system, columns=equilibrate)
     R = Ks.shape[0]
-    lev = np.zeros(U)
+    lev, cond = np.zeros(U), np.full(U, np.inf)
     basis, sv, right = np.zeros((used.size, 0)), np.zeros(0), np.zeros((0, R))
     if used.size and R:
         # K'ᵀ = Q₁ R₁ (BLAS-3 QR of the tall side), then the small R₁ = U₂ S V₂ᵀ: an SVD of
@@ -553,8 +722,13 @@ def identifiability(
         basis, sv, right = Q1 @ U2[:, :k], sv[:k], right[:k]
     lev[used] = (basis**2).sum(1)
     ident = lev > 1 - ltol
-    cache = dict(basis=basis, sv=sv, right=right, dscale=dscale, used=used, ltol=ltol)
-    return Identifiability(system, list(system.unknowns), ident, lev, sv.size, "qr", cache)
+    cond[used] = np.where(ident[used], np.linalg.norm(basis / sv, axis=1), np.inf)
+    cache = dict(
+        basis=basis, sv=sv, right=right, dscale=dscale, cscale=cscale, used=used, ltol=ltol
+    )
+    return Identifiability(
+        system, list(system.unknowns), ident, lev, sv.size, "qr", cache, cond, rtol
+    )
 
 
 def _to_field(x: float, p: int = PRIME) -> int:
@@ -585,11 +759,13 @@ def _field_rows(system: LinearSystem, p: int) -> np.ndarray:
     """K over GF(p), re-unrolled from the recursion's rational coefficients (int64)."""
     rec = system.recursion
     S, P = rec.S, rec.P
-    keys = rec.variables(system.rounds)
-    V = len(keys)
-    phi = np.zeros((S, V), dtype=np.int64)
+    members = system.coalition if system.cut else ()
+    keys = cut_variables(rec, system.rounds, members)
+    V = S + system.rounds * P
+    reset = [ci * rec.n + m for ci in range(len(rec.state)) for m in members]
+    phi = np.zeros((S, len(keys)), dtype=np.int64)
     phi[np.arange(S), np.arange(S)] = 1
-    rows = np.zeros((len(system.rows), V), dtype=np.int64)
+    rows = np.zeros((len(system.rows), len(keys)), dtype=np.int64)
     by_t: dict[int, list[int]] = {}
     for i, m in enumerate(system.rows):
         by_t.setdefault(m.t, []).append(i)
@@ -612,6 +788,19 @@ def _field_rows(system: LinearSystem, p: int) -> np.ndarray:
             off = S + (t - 1) * P
             for i, j, b in zip(B.row.tolist(), B.col.tolist(), B.data.tolist(), strict=True):
                 new[i, off + j] = (new[i, off + j] + b) % p
+        if reset and B is not None:  # as unroll's _through_states, which is float-only
+            others = np.setdiff1d(np.arange(S), reset)
+            cols = [
+                S + (t - 1) * P + ci * rec.n + m for ci in range(len(rec.inputs)) for m in members
+            ]
+            if new[np.ix_(others, cols)].any():
+                raise PrivauditError(
+                    f"the exact analysis of a cut {rec.name} system, whose members' inputs "
+                    "reach the others within a round, is not available; use method='qr'"
+                )
+        for r, i in enumerate(reset):  # the coalition's states: known values (cut)
+            new[i] = 0
+            new[i, V + (t - 1) * len(reset) + r] = 1
         phi = new
         take(t)
     col = {k: i for i, k in enumerate(keys)}
@@ -685,7 +874,9 @@ class Recovered:
                 defense's own scaling, e.g. a gradient g = value).
     noise_std:  per-coordinate std of the estimate's error (0: exact up to rounding).
     meta:       ``exact`` (noise_std == 0), ``rank``, ``gain`` (‖r‖₂, the amplification of
-                unit row noise), ``rows`` (messages with a non-zero weight, as (t, src)).
+                unit row noise), ``rows`` (messages with a non-zero weight, as (t, src)),
+                ``float_error`` (the per-coordinate RMS error the payloads' rounding leaves,
+                :func:`float_error`).
     """
 
     key: Any
@@ -697,7 +888,9 @@ class Recovered:
 @dataclass
 class Recovery:
     """Estimates of several targets: ``values`` (q × d), per-coordinate ``std`` (q,), the
-    weights ``weights`` (q × R: value = weights @ (y − C k)) and ``keys`` naming each."""
+    weights ``weights`` (q × R: value = weights @ (y − C k)) and ``keys`` naming each.
+    ``float_error`` (q,): the estimated per-coordinate RMS error that the payloads' own
+    rounding leaves in each value (:func:`float_error`; zeros when not estimated)."""
 
     keys: list[Any]
     values: np.ndarray
@@ -705,6 +898,7 @@ class Recovery:
     weights: np.ndarray
     rank: int
     rows: list[Message]
+    float_error: np.ndarray | None = None
 
     def __getitem__(self, key: Any) -> Recovered:
         try:
@@ -713,11 +907,13 @@ class Recovery:
             raise PrivauditError(f"{key} was not recovered (not identifiable)") from None
         w = self.weights[i]
         used = [(m.t, m.src) for m, x in zip(self.rows, w.tolist(), strict=True) if x != 0]
+        fe = 0.0 if self.float_error is None else float(self.float_error[i])
         meta = dict(
             exact=bool(self.std[i] == 0),
             rank=self.rank,
             gain=float(np.linalg.norm(w)),
             rows=used,
+            float_error=fe,
         )
         return Recovered(key, torch.from_numpy(self.values[i].copy()), float(self.std[i]), meta)
 
@@ -749,6 +945,8 @@ def estimate(
     analysis: Identifiability | None = None,
     row_cov: Matrix | None = None,
     names: Sequence[Any] | None = None,
+    reference: Any = None,
+    roundoff: float | None = None,
 ) -> Recovery:
     """Best linear unbiased estimates of linear functionals c of the variables.
 
@@ -758,42 +956,21 @@ def estimate(
     with r_0 the min-norm solution and Z a basis of null(Kᵀ) (GLS; noise-free rows:
     r = r_0). The estimate is rᵀ (y − C k) + c_kᵀ k, its per-coordinate std the square root
     of that variance. ``analysis``: a ``qr`` :func:`identifiability` of ``system`` to reuse;
-    ``row_cov``: extra row noise, per-row stds (R,) or a covariance (R × R)."""
+    ``row_cov``: extra row noise, per-row stds (R,) or a covariance (R × R); ``reference``:
+    the point y − C k is computed around (:meth:`LinearSystem.rhs`, e.g. the shared x_0);
+    ``roundoff``: the payloads' unit roundoff for :func:`float_error` (None: their dtype's)."""
     if analysis is None or analysis._qr is None:
         analysis = identifiability(system)
-    qr = analysis._qr
     names = list(names) if names is not None else list(range(len(targets)))
     split = [system.functional(c) for c in targets]
-    q, R, k = len(split), len(system.rows), analysis.rank
+    q = len(split)
     Cu = np.array([s[0] for s in split]).reshape(q, len(system.unknowns))
     Ck = np.array([s[1] for s in split]).reshape(q, len(system.known))
     Cz = np.array([s[2] for s in split]).reshape(q, len(system.noise))
-    used, dscale, Qk = qr["used"], qr["dscale"], qr["basis"]
-    # the unknown part must lie in row(K) = span(Q_k), to the analysis' leverage tolerance
-    b = Qk.T @ Cu[:, used].T  # (k × q)
-    resid = np.linalg.norm(Cu[:, used].T - Qk @ b, axis=0) if q else np.zeros(0)
-    resid = resid + np.linalg.norm(np.delete(Cu, used, axis=1), axis=1)
-    bad = np.flatnonzero(resid**2 > qr["ltol"] * np.linalg.norm(Cu, axis=1) ** 2)
-    if bad.size:
-        raise PrivauditError(
-            f"target {names[int(bad[0])]} is not identifiable from the coalition's messages "
-            "(its unknown part is outside the knowledge matrix's row space); estimate only "
-            "Identifiability.keys()"
-        )
-    # K'ᵀ = Q_k S_k V_kᵀ: K'ᵀ r' = c_u ⇔ S_k V_kᵀ r' = Q_kᵀ c_u, min-norm r' = V_k S_k⁻¹ b;
-    # null(K'ᵀ) = V_k's orthogonal complement. Rows: K' = D K, so r = D r'.
-    right = qr["right"]
-    weights = ((right.T @ (b / qr["sv"][:, None])) * dscale[:, None]).T
     extra = _row_cov(system, row_cov)
     M = system.M.toarray()
-    Sigma = M @ M.T + (0.0 if extra is None else extra)
-    if k < R and q and np.abs(Sigma).max(initial=0.0) > 0:
-        Z = sla.qr(right.T, mode="full")[0][:, k:] if k else np.eye(R)
-        Z = Z * dscale[:, None]
-        G = Z.T @ Sigma @ Z
-        h = Z.T @ (Sigma @ weights.T - M @ Cz.T)
-        weights = weights - (Z @ np.linalg.lstsq(G, h, rcond=None)[0]).T
-    y = system.rhs(observed, known_values)
+    weights = _weights(system, analysis, Cu, Cz, names, M, extra)
+    y = system.rhs(observed, known_values, reference)
     values = weights @ y
     for j in np.flatnonzero(np.abs(Ck).max(0, initial=0.0) > 0).tolist():
         get = known_values if callable(known_values) else (known_values or {}).get
@@ -808,7 +985,109 @@ def estimate(
     # rounding: a variance at the level of float error against the noise it cancelled is 0
     level = np.abs(M).max(initial=0.0) ** 2 + (0.0 if extra is None else np.abs(extra).max())
     var[var <= 1e-18 * ((weights**2).sum(1) * level + (Cz**2).sum(1))] = 0.0
-    return Recovery(names, values, np.sqrt(np.maximum(var, 0.0)), weights, k, list(system.rows))
+    fe = float_error(system, weights, observed, known_values, roundoff)
+    std = np.sqrt(np.maximum(var, 0.0))
+    return Recovery(names, values, std, weights, analysis.rank, list(system.rows), fe)
+
+
+def _weights(
+    system: LinearSystem,
+    analysis: Identifiability,
+    Cu: np.ndarray,
+    Cz: np.ndarray,
+    names: list[Any],
+    M: np.ndarray,
+    extra: np.ndarray | None,
+) -> np.ndarray:
+    """:func:`estimate`'s weights (q × R) over the rows: the min-norm unbiased r_0 through
+    the row-scaled K' = D_r K D_c (:func:`_scaled`), then the GLS step in null(Kᵀ)."""
+    qr = analysis._qr
+    assert qr is not None
+    q, R, k = Cu.shape[0], len(system.rows), analysis.rank
+    used, dscale, Qk = qr["used"], qr["dscale"], qr["basis"]
+    # in K'`s columns the target is D_c c_u; it must lie in row(K') = span(Q_k), to the
+    # analysis' leverage tolerance
+    cs = Cu[:, used] * qr["cscale"][None, :]
+    b = Qk.T @ cs.T  # (k × q)
+    resid = np.linalg.norm(cs.T - Qk @ b, axis=0) if q else np.zeros(0)
+    off = np.linalg.norm(np.delete(Cu, used, axis=1), axis=1)
+    bad = np.flatnonzero((resid**2 > qr["ltol"] * np.linalg.norm(cs, axis=1) ** 2) | (off > 0))
+    if bad.size:
+        raise PrivauditError(
+            f"target {names[int(bad[0])]} is not identifiable from the coalition's messages "
+            "(its unknown part is outside the knowledge matrix's row space); estimate only "
+            "Identifiability.keys()"
+        )
+    # K'ᵀ = Q_k S_k V_kᵀ: K'ᵀ r' = D_c c_u ⇔ S_k V_kᵀ r' = Q_kᵀ D_c c_u, min-norm r' =
+    # V_k S_k⁻¹ b; null(K'ᵀ) = V_k's orthogonal complement. Rows: K' = D_r K D_c and
+    # Kᵀ (D_r r') = D_c⁻¹ K'ᵀ r' = c_u, so r = D_r r'.
+    right = qr["right"]
+    weights = ((right.T @ (b / qr["sv"][:, None])) * dscale[:, None]).T
+    Sigma = M @ M.T + (0.0 if extra is None else extra)
+    if k < R and q and np.abs(Sigma).max(initial=0.0) > 0:
+        Z = sla.qr(right.T, mode="full")[0][:, k:] if k else np.eye(R)
+        Z = Z * dscale[:, None]
+        G = Z.T @ Sigma @ Z
+        h = Z.T @ (Sigma @ weights.T - M @ Cz.T)
+        weights = weights - (Z @ np.linalg.lstsq(G, h, rcond=None)[0]).T
+    return weights
+
+
+def unit_roundoff(payload: Any) -> float:
+    """The unit roundoff u of a payload's float type: 2⁻²⁴ for float32, 2⁻⁵³ for float64."""
+    dtype = payload.dtype if isinstance(payload, (Tensor, np.ndarray)) else np.float64
+    if isinstance(dtype, torch.dtype):
+        return float(torch.finfo(dtype).eps) / 2
+    return float(np.finfo(dtype).eps) / 2 if np.issubdtype(dtype, np.floating) else 2.0**-53
+
+
+def float_error(
+    system: LinearSystem,
+    weights: np.ndarray,
+    observed: Tensor | np.ndarray,
+    known_values: Mapping[Key, Any] | Callable[[Key], Any] | None = None,
+    roundoff: float | None = None,
+) -> np.ndarray:
+    """The per-coordinate RMS error (q,) that rounding the payloads leaves in the estimates
+    ``weights`` @ (y − C k): rounding to nearest leaves each recorded number an error uniform
+    within ±u·|value| at most (u the unit roundoff of its float type, ``roundoff`` or
+    ``observed``'s), of RMS at most u·|value|/√3, independent between messages and
+    coordinates, so row r contributes (u²/3)(m_r² + Σ_k C_rk² m_k²) (m: a payload's RMS over
+    its coordinates) and
+
+        err_q = (u/√3) · sqrt(Σ_r w_qr² (m_r² + Σ_k C_rk² m_k²)).
+
+    This is the error that decides how far a recovery reaches: on a line the weights of an
+    agent d hops away grow like w^(−d), and once err_q reaches the value itself the agent is
+    lost to rounding though e_u ∈ row(K). Model error (the tied approximation's drift) is not
+    in it. Public keys read through ``known_values`` are exact (no rounding of their own)."""
+    u = unit_roundoff(observed) if roundoff is None else float(roundoff)
+    y = _array(observed)
+    y = y.reshape(len(system.rows), -1) if y.ndim == 1 else y
+    power = (y**2).mean(1)
+    C = system.C.tocsc()
+    used = np.flatnonzero(np.diff(C.indptr) > 0)
+    get = known_values if callable(known_values) else (known_values or {}).get
+    for j in used.tolist():
+        key = system.known[j]
+        if key[0] in system.recursion.public:
+            continue  # the shared initial model: known exactly to the coalition
+        v = get(key)
+        if v is not None:
+            col = C[:, j].toarray().ravel()
+            power = power + col**2 * float((_array(v) ** 2).mean())
+    return u / np.sqrt(3.0) * np.sqrt((weights**2) @ power)
+
+
+def relative_error(values: np.ndarray, error: np.ndarray) -> np.ndarray:
+    """Each estimate's error against its signal (q,): err / sqrt(RMS(value)² − err²), the
+    value's RMS with the error's share taken out (inf where the error explains all of it:
+    the estimate is rounding, not a signal). ``values`` (q × d), ``error`` (q,) per-coordinate
+    RMS errors (:func:`float_error`)."""
+    ms = (np.asarray(values, dtype=np.float64) ** 2).reshape(len(error), -1).mean(1)
+    signal = np.sqrt(np.maximum(ms - error**2, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(signal > 0, error / np.where(signal > 0, signal, 1.0), np.inf)
 
 
 def solve(
@@ -818,14 +1097,17 @@ def solve(
     analysis: Identifiability | None = None,
     row_cov: Matrix | None = None,
     keys: Sequence[Key] | None = None,
+    reference: Any = None,
 ) -> Recovery:
     """Recover every identifiable unknown (or ``keys``, each of which must be identifiable):
     exact in the noise-free case, GLS with its std otherwise (:func:`estimate` with
-    e_u as targets)."""
+    e_u as targets; ``reference`` as there)."""
     if analysis is None or analysis._qr is None:
         analysis = identifiability(system)
     keys = list(keys) if keys is not None else analysis.keys()
     targets = [{key: 1.0} for key in keys]
     for key in keys:
         system.index(key)
-    return estimate(system, targets, observed, known_values, analysis, row_cov, names=keys)
+    return estimate(
+        system, targets, observed, known_values, analysis, row_cov, names=keys, reference=reference
+    )

@@ -1,5 +1,6 @@
 """Reproduce El Mrini, Cyffers & Bellet (ICML 2024, "Privacy Attacks in Decentralized
-Learning", §5 and Fig. 4–6) on their small D-GD settings, with this project's gossip algebra.
+Learning", §5 and Fig. 4–6) on their small D-GD settings, with this project's gossip algebra —
+and, given their code, beside it.
 
 Their setting (the decAttack repository's ``exp_fig_4a.py``/``exp_fig6.py``): one fixed
 example per agent, full-batch gradient steps of step size η (D-GD, adapt-then-combine:
@@ -11,23 +12,38 @@ non-attacker's gradient is taken to be the same in every round, so the neighbour
 messages are linear in n − |A| unknown gradients.
 
 Here: the same recursion (:func:`privaudit.core.recursion.dpsgd`), the tied knowledge system
-(:func:`privaudit.attacks.gossip.knowledge` with ``tied``; its error is stated in
-:func:`privaudit.attacks.gossip.tie`), solved two ways —
+with the coalition's own values subtracted (:func:`privaudit.attacks.gossip.knowledge` with
+``tied`` and ``cut``; the tie's error is stated in :func:`privaudit.attacks.gossip.tie`),
+solved two ways —
 
-- ``ours``: the float identifiability (QR rank, leverage) and the exact solve of every
-  identifiable victim; a victim outside the numerical row space is reported ``hidden``;
-- ``lstsq``: the anchor's solver, the min-norm least squares of the whole tied system
-  (NumPy ``lstsq``, default cut-off), which returns a value for every victim —
+- ``ours`` (privaudit's default): the float identifiability (row-scaled QR rank at the
+  rounding of K itself, leverage), the solve of every identifiable victim around x_0, and
+  each victim's estimated rounding error (a victim whose error reaches its own size is
+  ``hidden``); the gradient inverted by the reliable-rows rule
+  (:func:`attacks.analytic.combine`);
+- ``lstsq``: the anchor's solver, the min-norm least squares of the same tied system
+  (NumPy ``lstsq``, default cut-off), which returns a value for every victim, inverted by
+  their largest-|∂b| row —
 
-then each victim's recovered round-1 gradient is inverted by the analytic attack
-(:func:`attacks.analytic.recover`) and scored by PSNR against its image, per hop distance
-from the coalition. Settings: a line (attacker at an end, in the middle, 2 and 3 attackers)
-and a ring (1, 2, 3 attackers), at several step sizes η (the approximation's error is first
-order in η).
+scored by PSNR against the images, per hop distance from the coalition (one table per run).
+
+``--decattack PATH`` instead runs **the anchor's own code** (a checkout of
+github.com/AbdellahElmrini/decAttack: its ``Decentralized`` simulation, its
+``ReconstructOptim.reconstruct_LS_target_only`` least squares and its
+``invert_gradient_FC_Model`` inversion, unchanged; only its data loading is replaced by the
+same images) in a subprocess, beside privaudit's default on the same images, graph,
+W = I − L/d_max, η, T = n, initial weights and attackers (relabelled first, as its code
+assumes), and prints the victims recovered at ≥ ``--good`` dB over ``--sets`` image sets for
+a line of n (attacker at an end), a ring (two attackers) and an Erdős–Rényi graph (one),
+with each side's D-GD simulation time. Its requirements (numpy, networkx, scipy,
+matplotlib, torch, torchvision) are not privaudit's: install the missing ones into a
+folder of their own and name it with ``--decattack-deps`` (docs/threat-models.md).
 
     python benchmarks/anchor.py [--agents 16] [--lrs 1e-5,1e-4,1e-3,1e-2]
         [--gossip laplacian|mh] [--settings line:0,ring:0+4] [--rounds T]
         [--dataset photos|mnist|cifar10 --data-root DIR] [--json FILE]
+    python benchmarks/anchor.py --decattack PATH [--decattack-deps DIR] [--agents 35]
+        [--sets 3]
 
 Fig. 6's setting: ``--agents 35 --lrs 1e-5 --settings line:0``.
 """
@@ -40,13 +56,16 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: small dense 
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
-from torch.func import functional_call, grad  # noqa: E402
 
 from privaudit.attacks.analytic import recover  # noqa: E402
 from privaudit.attacks.gossip import (  # noqa: E402
@@ -54,6 +73,7 @@ from privaudit.attacks.gossip import (  # noqa: E402
     gossip_messages,
     identifiability,
     knowledge,
+    relative_error,
     solve,
 )
 from privaudit.core.observation import Observation  # noqa: E402
@@ -99,24 +119,33 @@ def dgd(
     """Run D-GD, adapt-then-combine, every agent from the model's x_0 on its one example:
     x̃_1 = x_0 − η g_1, x̃_t = W x̃_{t-1} − η g_t with g^k_t = ∇ CE(x^k_{t-1}; example k) at
     x^k_{t-1} = (W x̃_{t-1})_k. Returns the sent half-steps (T + 1, n, d) (index 0: x_0, the
-    shared initial model) and the gradients (T, n, d)."""
+    shared initial model) and the gradients (T, n, d).
+
+    ``model`` is the anchor's (:func:`linear_model`: Flatten, then one Linear layer). Per
+    round, every agent's logits are one batched product with its own weights (n × C × D
+    against n × D) and every agent's gradient one backward pass of the summed losses — each
+    agent's loss depends on its own parameters only, so the sum's gradient is each agent's
+    own (autograd, no hand-derived formula); the states are one (T + 1, n, d) buffer."""
+    layer = model[1]
+    if not isinstance(layer, nn.Linear) or len(model) != 2:
+        raise ValueError("dgd simulates the anchor's model: Flatten, then one Linear layer")
     n = len(images)
+    C, D = layer.out_features, layer.in_features
     x0 = flat(model)
-
-    def loss(v: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        out = functional_call(model, unflat(model, v), (x[None],))
-        return nn.functional.cross_entropy(out, y[None])
-
-    g_of = grad(loss)
+    X = images.reshape(n, -1).to(x0.dtype)
     Wt = torch.from_numpy(W)
-    sent = [x0.expand(n, -1).clone()]
-    grads = []
+    sent = torch.empty(rounds + 1, n, x0.numel(), dtype=x0.dtype)
+    grads = torch.empty(rounds, n, x0.numel(), dtype=x0.dtype)
+    sent[0] = x0
     for t in range(1, rounds + 1):
-        at = sent[0] if t == 1 else Wt @ sent[-1]
-        g = torch.stack([g_of(at[k], images[k], labels[k]) for k in range(n)])
-        grads.append(g)
-        sent.append(at - lr * g)
-    return torch.stack(sent).numpy(), torch.stack(grads).numpy()
+        at = (sent[0] if t == 1 else Wt @ sent[t - 1]).requires_grad_(True)
+        weight, bias = at[:, : C * D].view(n, C, D), at[:, C * D :]
+        logits = torch.bmm(weight, X[:, :, None])[:, :, 0] + bias
+        loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
+        (grads[t - 1],) = torch.autograd.grad(loss, at)
+        with torch.no_grad():
+            torch.sub(at, grads[t - 1], alpha=lr, out=sent[t])
+    return sent.numpy(), grads.numpy()
 
 
 def attack(
@@ -125,36 +154,57 @@ def attack(
     W: np.ndarray,
     lr: float,
     members: list[int],
-    solver: str,
-    rtol: float = 1e-9,
+    solver: str = "ours",
+    rtol: float | None = None,
+    max_error: float | None = 1.0,
+    report: dict[int, float] | None = None,
 ) -> dict[int, np.ndarray]:
     """Each non-member's round-1 gradient from the coalition's recorded messages, on the tied
-    system (one unknown gradient per non-member over the rounds). ``ours``: identifiable
-    victims only (float QR rank), exact solve; ``lstsq``: min-norm least squares of the whole
-    tied system, every victim (the anchor's ``np.linalg.lstsq``). ``rtol``: the float rank's
-    cut-off on the singular values (``identifiability``'s; the tied rows of a line decay
-    geometrically with distance, so it decides how far ``ours`` claims to reach)."""
+    system with the coalition's own values subtracted (``cut``: one unknown gradient per
+    non-member over the rounds, the members' states known). ``ours``: identifiable victims
+    only (row-scaled QR rank at ``rtol``, None: :func:`~privaudit.attacks.gossip.
+    default_rtol`), solved around x_0; a victim whose estimated rounding error
+    (:func:`~privaudit.attacks.gossip.float_error`) is at least ``max_error`` times its RMS
+    is left out as lost to rounding (None: kept). ``report``: filled with each returned
+    victim's relative rounding error. ``lstsq``: min-norm least squares of the same system,
+    every victim (the anchor's ``np.linalg.lstsq``)."""
     T, n = sent.shape[0] - 1, sent.shape[1]
     rec = dpsgd(W, lr)
-    others = [k for k in range(n) if k not in members]
+    inside = set(members)
+    others = [k for k in range(n) if k not in inside]
     rows = gossip_messages(adj, members, range(1, T + 1), own=("x",))
     system = knowledge(
-        rec, members, rows, rounds=T, known=lambda k: k[0] in rec.public, tied=others
+        rec,
+        members,
+        rows,
+        rounds=T,
+        known=lambda k: k[0] in rec.public or k[1] in inside,
+        tied=others,
+        cut=True,
     )
     x0 = sent[0, 0]
     observed = system.observed(sent)
-    if solver == "ours":
-        analysis = identifiability(system, rtol=rtol)
-        keys = [("g", v, 1) for v in others if analysis.status(("g", v, 1)) == "identifiable"]
-        if not keys:
-            return {}
-        rec_ = solve(system, observed, lambda key: x0, analysis=analysis, keys=keys)
-        return {k[1]: rec_.values[i] for i, k in enumerate(rec_.keys)}
-    if solver != "lstsq":
+    known = system.known_from(sent, lambda key: x0)
+    if solver == "lstsq":
+        y = system.rhs(observed, known, reference=x0)
+        sol = np.linalg.lstsq(system.K.toarray(), y, rcond=None)[0]
+        return {v: sol[system.index(("g", v, 1))] for v in others}
+    if solver != "ours":
         raise ValueError(f"unknown solver {solver!r}; use ours or lstsq")
-    y = system.rhs(observed, known_values=lambda key: x0)
-    sol = np.linalg.lstsq(system.K.toarray(), y, rcond=None)[0]
-    return {v: sol[system.index(("g", v, 1))] for v in others}
+    analysis = identifiability(system, rtol=rtol)
+    keys = [("g", v, 1) for v in others if analysis.status(("g", v, 1)) == "identifiable"]
+    if not keys:
+        return {}
+    out = solve(system, observed, known, analysis=analysis, keys=keys, reference=x0)
+    assert out.float_error is not None
+    rel = relative_error(out.values, out.float_error)
+    got = {}
+    for i, key in enumerate(out.keys):
+        if max_error is None or rel[i] < max_error:
+            got[key[1]] = out.values[i]
+            if report is not None:
+                report[key[1]] = float(rel[i])
+    return got
 
 
 def psnr(a: Tensor, b: Tensor) -> float:
@@ -162,8 +212,11 @@ def psnr(a: Tensor, b: Tensor) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
 
 
-def invert(model: nn.Module, x0: np.ndarray, g: np.ndarray, shape: tuple[int, ...]) -> Tensor:
-    """The analytic attack on one recovered gradient (first Linear layer, one example)."""
+def invert(
+    model: nn.Module, x0: np.ndarray, g: np.ndarray, shape: tuple[int, ...], rule: str = "reliable"
+) -> Tensor:
+    """The analytic attack on one recovered gradient (first Linear layer, one example), its
+    rows combined by ``rule`` (:func:`attacks.analytic.combine`; ``row``: the anchor's)."""
     classes = model[1].out_features
     obs = Observation(
         model=model,
@@ -175,7 +228,7 @@ def invert(model: nn.Module, x0: np.ndarray, g: np.ndarray, shape: tuple[int, ..
         mean=(0.0,) * shape[0],
         std=(1.0,) * shape[0],
     )
-    return recover(obs)[0][0]
+    return recover(obs, rule=rule)[0][0]
 
 
 def setting(
@@ -189,7 +242,7 @@ def setting(
     rounds: int | None,
     good: float,
     seed: int,
-    rtol: float = 1e-9,
+    rtol: float | None = None,
 ) -> dict[str, Any]:
     """One row: D-GD on ``graph``, the coalition ``members``, step ``lr``; PSNR per victim
     (both solvers), the relative error of the recovered gradients, by hop distance."""
@@ -217,7 +270,8 @@ def setting(
                 continue
             g1 = grads[0, v]
             errs[d].append(float(np.linalg.norm(got[v] - g1) / np.linalg.norm(g1)))
-            img = invert(model, sent[0, 0], got[v], tuple(images.shape[1:]))
+            rule = "reliable" if solver == "ours" else "row"
+            img = invert(model, sent[0, 0], got[v], tuple(images.shape[1:]), rule)
             per[d].append(psnr(img, images[v].double()))
         row[f"psnr_{solver}"] = {d: per[d] for d in sorted(per)}
         row[f"err_{solver}"] = {d: errs[d] for d in sorted(errs)}
@@ -284,6 +338,193 @@ def table(rows: list[dict[str, Any]], good: float) -> str:
     return "\n".join(out)
 
 
+# -- the anchor's own code, beside ours ------------------------------------------------------
+SIDE = (("line", "end"), ("ring", "two"), ("erdos-renyi", "one"))  # the side-by-side's graphs
+
+
+def side_graphs(n: int) -> list[tuple[str, Tensor, list[int]]]:
+    """The side-by-side's settings: a line of n with the attacker at an end, a ring with two
+    attackers a third of the way apart, an Erdős–Rényi graph (this project's draw, seed 0)
+    with one."""
+    return [
+        (f"line {n}, attacker 0", build_topology("line", n), [0]),
+        (f"ring {n}, attackers 0,{n // 3}", build_topology("ring", n), [0, n // 3]),
+        (f"Erdős–Rényi {n}, attacker 0", build_topology("erdos-renyi", n), [0]),
+    ]
+
+
+class _Shards:
+    """A stand-in for the anchor's torchvision dataset: hands agent k its image k, in the
+    order its ``Decentralized.build`` asks for them (whatever index it draws)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.images, self.labels, self.next = images, labels, 0
+
+    def __getitem__(self, idx: int) -> tuple[Tensor, int]:
+        k, self.next = self.next, self.next + 1
+        return torch.from_numpy(self.images[k]), int(self.labels[k])
+
+
+def _worker(path: str, deps: str | None, inp: str, out: str) -> None:
+    """In a subprocess: the anchor's code (decAttack's ``src``) on the arrays of ``inp``, its
+    Decentralized simulation, least squares and inversion unchanged; only its dataset is
+    replaced by ours (a stand-in for torchvision's that hands agent k its image k)."""
+    for extra in (deps, str(Path(path) / "src")):
+        if extra:
+            sys.path.insert(0, extra)
+    import decentralized as dec  # the anchor's own modules
+    import networkx as nx
+    from models import FC_Model, Model, invert_gradient_FC_Model
+    from optim import ReconstructOptim
+
+    torch.set_num_threads(1)
+    z = np.load(inp)
+    images, labels, x0 = z["images"], z["labels"], z["x0"]
+    n, a, T = len(images), int(z["attackers"]), int(z["rounds"])
+    G = nx.Graph()
+    G.add_nodes_from(range(n))
+    G.add_edges_from(z["edges"].tolist())
+    setup = dict(device=torch.device("cpu"), dtype=torch.double)
+    R = ReconstructOptim(G, T, list(range(a)))
+    fc = FC_Model(images[0].size, int(z["classes"]))
+    model = Model(fc, invert_gradient_FC_Model, setup)
+    w = fc.seq[0].weight
+    model.update(
+        [torch.from_numpy(x0[: w.numel()]).reshape(w.shape), torch.from_numpy(x0[w.numel() :])]
+    )
+    res: dict[str, Any] = {}
+    for i, lr in enumerate(z["lrs"].tolist()):
+        shards = _Shards(images, labels)
+        dec.datasets["privaudit"] = lambda setup, root, shards=shards: shards
+        D = dec.Decentralized(R, model, setup, data_name="privaudit", targets_only=True)
+        t0 = time.perf_counter()
+        D.run(lr)
+        res[f"sim{i}"] = time.perf_counter() - t0
+        x_hat = R.reconstruct_LS_target_only(D.sent_params, D.attackers_params)
+        res[f"img{i}"] = np.stack([model.invert(x_hat[j], lr).numpy() for j in range(n - a)])
+        res[f"sent{i}"] = D.sent_params.numpy()
+    np.savez(out, **res)
+
+
+def run_anchor(
+    path: str,
+    deps: str | None,
+    images: Tensor,
+    labels: Tensor,
+    adj: Tensor,
+    members: list[int],
+    x0: Tensor,
+    lrs: list[float],
+    rounds: int,
+) -> tuple[list[dict[int, Tensor]], list[float], list[np.ndarray], list[int]]:
+    """The anchor's code on our data, in a subprocess (:func:`_worker`), the attackers
+    relabelled 0..a−1 as it assumes. Returns per η: each victim's image (by our agent
+    index), its simulation's seconds, its recorded messages, and the relabelling."""
+    n = len(images)
+    perm = members + [k for k in range(n) if k not in members]
+    pos = {k: i for i, k in enumerate(perm)}
+    edges = np.array([(pos[i], pos[j]) for i, j in np.argwhere(np.triu(adj.numpy(), 1))])
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
+        np.savez(
+            inp,
+            images=images[perm].numpy().astype(np.float64),
+            labels=labels[perm].numpy(),
+            edges=edges,
+            x0=x0.numpy(),
+            attackers=len(members),
+            lrs=np.array(lrs),
+            rounds=rounds,
+            classes=int(labels.max()) + 1,
+        )
+        cmd = [sys.executable, __file__, "--worker", inp, out, "--decattack", path]
+        cmd += ["--decattack-deps", deps] if deps else []
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"the anchor's code failed:\n{done.stderr[-3000:]}")
+        z = np.load(out)
+        imgs = [
+            {perm[len(members) + j]: torch.from_numpy(im) for j, im in enumerate(z[f"img{i}"])}
+            for i in range(len(lrs))
+        ]
+        return (
+            imgs,
+            [float(z[f"sim{i}"]) for i in range(len(lrs))],
+            [z[f"sent{i}"] for i in range(len(lrs))],
+            perm,
+        )
+
+
+def anchor_messages(sent: np.ndarray, adj: Tensor, perm: list[int], a: int) -> np.ndarray:
+    """Our simulation's messages in the anchor's recording order: the attackers' first
+    half-steps, then every round's non-attacker neighbours (by its labels), each minus x_0."""
+    pos = {k: i for i, k in enumerate(perm)}
+    heard = sorted({pos[j] for m in perm[:a] for j in torch.nonzero(adj[m]).flatten().tolist()})
+    heard = [perm[j] for j in heard if j >= a]
+    rows = [sent[1, m] for m in perm[:a]]
+    rows += [sent[t, j] for t in range(1, sent.shape[0]) for j in heard]
+    return np.stack(rows) - sent[0, 0]
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """The anchor's code beside privaudit's default on the same data (module docstring):
+    victims at ≥ ``args.good`` dB per (graph, η), summed over ``args.sets`` image sets, and
+    the D-GD simulations' time."""
+    n, lrs = args.agents, [float(x) for x in args.lrs.split(",")]
+    T = args.rounds or n
+    counts: dict[tuple[str, float], list[int]] = {}
+    sim = {"ours": 0.0, "anchor": 0.0}
+    worst = 0.0  # largest difference between the two simulations' messages
+    hidden: dict[tuple[str, float], int] = {}
+    for s in range(args.seed, args.seed + args.sets):
+        images, labels = data(args.dataset, args.data_root, n, s)
+        shape = tuple(images.shape[1:])
+        for name, adj, members in side_graphs(n):
+            W = gossip_matrix(adj, "laplacian")
+            model = linear_model(shape, int(labels.max()) + 1, s)
+            x0 = flat(model)
+            imgs, secs, msgs, perm = run_anchor(
+                args.decattack, args.decattack_deps, images, labels, adj, members, x0, lrs, T
+            )
+            for i, lr in enumerate(lrs):
+                t0 = time.perf_counter()
+                sent, _ = dgd(model, images, labels, W, lr, T)
+                sim["ours"] += time.perf_counter() - t0
+                sim["anchor"] += secs[i]
+                ours = anchor_messages(sent, adj, perm, len(members))
+                worst = max(worst, float(np.abs(ours - msgs[i]).max() / np.abs(msgs[i]).max()))
+                got = attack(sent, adj, W, lr, members)
+                c = counts.setdefault((name, lr), [0, 0, 0])
+                hidden[(name, lr)] = hidden.get((name, lr), 0) + (n - len(members) - len(got))
+                for v, im in imgs[i].items():
+                    truth = images[v].double()
+                    c[0] += psnr(im.reshape(shape).clamp(0, 1), truth) >= args.good
+                    if v in got:
+                        mine = invert(model, sent[0, 0], got[v], shape)
+                        c[1] += psnr(mine, truth) >= args.good
+                    c[2] += 1
+                print(f"set {s}, {name}, η = {lr:g}: anchor {c[0]}, ours {c[1]} so far", flush=True)
+    print(
+        f"\nVictims recovered at ≥ {args.good:g} dB over {args.sets} image sets "
+        f"({args.dataset}, W = I − L/d_max, T = {T}), the anchor's code / privaudit's default:"
+    )
+    print("| graph | η | anchor's code | privaudit default | victims | privaudit hidden |")
+    print("|---|---|---|---|---|---|")
+    for (name, lr), (a, o, tot) in counts.items():
+        print(f"| {name} | {lr:g} | {a} | {o} | {tot} | {hidden[(name, lr)]} |")
+    ratio = sim["anchor"] / max(sim["ours"], 1e-9)
+    print(
+        f"D-GD simulation: privaudit {sim['ours']:.1f} s, the anchor's {sim['anchor']:.1f} s "
+        f"(anchor / privaudit = {ratio:.2f}); largest message difference {worst:.1e} (relative)"
+    )
+    return dict(
+        counts={f"{k[0]} | {k[1]:g}": v for k, v in counts.items()},
+        sim=sim,
+        ratio=ratio,
+        message_difference=worst,
+    )
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=16)
@@ -294,13 +535,33 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--data-root", default=None)
     p.add_argument("--good", type=float, default=20.0, help="PSNR (dB) counted as recovered")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rtol", type=float, default=1e-9, help="float rank cut-off of ours")
+    p.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="float rank cut-off of ours (default: K's rounding)",
+    )
     p.add_argument(
         "--settings", default=None, help="graph:a+b,… (line:0 is Fig. 6); default: both axes"
     )
     p.add_argument("--json", default=None, help="write the rows to this file")
+    p.add_argument(
+        "--decattack", default=None, metavar="PATH", help="a decAttack checkout: run it beside ours"
+    )
+    p.add_argument("--decattack-deps", default=None, metavar="DIR", help="its extra packages")
+    p.add_argument("--sets", type=int, default=3, help="image sets of the side-by-side")
+    p.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.worker:
+        _worker(args.decattack, args.decattack_deps, *args.worker)
+        return []
+    if args.decattack:
+        out = side_by_side(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1, default=str)
+        return [out]
     n = args.agents
     images, labels = data(args.dataset, args.data_root, n, args.seed)
     rows = []
@@ -325,7 +586,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(f"{graph} {members} η={lr:g}: {rows[-1]['seconds']} s", flush=True)
     print(f"\nPSNR (dB) per hop distance d from the coalition, ours / the anchor's lstsq "
           f"({args.dataset}, {args.gossip} W, T = {args.rounds or n}, "
-          f"rtol {args.rtol:g})")  # fmt: skip
+          f"rtol {'default' if args.rtol is None else f'{args.rtol:g}'})")  # fmt: skip
     print(table(rows, args.good))
     if args.json:
         with open(args.json, "w") as f:

@@ -350,3 +350,28 @@ def test_erdos_renyi_is_deterministic_and_connected():
             erdos_renyi(10, bad)
     with pytest.raises(PrivauditError, match="seed"):
         erdos_renyi(10, 0.5, seed=-1)
+
+
+def test_cut_system_needs_none_of_the_coalitions_inputs_even_when_they_mix_within_a_round():
+    """``cut``: the coalition's states are known values. Under Muffliato a member's noised step
+    reaches the others within the round (K gossip steps), so its inputs appear in their
+    rows; they are rewritten through the member's own recorded states, and the victims are
+    recovered from the messages and x_0 alone — no member gradient is asked for."""
+    from privaudit.core.recursion import muffliato
+
+    adj, W = graph("line", 5)
+    rec = muffliato(W, 0.1, steps=3)
+    T = 4
+    vals = random_values(rec, T, d=3, seed=2)
+    for k in range(5):
+        vals[("x0", k, 0)] = vals[("x0", 0, 0)]  # the shared initial model
+    st = simulate(rec, T, vals, d=3)
+    rows = gossip_messages(adj, [0], range(1, T + 1), own=rec.state)
+    s = knowledge(rec, [0], rows, rounds=T, cut=True)
+    assert s.role(("g", 0, 2)) == "known" and not any(m.src == 0 for m in s.rows)
+    assert not any(s.known[j][0] == "g" for j in np.unique(s.C.indices))
+    public = {("x0", k, 0): vals[("x0", 0, 0)] for k in range(5)}
+    out = solve(s, s.observed(st), s.known_from(st, public), reference=vals[("x0", 0, 0)])
+    assert {k[1] for k in out.keys} >= {1, 2, 3}
+    for i, key in enumerate(out.keys):
+        np.testing.assert_allclose(out.values[i], vals[key], atol=1e-8)

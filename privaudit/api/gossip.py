@@ -32,13 +32,14 @@ there a single attacker on a ring of 5 recovers both agents two hops away, exact
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from privaudit.attacks.gossip import (
+    STATE,
     Identifiability,
     LinearSystem,
     Message,
@@ -47,7 +48,9 @@ from privaudit.attacks.gossip import (
     gossip_messages,
     identifiability,
     knowledge,
+    relative_error,
     state_functional,
+    unit_roundoff,
 )
 from privaudit.core.accounting import sample_rates
 from privaudit.core.errors import PrivauditError, Unobservable
@@ -73,6 +76,7 @@ def observe_beyond(
     rounds_ahead: int | None = None,
     tie: bool = False,
     progress: bool = True,
+    max_error: float | None = 1.0,
 ) -> list[Observation]:
     """One Observation per victim of its round-``round`` update, reconstructed by the
     coalition ``attackers`` from every ``target``-defense message it receives (the gossip
@@ -88,7 +92,12 @@ def observe_beyond(
     approximation — every non-member's update is taken to be the same in every round used
     (:func:`~privaudit.attacks.gossip.tie`, its error stated there), which reaches agents
     beyond the neighbourhood under D-PSGD; refused unless every agent's batch is its whole
-    shard (``--batch-size`` ≥ each shard: full-batch D-GD), ``meta["exact"]`` is then False.
+    shard (``--sampling full``: full-batch D-GD), ``meta["exact"]`` is then False.
+    ``max_error``: after the capture, a victim whose recovered update carries an estimated
+    rounding error (:func:`~privaudit.attacks.gossip.float_error`, from the payloads' float
+    type) of at least this fraction of its signal
+    (:func:`~privaudit.attacks.gossip.relative_error`) is refused as lost to rounding,
+    though structurally identifiable; None: never.
 
     Identifiability is decided on the recursion alone, before anything is captured; a
     victim whose update (or whose model at its evaluation point) lies outside the knowledge
@@ -98,10 +107,12 @@ def observe_beyond(
     ``noise_std`` the estimator's per-coordinate std ‖Mᵀr‖ (σC/B for ``dp-dpsgd``),
     ``clip`` as the recursion states, and the realised batch size told
     (:func:`~privaudit.api.pipeline.given_batch_size`). ``meta``: target, round, src (the
-    victim), dst None, threat ``coalition A (gossip algebra, N rounds, rank r)``,
+    victim), dst None, threat ``coalition A (gossip algebra, N rounds, rank r, agent v:
+    rounding error e of its update)``,
     ``identifiable``, ``rank``, ``distance`` (hops from the coalition), ``gain`` (‖r‖, what
-    unit noise on every row would become), ``rounds``
-    (first and last used) and ``attackers``."""
+    unit noise on every row would become), ``float_error`` and ``float_error_rel`` (the
+    estimated per-coordinate rounding error of the update, absolute and relative to its
+    signal; also in ``threat``), ``rounds`` (first and last used) and ``attackers``."""
     tgt = Target.parse(target)
     tgt.check_run(run, round)
     members, victims, rec = _coalition(run, tgt, target, attackers, victims, tie)
@@ -109,7 +120,7 @@ def observe_beyond(
     hops, first, last = _window(run, adj, members, victims, round, rounds_back, rounds_ahead, tie)
 
     sub = rec.shifted(first)
-    system = _system(sub, adj, members, first, last, tie)
+    system = coalition_system(sub, adj, members, first, last, tie)
     analysis = identifiability(system)
     plans: list[tuple[Recovery, list[dict[Key, float]]]] = []
     for v in victims:
@@ -134,6 +145,7 @@ def observe_beyond(
         sub,
         system,
         plans,
+        max_error,
     )
 
 
@@ -229,6 +241,7 @@ def _observations(
     sub: Recursion,
     system: LinearSystem,
     plans: list[tuple[Recovery, list[dict[Key, float]]]],
+    max_error: float | None = 1.0,
 ) -> list[Observation]:
     """Capture the coalition's links over the rounds used and apply each victim's planned
     estimator to them: the capture comes last, after every victim is known identifiable,
@@ -241,7 +254,16 @@ def _observations(
     view = threat.view(messages, run.public())
     out = []
     for v, (plan, targets) in zip(victims, plans, strict=True):
-        g, at = _apply(system, sub, plan, targets, messages, first, run.ctx.x0.cpu())
+        g, at, fe = _apply(system, sub, plan, targets, messages, first, run.ctx.x0.cpu())
+        rel = float(relative_error(g.numpy()[None], np.array([fe]))[0])
+        if max_error is not None and rel >= max_error:
+            gain = float(np.linalg.norm(plan.weights[0]))
+            raise Unobservable(
+                f"agent {v}'s round-{round} update is identifiable from coalition {members}'s "
+                f"messages but lost to their rounding: its estimated error is {rel:.2g}× its "
+                f"size ({hops[v]} hops away, estimator gain {gain:.2g}); attack a nearer "
+                "agent, or add attackers around it (--attacker)"
+            )
         meta = {
             "target": target,
             "round": round,
@@ -249,11 +271,15 @@ def _observations(
             "dst": None,
             "threat": f"coalition {','.join(map(str, members))} (gossip algebra"
             f"{', tied updates' if tie else ''}, {last - max(first, 1) + 1} rounds, "
-            f"rank {plan.rank})",
+            f"rank {plan.rank}, agent {v}: rounding error {rel:.1g} of its update)",
             "identifiable": True,
             "rank": plan.rank,
             "distance": int(hops[v]),
             "gain": float(np.linalg.norm(plan.weights[0])),
+            # the payloads' rounding in the recovered update: per-coordinate RMS, and
+            # relative to the update's signal (what decides whether it is still one)
+            "float_error": fe,
+            "float_error_rel": rel,
             "rounds": [max(first, 1), last],
             "attackers": members,
             # unbiased, no approximation (noise_std says the rest) unless updates are tied
@@ -304,25 +330,22 @@ def _apply(
     messages: dict,
     first: int,
     x0: Tensor,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, float]:
     """The plan's estimates on the recorded payloads, row by row in float64 (memory of two
     models, whatever the number of rows): r_qᵀ (y − C k) + c_kᵀ k for each of ``targets``
-    (the plan's), k the public x_0."""
+    (the plan's), k the public x_0 and the coalition's own states. Each row is computed
+    around x_0, (y − x_0) − Σ c (k − x_0) − x_0 (Σ c − 1) (every payload is x_0 plus small
+    steps: no large, nearly equal numbers are subtracted). Also returns the update's
+    per-coordinate rounding error (:func:`~privaudit.attacks.gossip.float_error`: u of the
+    payloads' float type, times the weighted RMS of the rounded numbers)."""
     sent: dict[tuple[int, int, str], Tensor] = {}
     for (t, src, _, kind), m in messages.items():
         sent.setdefault((t, src, kind), m)
     x0 = x0.to(torch.float64).reshape(-1)
-
-    def known(j: int) -> Tensor:
-        key = system.known[j]
-        if key[0] != "x0":
-            raise PrivauditError(
-                f"the {rec.name} recursion makes {key} public, but only the shared x_0 is "
-                "known to an adversary; leave it out of Recursion.public"
-            )
-        return x0
-
+    known = _known(system, rec, sent, first, x0)
     acc = torch.zeros(plan.weights.shape[0], x0.numel(), dtype=torch.float64)
+    power = np.zeros(len(system.rows))  # each row's rounded numbers, mean square
+    roundoff = 0.0
     C = system.C.tocsr()
     for r, m in enumerate(system.rows):
         w = plan.weights[:, r]
@@ -336,15 +359,60 @@ def _apply(
                 "defense's recursion says it sends; capture that round again (delete its "
                 "messages folder)"
             )
-        y = payload.detach().cpu().to(torch.float64).reshape(-1).clone()
+        roundoff = max(roundoff, unit_roundoff(payload))
+        y = payload.detach().cpu().to(torch.float64).reshape(-1) - x0
+        power[r] = float((y + x0).pow(2).mean())
+        total = 0.0
         for j, c in zip(C[r].indices.tolist(), C[r].data.tolist(), strict=True):
-            y -= c * known(j)
+            k, rounded = known(j)
+            y -= c * (k - x0)
+            total += c
+            power[r] += c * c * float(k.pow(2).mean()) if rounded else 0.0
+        y -= (total - 1.0) * x0
         acc += torch.from_numpy(w)[:, None] * y
     for i, target in enumerate(targets):
         ck = system.functional(target)[1]
         for j in np.flatnonzero(ck).tolist():
-            acc[i] += float(ck[j]) * known(j)
-    return acc[0], acc[1]
+            acc[i] += float(ck[j]) * known(j)[0]
+    err = roundoff / np.sqrt(3.0) * float(np.sqrt(plan.weights[0] ** 2 @ power))
+    return acc[0], acc[1], err
+
+
+def _known(
+    system: LinearSystem, rec: Recursion, sent: dict, first: int, x0: Tensor
+) -> Callable[[int], tuple[Tensor, bool]]:
+    """The value of the system's known variable j, and whether it is a rounded payload: the
+    public x_0 (exact), or a coalition member's state — a message it sent (``state:`` keys,
+    and its initial state when the window starts after round 0)."""
+
+    def value(j: int) -> tuple[Tensor, bool]:
+        key = system.known[j]
+        if key[0] in rec.public:
+            if key[0] != "x0":
+                raise PrivauditError(
+                    f"the {rec.name} recursion makes {key} public, but only the shared x_0 "
+                    "is known to an adversary; leave it out of Recursion.public"
+                )
+            return x0, False
+        component, t = None, key[2]
+        if key[0].startswith(STATE):
+            component = key[0][len(STATE) :]
+        elif key[2] == 0 and key[0][:-1] in rec.state and first > 0:
+            component = key[0][:-1]
+        if component is None or key[1] not in system.coalition:
+            raise PrivauditError(
+                f"the rows involve {key}, a value the coalition holds but no message carries; "
+                f"state which message kind carries it in the {rec.name} recursion's carries"
+            )
+        payload = sent.get((t + first, key[1], rec.kind_of(component)))
+        if payload is None:
+            raise PrivauditError(
+                f"the run holds no message of member {key[1]} in round {t + first}, which the "
+                "coalition sent; capture that round again (delete its messages folder)"
+            )
+        return payload.detach().cpu().to(torch.float64).reshape(-1), True
+
+    return value
 
 
 def _zeros(key: Key) -> np.ndarray:
@@ -354,15 +422,18 @@ def _zeros(key: Key) -> np.ndarray:
 def _full_batch(run: Run) -> None:
     """Refuse the tied approximation unless every agent's batch is its whole shard (q = 1):
     with fresh Poisson batches the round-to-round change of an agent's gradient is the batch
-    noise, not a first-order drift in the step size."""
+    noise, not a first-order drift in the step size. The fix names the run's own shards: a
+    shard of K examples with batch size K is trained full-batch (``train --sampling full
+    --examples-per-agent K``)."""
     sizes = [len(p) for p in run.ctx.parts]
     q = sample_rates(sizes, run.cfg.batch_size)
     if min(q) < 1:
         raise PrivauditError(
             f"tie=True assumes each agent's gradient is the same in every round (El Mrini et "
             f"al.'s D-GD), but this run draws fresh Poisson batches (q = {min(q):.3g} < 1 for "
-            f"shards of up to {max(sizes)} examples); use --batch-size {max(sizes)} or more "
-            "(full-batch D-GD, q = 1), or leave tie off for the exact system"
+            f"shards of up to {max(sizes)} examples); train it full-batch with --sampling full "
+            "--examples-per-agent K (q = 1; 1: one example per agent), or leave tie off for "
+            "the exact system"
         )
 
 
@@ -377,17 +448,28 @@ def _rows(rec: Recursion, adj: Tensor, members: list[int], first: int, last: int
     return rows
 
 
-def _system(
+def coalition_system(
     rec: Recursion, adj: Tensor, members: list[int], first: int, last: int, tie: bool = False
 ) -> LinearSystem:
-    """The knowledge system. Only public variables are known: the coalition's own updates are
-    solved for like everyone's, from its own sent messages (lossless for D-PSGD and gradient
-    tracking, whose members' neighbours are all heard). ``tie``: every non-member's update is
-    one unknown over the rounds (:func:`~privaudit.attacks.gossip.tie`)."""
+    """The knowledge system with everything the coalition holds subtracted before solving
+    (``cut``, :func:`~privaudit.attacks.gossip.knowledge`): its own updates and noise draws
+    and its initial states are known variables, and so are its states at every later index
+    — the messages it sent —, whose recorded values carry whatever reached it from the
+    others (under ``tie``, their real, drifting updates rather than tied ones), as El Mrini
+    et al. subtract the attackers' values. Public variables (the shared x_0) are known too.
+    ``tie``: every non-member's update is one unknown over the rounds
+    (:func:`~privaudit.attacks.gossip.tie`)."""
     rows = _rows(rec, adj, members, first, last)
-    others = [k for k in range(rec.n) if k not in members] if tie else None
+    inside = set(members)
+    others = [k for k in range(rec.n) if k not in inside] if tie else None
     return knowledge(
-        rec, members, rows, rounds=last - first, known=lambda k: k[0] in rec.public, tied=others
+        rec,
+        members,
+        rows,
+        rounds=last - first,
+        known=lambda k: k[0] in rec.public or k[1] in inside,
+        tied=others,
+        cut=True,
     )
 
 
@@ -417,7 +499,7 @@ def _identifiable(
     tie: bool = False,
 ) -> bool:
     sub = rec.shifted(first)
-    a = identifiability(_system(sub, adj, members, first, last, tie))
+    a = identifiability(coalition_system(sub, adj, members, first, last, tie))
     return a.status((sub.update, v, t - first)) == "identifiable"
 
 

@@ -534,8 +534,9 @@ def membership_run(
         else:
             found.update(
                 {k: res[k] for k in ("auc", "epsilon_lo", "label_counts_exact", "label_tv")},
-                tpr_at_1pct=res["tpr_at_fpr"]["0.01"]["tpr"],
-                tpr_at_01pct=res["tpr_at_fpr"]["0.001"]["tpr"],
+                # None where the non-members cannot resolve the FPR (fewer than 1/FPR)
+                tpr_at_1pct=_resolved_tpr(res["tpr_at_fpr"]["0.01"]),
+                tpr_at_01pct=_resolved_tpr(res["tpr_at_fpr"]["0.001"]),
                 violations=len(res["violations"]),
                 members=res["members"],
             )
@@ -794,6 +795,11 @@ def _rows(
                         row["label_counts_exact"] = found.get("label_counts_exact")
         rows += mine_rows
     return rows
+
+
+def _resolved_tpr(point: dict[str, Any]) -> float | None:
+    """A TPR at an FPR its sample resolves, else None (never printed below its resolution)."""
+    return point["tpr"] if point.get("resolved", True) else None
 
 
 def _found(value: Any, where: Path) -> Any:
