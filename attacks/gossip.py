@@ -125,7 +125,8 @@ def unroll(
     (El Mrini et al.'s attacker-state subtraction, the B_t of their ``reconstruct_LS``).
     Whatever reached T through a member — including the real, untied history of the other
     agents' updates that passed through it — is then carried by the member's recorded state
-    and not re-modelled."""
+    and not re-modelled. A member input that reaches T within the step (B_TA ≠ 0) is
+    rewritten through the member's own state (:func:`_through_states`)."""
     S, P = rec.S, rec.P
     V = S + rounds * P
     members = sorted({int(a) for a in cut})
@@ -416,9 +417,15 @@ def knowledge(
     build it (their ``reconstruct_LS_target_only`` subtracts B_t = W_TT B_{t-1} + W_TA X_A).
     A member's own message is then one of its known variables (its row is dropped): in a
     protocol a member's next state is computed from what it received and what it holds, so
-    that row repeats the received ones. Nothing is lost against the uncut system, and under
-    :func:`tie` it removes a model error: the other agents' real updates that travelled
-    through a member reach its neighbours as recorded values, not as tied unknowns."""
+    that row repeats the received ones — provided ``messages`` hold everything the members
+    receive (every carried component of every neighbour, as :func:`gossip_messages` per
+    component gives; a component left out would have been seen through the members' rows).
+    Nothing is lost against the uncut system then, whose answer it gives with fewer rows
+    and unknowns: under :func:`tie` the other agents' real updates that travelled through a
+    member reach its neighbours as its recorded values (the uncut system gets there by
+    solving the member's per-round updates from its own rows), and no member input is ever
+    asked for — where one reaches the others within a round (Muffliato's gossip steps) it is
+    rewritten through the member's own states (:func:`unroll`)."""
     n = rec.n
     members = _members(coalition, n)
     msgs = list(messages)

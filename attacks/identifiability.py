@@ -163,7 +163,7 @@ class Identifiability:
         )
 
     def _full_rank_layer(self) -> str:
-        return next(r.layer for r in self.layers if r.separable == self.batch_size)
+        return next(r.layer for r in self.layers if r.separable >= self.batch_size)
 
     def to_dict(self) -> dict:
         """The fields and the sentence, as ``result.json`` would hold them."""

@@ -366,8 +366,12 @@ def test_cut_system_needs_none_of_the_coalitions_inputs_even_when_they_mix_withi
     for k in range(5):
         vals[("x0", k, 0)] = vals[("x0", 0, 0)]  # the shared initial model
     st = simulate(rec, T, vals, d=3)
-    rows = gossip_messages(adj, [0], range(1, T + 1), own=rec.state)
+    # every component the member receives (model, model@2, model@3) must be recorded: its
+    # own states are computed from them, which is what lets the cut drop its rows
+    rows = [m for c in rec.state for m in gossip_messages(adj, [0], range(1, T + 1), c, own=None)]
     s = knowledge(rec, [0], rows, rounds=T, cut=True)
+    uncut = knowledge(rec, [0], rows + gossip_messages(adj, [0], range(1, T + 1), own=rec.state))
+    assert identifiability(s).keys() == identifiability(uncut).keys()
     assert s.role(("g", 0, 2)) == "known" and not any(m.src == 0 for m in s.rows)
     assert not any(s.known[j][0] == "g" for j in np.unique(s.C.indices))
     public = {("x0", k, 0): vals[("x0", 0, 0)] for k in range(5)}

@@ -8,7 +8,12 @@ import torch
 from test_attacks import observe
 from torch import nn
 
-from privaudit.attacks.identifiability import identifiability, linear_layers
+from privaudit.attacks.identifiability import (
+    Identifiability,
+    LayerRank,
+    identifiability,
+    linear_layers,
+)
 from privaudit.scenario.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,3 +114,12 @@ def test_linear_layers_are_listed_in_forward_order():
     layers = linear_layers(model)
     assert [ly.module for ly in layers] == ["head.0", "head.2"]
     assert not layers[0].takes_input and layers[0].relu_after and not layers[1].relu_after
+
+
+def test_sentence_when_a_layer_separates_more_than_the_batch():
+    """A cross-gradient mixes two batches: a layer's rank may exceed B (the bug: compare's
+    default study ended in an internal error writing this sentence)."""
+
+    layer = LayerRank("fc", (10, 20), 4, 4, True, False)
+    text = Identifiability(2, 40, 1000, 2, 2, (layer,)).sentence()
+    assert text.startswith("all 2 examples may be determined") and "fc's gradient" in text
