@@ -265,7 +265,9 @@ def test_compare_utility_draws_the_frontier_with_its_references(tmp_path, monkey
     assert all(lo != "" and float(lo) >= 0 for lo in audited.values())
     # membership inference on every run's last messages, private or not (cached beside it)
     for c in cells:
-        assert 0 <= float(c["mia_tpr"]) <= 1 and 0 <= float(c["mia_auc"]) <= 1
+        # no TPR at 1 % FPR where fewer than 100 non-members cannot resolve it: empty
+        assert c["mia_tpr"] == "" or 0 <= float(c["mia_tpr"]) <= 1
+        assert 0 <= float(c["mia_auc"]) <= 1
         assert 0 <= float(c["label_counts_exact"]) <= 1
     assert len(list((out / "runs").glob("*.mia-*.json"))) == len(cells)
     table = (out / "frontier.md").read_text().splitlines()

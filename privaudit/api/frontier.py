@@ -127,7 +127,9 @@ MEMBERSHIP = ("mia_tpr", "label_counts_exact")  # the frontier's membership colu
 
 
 def _pct(v: float | None) -> str:
-    return "" if v is None else f"{100 * v:.1f} %"
+    """A rate in per cent; "—" where there is none (a TPR at 1 % FPR from fewer than 100
+    non-members is not measured)."""
+    return "—" if v is None else f"{100 * v:.1f} %"
 
 
 def _x(eps: float | None, top: float) -> float:
@@ -212,9 +214,10 @@ def frontier_markdown(
 ) -> str:
     """The frontier as one Markdown table: per target and requested ε, the accounted ε, the
     audited lower bound, test accuracy, the attack's PSNR/SSIM, the membership inference's
-    TPR at 1 % FPR and label counts recovered (where the sweep ran it) and the operating point
+    TPR at 1 % FPR ("—" where its non-members cannot resolve it) and label counts recovered
+    (where the sweep ran it) and the operating point
     (``configs``: the run of each (defense, requested ε)); the references below."""
-    member = any(s.get("mia_tpr") is not None for s in summary)
+    member = any(s.get("mia_auc") is not None for s in summary)  # membership ran
     head = [
         "target",
         "ε asked",

@@ -87,14 +87,15 @@ def progress(
     showing the count and the time remaining (or, ``elapsed``, the time spent), and its task:
     use the bar as a context manager and ``bar.advance(task)``. Stdout keeps only results.
     Where stderr is not a terminal: :class:`LogLines` instead."""
-    if enabled and not sys.stderr.isatty():
+    console = Console(stderr=True)  # a terminal as rich judges it (TTY_COMPATIBLE, …)
+    if enabled and not console.is_terminal:
         return LogLines(total, description, completed, sys.stderr), TaskID(0)
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn() if elapsed else TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
         disable=not enabled,
         transient=True,
     )
