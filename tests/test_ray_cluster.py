@@ -323,13 +323,13 @@ def odd_node(head, tmp_path_factory):
     edited = tmp_path_factory.mktemp("edited") / "errors.py"
     edited.write_text(source.read_text() + "\n# edited on one node only\n")
     if shutil.which("unshare") is None:
-        pytest.skip("needs unshare(1) for a node with a view of its own")
+        pytest.fail("needs unshare(1) (util-linux) for a node with a view of its own")
     setup = f'mount -t tmpfs none {hidden} && mount --bind {edited} {source} && exec "$@"'
     wrap = ["unshare", "--mount", "sh", "-c", setup, "node"]
     try:
         group = ray_start([f"--address={address}", "--num-cpus=1"], head_cwd, wrap)
     except RuntimeError as e:
-        pytest.skip(f"cannot start a node in a mount namespace here: {e}")
+        pytest.fail(f"cannot start a node in a mount namespace here: {e}")
     try:
         yield hidden
     finally:

@@ -261,25 +261,31 @@ def mia(
         "run": str(run.dir.path),
     }
     if out is not None:
-        out = Path(out)
-        member = np.r_[np.ones(len(sc.members), bool), np.zeros(len(sc.nonmembers), bool)]
-        write_columns(
-            out / "scores.csv", {"member": member, "score": np.r_[sc.members, sc.nonmembers]}
-        )
-        result["scores_file"] = "scores.csv"
-        write_json(out / "result.json", to_jsonable(result))
-        title = f"{result['threat']} · {target} · rounds {rounds[0]}–{rounds[-1]} · {scorer}"
-        M.plot_roc(
-            {f"{scorer} (AUC {result['auc']:.3f})": (fpr, tpr)},
-            out / "roc.png",
-            bound=(bound, delta) if finite else None,
-            title=title,
-        )
-        result["figure"] = str(out / "roc.png")
-        mu = fdp.gdp_mu(bound, delta) if finite else None  # one Gaussian release's μ
-        curve = result["tradeoff"]["curve"]
-        result["tradeoff_figure"] = str(fdp.plot_tradeoff(curve, out / "tradeoff.png", mu, title))
+        _write_outputs(Path(out), result, sc, (fpr, tpr), bound if finite else None)
     return result
+
+
+def _write_outputs(
+    out: Path, result: dict[str, Any], sc: Scores, roc: tuple[Any, Any], bound: float | None
+) -> None:
+    """``scores.csv`` (every member's and non-member's score), ``result.json``, the ROC
+    with the region ``bound`` allows and the trade-off figure, their paths in ``result``."""
+    member = np.r_[np.ones(len(sc.members), bool), np.zeros(len(sc.nonmembers), bool)]
+    write_columns(out / "scores.csv", {"member": member, "score": np.r_[sc.members, sc.nonmembers]})
+    result["scores_file"] = "scores.csv"
+    write_json(out / "result.json", to_jsonable(result))
+    rounds, scorer, delta = result["rounds"], result["scorer"], result["delta"]
+    title = f"{result['threat']} · {result['target']} · rounds {rounds[0]}–{rounds[-1]} · {scorer}"
+    M.plot_roc(
+        {f"{scorer} (AUC {result['auc']:.3f})": roc},
+        out / "roc.png",
+        bound=(bound, delta) if bound is not None else None,
+        title=title,
+    )
+    result["figure"] = str(out / "roc.png")
+    mu = fdp.gdp_mu(bound, delta) if bound is not None else None  # one Gaussian release's μ
+    curve = result["tradeoff"]["curve"]
+    result["tradeoff_figure"] = str(fdp.plot_tradeoff(curve, out / "tradeoff.png", mu, title))
 
 
 def tradeoff(members: Any, nonmembers: Any, confidence: float) -> dict[str, Any]:

@@ -646,16 +646,7 @@ def white_box(
             f"fewer than 3 of the {done} trials had the canary in (or out); raise --trials"
         )
     best, winner = max(found, key=lambda f: f[0]["epsilon_lo"])
-    entries = []
-    for j, c in enumerate(cands):
-        blocks = rerun.per_round(shifts[j])
-        norm = rerun.grads.example_norm if c.kind in EXAMPLES else c.norm
-        e: dict[str, Any] = {"kind": c.kind, "norm": norm, "impact": blocks[0]}
-        if span or s.beyond:
-            e["shift"] = blocks  # per observed round: the canary's change of that release
-        e["pilot"], e["final"] = pilots[j], final if j == chosen else None
-        e["epsilon_lo"] = max(_lo(pilots[j]), _lo(e["final"]), 0.0)
-        entries.append(e)
+    entries = _entries(rerun, cands, shifts, pilots, final, chosen, bool(span or s.beyond))
     return {
         **best,
         "confidence": confidence,
@@ -685,6 +676,30 @@ def white_box(
         # every trial run: its coin (canary in), candidate and score — the raw outcome
         "raw": {"coin": coins[:done], "candidate": who[:done], "score": scores[:done]},
     }
+
+
+def _entries(
+    rerun: _Rerun,
+    cands: list[Canary],
+    shifts: list[Tensor],
+    pilots: list[dict[str, Any] | None],
+    final: dict[str, Any] | None,
+    chosen: int,
+    per_round: bool,
+) -> list[dict[str, Any]]:
+    """Every searched candidate: kind, norm, impact (and, ``per_round``, its change of each
+    observed release), its pilot and final bounds and the larger of them."""
+    entries = []
+    for j, c in enumerate(cands):
+        blocks = rerun.per_round(shifts[j])
+        norm = rerun.grads.example_norm if c.kind in EXAMPLES else c.norm
+        e: dict[str, Any] = {"kind": c.kind, "norm": norm, "impact": blocks[0]}
+        if per_round:
+            e["shift"] = blocks  # per observed round: the canary's change of that release
+        e["pilot"], e["final"] = pilots[j], final if j == chosen else None
+        e["epsilon_lo"] = max(_lo(pilots[j]), _lo(e["final"]), 0.0)
+        entries.append(e)
+    return entries
 
 
 @dataclass(frozen=True)
