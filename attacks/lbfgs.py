@@ -122,6 +122,15 @@ class LBFGS(torch.optim.LBFGS):
     such as torch's, restarts the memory). As with torch's, ``load_state_dict`` shares the
     tensors of the dict it is given, which later steps update in place."""
 
+    def _gather_flat_grad(self) -> Tensor:
+        """torch's flat gradient, by ``reshape``: a gradient that autograd returns in
+        channels-last layout (:mod:`.compiled`'s convolutions, several images at once) has
+        no flat view, and torch's ``view(-1)`` raises on it."""
+        flat = [
+            p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in self._params
+        ]
+        return torch.cat(flat, 0)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor]) -> Tensor:  # type: ignore[override]
         """One L-BFGS step: torch's ``LBFGS.step`` line for line, but for the direction."""

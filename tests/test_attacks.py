@@ -161,6 +161,17 @@ def test_dlg_reconstructs_near_exactly(lenet_obs):
     assert mse(rec.images, x) < 1e-3
 
 
+def test_lbfgs_attacks_run_on_several_images_at_once(lenet_obs):
+    """Two restarts, or two observations, put several dummy images through the traced
+    channels-last convolutions at once; their gradient then has no flat view, which torch's
+    L-BFGS asked for (it raised). Each image is still recovered."""
+    obs, x = lenet_obs
+    (rec,) = run_attack("dlg", [obs], iterations=25, restarts=2)
+    assert mse(rec.images, x) < 1e-3
+    recs = run_attack("idlg", [obs, obs], iterations=15)
+    assert len(recs) == 2 and all(mse(r.images, x) < 1e-3 for r in recs)
+
+
 def test_ig_beats_a_random_image(lenet_obs):
     obs, x = lenet_obs
     rec = run_attack("ig", [obs], iterations=300)[0]

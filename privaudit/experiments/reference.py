@@ -2,14 +2,41 @@
 
 At a given (ε, δ), the best a decentralised algorithm could hope for is DP-SGD (Abadi et al.
 2016, "Deep Learning with Differential Privacy", CCS) run by one trusted curator on the pooled
-training data of all agents: the same model, the same Poisson-sampled batches (each example
-joins a batch independently with probability q), the same per-example clipping and Gaussian
-noise, accounted by opacus over the same number of steps. :func:`centralised_dpsgd` trains it
-with opacus' :class:`~opacus.PrivacyEngine` and reports the test accuracy; with
-``epsilon=None`` it trains the non-private reference (the same batches, no clipping, no noise).
+training data of all agents: the same model, Poisson-sampled batches (each example joins a
+batch independently with probability q) of the same expected size, the same per-example
+clipping and Gaussian noise, accounted by opacus over the same number of steps.
 
-:func:`pooled_sample_rate` gives the pooled rate q that matches a decentralised run in which
-agent i samples its shard of n_i examples at q_i = B/n_i (:func:`privaudit.core.sampling.rate`).
+- :func:`centralised_dpsgd` trains it with opacus' :class:`~opacus.PrivacyEngine` and reports
+  the test accuracy in a :class:`ReferenceResult`; with ``epsilon=None`` it trains the
+  non-private reference (the same batches, no clipping, no noise).
+- :func:`pooled_sample_rate` gives the pooled rate q that matches a decentralised run in which
+  agent i samples its shard of n_i examples at q_i = B/n_i
+  (:func:`privaudit.core.sampling.rate`).
+- :func:`reference_for` is the reference of one run configuration: its data, partition,
+  model, seed, rounds (as steps), δ and accountant.
+
+Each of the ``steps`` steps draws a Poisson batch (opacus'
+:class:`~opacus.utils.uniform_sampler.UniformWithReplacementSampler`, the sampler of
+:class:`~opacus.data_loader.DPDataLoader`; an empty batch is still a step, the noise alone when
+private) and updates
+
+    θ ← θ − lr · ( Σ_{b ∈ batch} clip_C(∇ℓ_b) + N(0, σ²C² I) ) / (n · q)
+
+(n training examples, so n·q is the expected batch size: opacus' fixed denominator), with
+heavy-ball momentum. σ is the multiplier opacus'
+:func:`~opacus.accountants.utils.get_noise_multiplier` finds for (ε, δ) after ``steps`` steps
+at rate q (its ε at most 0.01 below the target), and the model is trained through
+:meth:`opacus.PrivacyEngine.make_private` (per-example gradients, flat clipping, noise,
+accounting). opacus derives the rate from its loader's length (1/⌊1/q⌋ for a Poisson loader),
+which is q only when 1/q is an integer, so the engine is told q itself: the batches, the
+accountant's steps and the denominator n·q all use exactly q. The non-private reference takes
+the same update with no clipping and no noise, gradient Σ_b ∇ℓ_b / (n·q), so ``lr`` means the
+same step size in both.
+
+A reference is deterministic in its seed: the batches come from a :class:`torch.Generator`
+seeded from it, and the noise (and any randomness of the model) from torch's global
+generators, seeded from it inside :func:`torch.random.fork_rng` so the caller's random state
+is left as it was.
 """
 
 from __future__ import annotations
@@ -19,7 +46,7 @@ import copy
 import functools
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,32 +214,12 @@ def centralised_dpsgd(
     """Centralised DP-SGD (Abadi et al. 2016) on the pooled training data, at ``epsilon``.
 
     The reference of a privacy–utility table: what one trusted curator holding every agent's
-    data achieves at the same (ε, δ), sample rate and number of steps. Each step draws a
-    Poisson batch (every example independently with probability ``sample_rate``, opacus'
-    :class:`~opacus.utils.uniform_sampler.UniformWithReplacementSampler`, the sampler of
-    :class:`~opacus.data_loader.DPDataLoader`); an empty batch is still a step (the noise
-    alone, when private). Exactly ``steps`` SGD steps are taken, each
-
-        θ ← θ − lr · ( Σ_{b ∈ batch} clip_C(∇ℓ_b) + N(0, σ²C² I) ) / (n · q)
-
-    (n training examples, q = ``sample_rate``, so n·q is the expected batch size: opacus'
-    fixed denominator), with heavy-ball ``momentum``. σ is the multiplier opacus'
-    :func:`~opacus.accountants.utils.get_noise_multiplier` finds for (``epsilon``, ``delta``)
-    after ``steps`` steps at rate q (its ε at most 0.01 below the target), and the model is
-    trained through :meth:`opacus.PrivacyEngine.make_private` (per-example gradients, flat
-    clipping, noise, accounting). opacus derives the rate from its loader's length (1/⌊1/q⌋
-    for a Poisson loader), which is q only when 1/q is an integer, so the engine is told q
-    itself: the batches, the accountant's steps and the denominator n·q all use exactly q.
-
-    With ``epsilon=None`` the non-private reference is trained on the same batches (the same
-    ``seed`` draws the same batches): the same update with no clipping and no noise,
-    gradient Σ_b ∇ℓ_b / (n·q), so ``lr`` means the same step size in both. ``clip`` is then
-    ignored (no gradient is clipped) and the result reports ``clip=None``.
-
-    The result is deterministic in ``seed``: the batches come from a :class:`torch.Generator`
-    seeded from it, and the noise (and any randomness of the model) from torch's global
-    generators, seeded from it inside :func:`torch.random.fork_rng` so the caller's random
-    state is left as it was.
+    data achieves at the same (ε, δ), sample rate and number of steps. Exactly ``steps`` SGD
+    steps on Poisson batches at rate ``sample_rate``, clipped and noised through opacus (the
+    update, σ and the exact rate: the module docstring). With ``epsilon=None`` the
+    non-private reference is trained on the same batches (the same ``seed`` draws the same
+    batches); ``clip`` is then ignored and the result reports ``clip=None``. Deterministic
+    in ``seed``; the caller's random state is left as it was.
 
     Args:
         model: a freshly initialised model; a copy is trained on ``device`` and the trained
@@ -229,7 +236,9 @@ def centralised_dpsgd(
         clip: per-example gradient norm bound C; required when private.
         epsilon: target ε, or ``None`` for the non-private reference.
         delta: target δ.
-        accountant: opacus accountant for σ and the ε spent (``"rdp"`` or ``"prv"``).
+        accountant: ``"rdp"`` or ``"prv"``: opacus' accountant of that name finds σ and the
+            ε spent (privaudit's two built-in accountants are opacus'; a plugin's accountant
+            passes the name check but is not opacus', which refuses it with a ValueError).
         momentum: SGD momentum.
         seed: seed of the batches, the noise and the model's randomness.
         device: torch device to train and evaluate on (e.g. ``"cpu"``, ``"cuda"``).
@@ -247,47 +256,24 @@ def centralised_dpsgd(
     _check(
         train_x, train_y, test_x, test_y, sample_rate, steps, lr, clip, epsilon, delta, accountant
     )
-    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-
     dev = torch.device(device)
-    steps, q, n = int(steps), float(sample_rate), len(train_x)
+    steps, q = int(steps), float(sample_rate)
     x, y = train_x.to(dev), train_y.to(dev).long()
     # two independent streams from one seed: the batches' generator, the global generators
     batch_seed, torch_seed = np.random.SeedSequence(seed).generate_state(2).tolist()
 
     with torch.random.fork_rng(devices=_rng_devices(dev)), _quiet():
         torch.manual_seed(torch_seed)
-        sampler = UniformWithReplacementSampler(
-            num_samples=n,
-            sample_rate=q,
-            generator=torch.Generator().manual_seed(batch_seed),
-            steps=steps,
-        )
+        batches = _poisson_batches(len(x), q, steps, batch_seed)
         work = copy.deepcopy(model).to(dev).train()
         optimizer = torch.optim.SGD(work.parameters(), lr=lr, momentum=momentum)
-        if epsilon is None:
-            sigma, engine = 0.0, None
-            forward = work
-        else:
+        sigma, engine, forward = 0.0, None, work
+        if epsilon is not None:
             sigma, engine, forward, optimizer = _make_private(
                 work, optimizer, x, y, q, steps, clip, epsilon, delta, accountant
             )
-
         name = "non-private reference" if engine is None else f"DP-SGD reference ε={epsilon:g}"
-        bar, task = text.progress(steps, name, progress)
-        with bar:
-            for index in sampler:
-                at = torch.as_tensor(index, dtype=torch.long, device=dev)
-                xb, yb = x[at], y[at]
-                optimizer.zero_grad(set_to_none=True)
-                if engine is None:
-                    loss = F.cross_entropy(forward(xb), yb, reduction="sum") / (n * q)
-                else:  # mean loss: opacus re-scales it by the expected batch size n·q
-                    loss = F.cross_entropy(forward(xb), yb)
-                loss.backward()
-                optimizer.step()
-                bar.advance(task)
-
+        _train(forward, optimizer, batches, x, y, engine is not None, q, (steps, name, progress))
         spent = math.inf if engine is None else float(engine.get_epsilon(delta))
         accuracy = _accuracy(work, test_x, test_y, dev)
 
@@ -301,6 +287,49 @@ def centralised_dpsgd(
         sample_rate=q,
         clip=None if engine is None else float(clip),
     )
+
+
+def _poisson_batches(n: int, q: float, steps: int, seed: int) -> Iterable[list[int]]:
+    """``steps`` Poisson batches of indices into n examples, each example in a batch with
+    probability q (opacus' sampler, its own generator seeded ``seed``; empty batches
+    included)."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    return UniformWithReplacementSampler(
+        num_samples=n,
+        sample_rate=q,
+        generator=torch.Generator().manual_seed(seed),
+        steps=steps,
+    )
+
+
+def _train(
+    forward: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[list[int]],
+    x: Tensor,
+    y: Tensor,
+    private: bool,
+    q: float,
+    progress: tuple[int, str, bool],
+) -> None:
+    """One optimizer step per batch of indices into ``x``, ``y``, on the cross-entropy: its
+    mean when ``private`` (opacus re-scales the clipped sum by the expected batch size n·q),
+    else its sum over n·q. ``progress`` is the progress bar's (total, description, shown)."""
+    n = len(x)
+    bar, task = text.progress(*progress)
+    with bar:
+        for index in batches:
+            at = torch.as_tensor(index, dtype=torch.long, device=x.device)
+            xb, yb = x[at], y[at]
+            optimizer.zero_grad(set_to_none=True)
+            if not private:
+                loss = F.cross_entropy(forward(xb), yb, reduction="sum") / (n * q)
+            else:
+                loss = F.cross_entropy(forward(xb), yb)
+            loss.backward()
+            optimizer.step()
+            bar.advance(task)
 
 
 @functools.lru_cache(maxsize=64)

@@ -66,7 +66,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 import torch
@@ -276,11 +276,45 @@ KEEPERS: dict[type, Callable[..., dict[nn.Parameter, Kept]]] = {
 }
 
 
+def _layer_kept(
+    module: nn.Module,
+    activations: list[Tensor],
+    backprops: Tensor,
+    sampler: Callable[..., dict[nn.Parameter, Tensor]],
+) -> dict[nn.Parameter, Kept]:
+    """A layer's :class:`Kept` per parameter: :data:`KEEPERS`' for its type, else its
+    per-example gradients from ``sampler`` (opacus' grad sampler, or functorch's). A parameter
+    used more than once in the forward (only layers outside :data:`KEEPERS`; opacus refuses
+    tying for the others) sums its uses' per-example gradients."""
+    keeper = KEEPERS.get(type(module))
+    if keeper is not None:
+        return keeper(module, activations, backprops)
+    kept = {}
+    for param, gs in sampler(module, activations, backprops).items():
+        earlier = getattr(param, "_kept", None)
+        if earlier is not None:  # a second use: Σ of the uses, per example
+            gs = gs + earlier.rows
+        kept[param] = per_example(gs)
+    return kept
+
+
+def _forget(modules: Iterable[nn.Module], params: Iterable[nn.Parameter]) -> None:
+    """Clear what a pass leaves on the hooked ``modules`` (their saved inputs and batch
+    length) and on ``params`` (their use count and :class:`Kept`)."""
+    for module in modules:
+        module.activations = []
+        if hasattr(module, "max_batch_len"):
+            del module.max_batch_len
+    for p in params:
+        p._forward_counter = 0
+        p._kept = None
+
+
 @functools.cache
 def hooks_class() -> type:
     """:class:`Hooks` — opacus' fast-gradient-clipping hooks around a model, with the
-    extensions (a)–(c) of the module docstring; per-example norms land in each parameter's
-    ``_norm_sample``. Defined on first use: importing opacus takes seconds (it loads its
+    extensions (a)–(c) and (e) of the module docstring; each parameter's :class:`Kept` lands
+    in its ``_kept``. Defined on first use: importing opacus takes seconds (it loads its
     accountants and scipy), and only models on the ghost path need it. An ImportError where
     opacus is missing or older than 1.5."""
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -343,10 +377,8 @@ def hooks_class() -> type:
         def keep(
             self, module: nn.Module, grad: Tensor, loss_reduction: str, batch_first: bool
         ) -> None:
-            """Backward hook: the layer's :class:`Kept` per parameter (:data:`KEEPERS`, else its
-            per-example gradients from opacus' grad sampler or functorch), in ``_kept``. A
-            parameter used more than once in the forward (only layers outside :data:`KEEPERS`;
-            opacus refuses tying for the others) sums its uses' per-example gradients."""
+            """Backward hook: the layer's :class:`Kept` per parameter (:func:`_layer_kept`, with
+            opacus' grad sampler of the layer or else functorch's), in each ``_kept``."""
             if not self.hooks_enabled:
                 return
             activations, backprops = self.rearrange_grad_samples(
@@ -355,18 +387,8 @@ def hooks_class() -> type:
                 loss_reduction=loss_reduction,
                 batch_first=batch_first,
             )
-            keeper = KEEPERS.get(type(module))
-            if keeper is not None:
-                kept = keeper(module, activations, backprops)
-            else:
-                sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
-                kept = {}
-                for param, gs in sampler(module, activations, backprops).items():
-                    earlier = getattr(param, "_kept", None)
-                    if earlier is not None:  # a second use: Σ of the uses, per example
-                        gs = gs + earlier.rows
-                    kept[param] = per_example(gs)
-            for param, k in kept.items():
+            sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+            for param, k in _layer_kept(module, activations, backprops, sampler).items():
                 if param.requires_grad:
                     param._kept = k
             if not module.activations and hasattr(module, "max_batch_len"):
@@ -374,13 +396,7 @@ def hooks_class() -> type:
 
         def reset(self) -> None:
             """Forget what an earlier (possibly interrupted) pass left on the layers/parameters."""
-            for module in self.iterate_submodules(self._module):
-                module.activations = []
-                if hasattr(module, "max_batch_len"):
-                    del module.max_batch_len
-            for p in self._module.parameters():
-                p._forward_counter = 0
-                p._kept = None
+            _forget(self.iterate_submodules(self._module), self._module.parameters())
 
     return Hooks
 
