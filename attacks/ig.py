@@ -154,16 +154,9 @@ def ig(
     r = DEFAULT_RESTARTS if restarts is None else max(1, int(restarts))
     prob, slot_obs = problem(obs, r, device)
     stack = prob.stack
-    labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
-    feats = given = _FEATURES.get()
-    noised = any(o.noise_std > 0 for o in obs)  # a noised message's features are not exact
-    if feats is None and feature_weight and prob.gather is None and stack.batch_size > 1:
-        feats = None if noised else batch_features(obs, seed, label_method)
-    if feats is not None:  # exact features come with the labels that explain them
-        keep = [given is None and not f.exact for f in feats]
-        labels = tuple(
-            lab if k else f.labels for f, lab, k in zip(feats, labels, keep, strict=True)
-        )
+    labels, sources, feats = _labels_and_features(
+        obs, slot_obs, prob, seed, label_method, feature_weight
+    )
     y = one_hot(labels, stack, r)
     exact = feats is not None and any(f.exact for f in feats)
     classifier = classifier_module(obs[0]) if exact and feature_weight else None
@@ -173,24 +166,8 @@ def ig(
     x = init_images(generators(seed, len(obs)), r * prob.slots, stack)
     x = _started(x, r, prob.slots).requires_grad_(True)
     nll = gaussian_nll(obs, prob, r) if noise_aware else None
-    opt = torch.optim.Adam([x], lr=lr)
-    sched = (
-        torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones(iterations), gamma=0.1)
-        if lr_decay
-        else None
-    )
-
-    def objective(x: torch.Tensor) -> torch.Tensor:
-        g = prob.gradient(dummy_grad, x, y)
-        if match_features is not None:
-            g, h = g
-        loss = nll(g) if nll is not None else cosine_distance(g, prob.target)
-        if match_features is not None:
-            loss = loss + match_features(h)
-        if tv:
-            loss = loss + tv * prob.per_problem(total_variation(x))
-        return loss
-
+    objective = _objective(prob, dummy_grad, y, nll, match_features, tv)
+    signed_adam = _SignedAdam(x, lr, iterations if lr_decay else None, signed, boxed)
     images = x.shape[0] * x.shape[1]
     step = value_and_grad(
         objective,
@@ -204,19 +181,119 @@ def ig(
     ):
         for _ in range(iterations):
             (g,), _ = step(x)
-            x.grad = g.sign() if signed else g
-            opt.step()
-            if sched is not None:
-                sched.step()
-            if boxed:
-                with torch.no_grad():
-                    x.clamp_(0, 1)
+            signed_adam.step(g)
             advance()
 
     with torch.no_grad():
         x = x.detach().clamp(0, 1)
     g = prob.gradient(dummy_grad, x, y)
     match = cosine_distance(g[0] if match_features is not None else g, prob.target).detach()
+    meta = {
+        "attack": "ig",
+        "iterations": iterations,
+        "restarts": r,
+        "tv": tv,
+        "loss": "gaussian" if nll is not None else "cosine",
+        "lr": lr,
+    }
+    return _reconstructions(obs, prob, x, match, labels, sources, feats, seed, meta)
+
+
+def _labels_and_features(
+    obs: list[Observation],
+    slot_obs: list[Observation],
+    prob: Problem,
+    seed: int,
+    label_method: str,
+    feature_weight: float,
+) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], list[Features] | None]:
+    """Each free slot's labels and their provenance, and the batch features the attack
+    matches: the :func:`starting_from` ones, else recovered (:func:`batch_features`) for a
+    noiseless batch of several examples whose classifier gradient is one term, else None.
+    Exact recovered features replace the inferred labels by the ones that explain them."""
+    labels, sources = zip(*(labels_for(o, label_method) for o in slot_obs), strict=True)
+    feats = given = _FEATURES.get()
+    noised = any(o.noise_std > 0 for o in obs)  # a noised message's features are not exact
+    if feats is None and feature_weight and prob.gather is None and prob.stack.batch_size > 1:
+        feats = None if noised else batch_features(obs, seed, label_method)
+    if feats is not None:  # exact features come with the labels that explain them
+        keep = [given is None and not f.exact for f in feats]
+        labels = tuple(
+            lab if k else f.labels for f, lab, k in zip(feats, labels, keep, strict=True)
+        )
+    return labels, sources, feats
+
+
+def _objective(
+    prob: Problem,
+    dummy_grad: Callable,
+    y: torch.Tensor,
+    nll: Callable | None,
+    match_features: Callable | None,
+    tv: float,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> (K·R,)`` losses (Eq. 4): the cosine distance of the dummy gradient to the
+    target (the Gaussian ``nll`` instead when given), plus the feature term when given, plus
+    ``tv`` times the total variation of each problem's images."""
+
+    def objective(x: torch.Tensor) -> torch.Tensor:
+        g = prob.gradient(dummy_grad, x, y)
+        if match_features is not None:
+            g, h = g
+        loss = nll(g) if nll is not None else cosine_distance(g, prob.target)
+        if match_features is not None:
+            loss = loss + match_features(h)
+        if tv:
+            loss = loss + tv * prob.per_problem(total_variation(x))
+        return loss
+
+    return objective
+
+
+class _SignedAdam:
+    """IG's update of the images ``x``: Adam (``lr``) on the sign of the gradient (the
+    gradient itself unless ``signed``), the step decayed ×0.1 at :func:`milestones` of
+    ``decay_over`` iterations (None: no decay), then with ``boxed`` projected onto
+    [0, 1]."""
+
+    def __init__(
+        self, x: torch.Tensor, lr: float, decay_over: int | None, signed: bool, boxed: bool
+    ) -> None:
+        self.x, self.signed, self.boxed = x, signed, boxed
+        self.opt = torch.optim.Adam([x], lr=lr)
+        self.sched = (
+            torch.optim.lr_scheduler.MultiStepLR(
+                self.opt, milestones=milestones(decay_over), gamma=0.1
+            )
+            if decay_over is not None
+            else None
+        )
+
+    def step(self, g: torch.Tensor) -> None:
+        """One update from the objective's gradient ``g``."""
+        self.x.grad = g.sign() if self.signed else g
+        self.opt.step()
+        if self.sched is not None:
+            self.sched.step()
+        if self.boxed:
+            with torch.no_grad():
+                self.x.clamp_(0, 1)
+
+
+def _reconstructions(
+    obs: list[Observation],
+    prob: Problem,
+    x: torch.Tensor,
+    match: torch.Tensor,
+    labels: Sequence[torch.Tensor],
+    sources: Sequence[str],
+    feats: list[Features] | None,
+    seed: int,
+    meta: dict,
+) -> list[Reconstruction]:
+    """One Reconstruction per observation from its restart of lowest cosine distance
+    ``match`` (on the device of the observation's params); ``meta`` the run's settings."""
+    r = prob.restarts
     rows = best_restart(match, r)
     out = []
     for k, o in enumerate(obs):
@@ -229,16 +306,16 @@ def ig(
                 labels=labels[k * prob.slots].to(dev),
                 loss=float(match[row]),
                 meta={
-                    "attack": "ig",
-                    "iterations": iterations,
+                    "attack": meta["attack"],
+                    "iterations": meta["iterations"],
                     "restarts": r,
                     "restart": row - k * r,
                     "seed": int(seed) + k,
                     "labels": sources[k * prob.slots],
                     "slots": prob.slots,
-                    "tv": tv,
-                    "loss": "gaussian" if nll is not None else "cosine",
-                    "lr": lr,
+                    "tv": meta["tv"],
+                    "loss": meta["loss"],
+                    "lr": meta["lr"],
                     "features": None if feats is None else feats[k].meta(),
                     "observation": dict(o.meta),
                 },

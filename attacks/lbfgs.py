@@ -133,7 +133,9 @@ class LBFGS(torch.optim.LBFGS):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor]) -> Tensor:  # type: ignore[override]
-        """One L-BFGS step: torch's ``LBFGS.step`` line for line, but for the direction."""
+        """One L-BFGS step: torch's ``LBFGS.step`` line for line, but for the direction
+        (:meth:`_descent`); its line search or fixed step is :meth:`_move` and its stopping
+        rules :meth:`_converged`."""
         if len(self.param_groups) != 1:
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
         closure = torch.enable_grad()(closure)
@@ -148,8 +150,6 @@ class LBFGS(torch.optim.LBFGS):
         max_eval = group["max_eval"]
         tolerance_grad = group["tolerance_grad"]
         tolerance_change = group["tolerance_change"]
-        line_search_fn = group["line_search_fn"]
-        history_size = group["history_size"]
         maximize = group.get("maximize", False)
 
         state = self.state[self._params[0]]
@@ -180,17 +180,9 @@ class LBFGS(torch.optim.LBFGS):
 
             # compute the descent direction
             if state["n_iter"] == 1 or hist is None:
-                d = flat_grad.neg()
-                hist = History.empty(flat_grad)
-                H_diag = 1
+                d, H_diag, hist = flat_grad.neg(), 1, History.empty(flat_grad)
             else:
-                y = flat_grad.sub(prev_flat_grad)
-                s = d.mul(t)
-                ys = y.dot(s)
-                if ys > 1e-10:
-                    hist.push(s, y, history_size)
-                    H_diag = ys / y.dot(y)
-                d = hist.direction(flat_grad, H_diag)
+                d, H_diag = self._descent(hist, flat_grad, prev_flat_grad, d, t, H_diag)
 
             if prev_flat_grad is None:
                 prev_flat_grad = flat_grad.clone(memory_format=torch.contiguous_format)
@@ -208,43 +200,15 @@ class LBFGS(torch.optim.LBFGS):
             if gtd > -tolerance_change:
                 break
 
-            ls_func_evals = 0
-            if line_search_fn is not None:
-                if line_search_fn != "strong_wolfe":
-                    raise RuntimeError("only 'strong_wolfe' is supported")
-                x_init = self._clone_param()
-
-                def obj_func(x, t, d):
-                    return self._directional_evaluate(closure, x, t, d)
-
-                loss, flat_grad, t, ls_func_evals = _strong_wolfe(
-                    obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=max_eval - current_evals
-                )
-                self._add_grad(t, d)
-                opt_cond = flat_grad.abs().max() <= tolerance_grad
-            else:
-                self._add_grad(t, d)
-                if n_iter != max_iter:
-                    with torch.enable_grad():
-                        loss = closure()
-                    loss = -float(loss) if maximize else float(loss)
-                    flat_grad = self._gather_flat_grad()
-                    opt_cond = flat_grad.abs().max() <= tolerance_grad
-                    ls_func_evals = 1
-
+            last = n_iter == max_iter
+            budget = max_eval - current_evals
+            loss, flat_grad, t, opt_cond, ls_func_evals = self._move(
+                closure, loss, flat_grad, t, d, gtd, budget, last
+            )
             current_evals += ls_func_evals
             state["func_evals"] += ls_func_evals
 
-            # check the stopping conditions
-            if n_iter == max_iter:
-                break
-            if current_evals >= max_eval:
-                break
-            if opt_cond:
-                break
-            if d.mul(t).abs().max() <= tolerance_change:
-                break
-            if abs(loss - prev_loss) < tolerance_change:
+            if self._converged(n_iter, current_evals, opt_cond, d, t, loss, prev_loss):
                 break
 
         state["d"] = d
@@ -254,3 +218,92 @@ class LBFGS(torch.optim.LBFGS):
         state["prev_loss"] = prev_loss
         hist.to_state(state)
         return orig_loss
+
+    def _descent(
+        self,
+        hist: History,
+        flat_grad: Tensor,
+        prev_flat_grad: Tensor,
+        d: Tensor,
+        t: Tensor | float,
+        H_diag: Tensor | float,
+    ) -> tuple[Tensor, Tensor | float]:
+        """torch's memory update and direction after the first iteration: the pair
+        ``(s, y) = (t d, g − g_prev)`` of the last step enters the memory when
+        ``sᵀy > 1e-10`` (and then ``γ = sᵀy / yᵀy``); the direction ``−H g`` comes from the
+        compact representation (:meth:`History.direction`) instead of the two-loop
+        recursion. Returns ``(d, γ)``."""
+        y = flat_grad.sub(prev_flat_grad)
+        s = d.mul(t)
+        ys = y.dot(s)
+        if ys > 1e-10:
+            hist.push(s, y, self.param_groups[0]["history_size"])
+            H_diag = ys / y.dot(y)
+        return hist.direction(flat_grad, H_diag), H_diag
+
+    def _move(
+        self,
+        closure: Callable[[], Tensor],
+        loss: float,
+        flat_grad: Tensor,
+        t: Tensor | float,
+        d: Tensor,
+        gtd: Tensor,
+        budget: int,
+        last: bool,
+    ) -> tuple[float, Tensor, Tensor | float, Tensor | bool, int]:
+        """torch's step along ``d``: with ``line_search_fn="strong_wolfe"`` torch's strong-Wolfe
+        search from step ``t`` (at most ``budget`` evaluations), else the fixed step ``t`` and,
+        unless this is the ``last`` iteration, one evaluation at the new point (torch skips it
+        there: in a stochastic setting it is of no use). Returns ``(loss, flat_grad, t,
+        opt_cond, evaluations)``; ``opt_cond`` (the gradient within ``tolerance_grad``) is
+        False when nothing was evaluated, as torch's is then (a True one ended the loop)."""
+        group = self.param_groups[0]
+        line_search_fn = group["line_search_fn"]
+        if line_search_fn is not None:
+            if line_search_fn != "strong_wolfe":
+                raise RuntimeError("only 'strong_wolfe' is supported")
+            x_init = self._clone_param()
+
+            def obj_func(x, t, d):
+                return self._directional_evaluate(closure, x, t, d)
+
+            loss, flat_grad, t, ls_func_evals = _strong_wolfe(
+                obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=budget
+            )
+            self._add_grad(t, d)
+            opt_cond = flat_grad.abs().max() <= group["tolerance_grad"]
+            return loss, flat_grad, t, opt_cond, ls_func_evals
+        self._add_grad(t, d)
+        if last:
+            return loss, flat_grad, t, False, 0
+        with torch.enable_grad():
+            loss = closure()
+        loss = -float(loss) if group.get("maximize", False) else float(loss)
+        flat_grad = self._gather_flat_grad()
+        return loss, flat_grad, t, flat_grad.abs().max() <= group["tolerance_grad"], 1
+
+    def _converged(
+        self,
+        n_iter: int,
+        current_evals: int,
+        opt_cond: Tensor | bool,
+        d: Tensor,
+        t: Tensor | float,
+        loss: float,
+        prev_loss: float,
+    ) -> bool:
+        """torch's stopping conditions, in torch's order: ``max_iter`` iterations or
+        ``max_eval`` evaluations spent, the gradient within ``tolerance_grad``, or no progress
+        (the step ``t d`` or the change of the loss within ``tolerance_change``)."""
+        group = self.param_groups[0]
+        tolerance_change = group["tolerance_change"]
+        if n_iter == group["max_iter"]:
+            return True
+        if current_evals >= group["max_eval"]:
+            return True
+        if opt_cond:
+            return True
+        if d.mul(t).abs().max() <= tolerance_change:
+            return True
+        return abs(loss - prev_loss) < tolerance_change

@@ -62,6 +62,8 @@ compute (``defense.observe``):
   victim's batch in each round with the run's sampling rate q (Poisson, as accounted). One
   training run; each canary is scored by the sum over rounds of its coordinate of the
   observed target, and top/bottom guesses give the bound.
+- **final models** (:mod:`privaudit.experiments.final_audit`): the adversary sees only the
+  models after round T, the canary in every round (the hidden-state threat model).
 
 The canary (Nasr et al. 2023, "Tight auditing"): a Dirac gradient whose norm is the clip C
 for per-example clipping (its clipped contribution is C·e_k, the worst case); for a flat
@@ -401,7 +403,7 @@ def _receiver(s: Setting, r: int) -> int:
     return receiver(s.run, s.target, s.threat, s.src, r)
 
 
-def _reseed(ctx: Any, seed: int) -> None:
+def reseed(ctx: Any, seed: int) -> None:
     """Fresh generators, one per held agent, seeded from ``seed`` (modulo 2^64, the seeds a
     torch generator takes: any --audit-seed in [0, 2^63) and trial count works)."""
     ctx.generators = [
@@ -504,7 +506,7 @@ class _Rerun:
 
     def __call__(self, i: int, canary: Canary | None, record: bool = False) -> Tensor:
         s = self.s
-        _reseed(self.ctx, self.seed * 1_000_003 + i + 2)  # trial i's noise, whatever ran before
+        reseed(self.ctx, self.seed * 1_000_003 + i + 2)  # trial i's noise, whatever ran before
         c = canary or Canary("none", None)
         self.grads.start(None if c.grad is None else c.grad[None].to(self.ctx.device), c.example)
         self.tap.clear()
@@ -733,7 +735,7 @@ class _Plan:
             if coins[mine].sum() < 3 or (~coins[mine]).sum() < 3:
                 out.append(None)
                 continue
-            b = _white_box_bounds(scores[mine], coins[mine], self.gaussian, self.delta, level)
+            b = white_box_bounds(scores[mine], coins[mine], self.gaussian, self.delta, level)
             out.append({**b, "trials": len(mine)})
         return out
 
@@ -773,7 +775,7 @@ def _lo(bound: dict[str, Any] | None) -> float:
     return -1.0 if bound is None else bound["epsilon_lo"]
 
 
-def _white_box_bounds(
+def white_box_bounds(
     scores: np.ndarray, coins: np.ndarray, gaussian: bool, delta: float, confidence: float
 ) -> dict[str, Any]:
     """Clopper–Pearson (any channel) and, where the scores are a Gaussian shift (``gaussian``),
