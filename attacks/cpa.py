@@ -43,11 +43,20 @@ reflection ``2μ − x`` leaves [0, 1] (a mean away from 1/2, as digits); an ima
 about μ leaves the sign undecided. "auto": the bias where the layer has one.
 
 What ICA assumes — independent, non-Gaussian sources — images only approximate: crops of
-one photograph, or digits, are correlated, and whitening forces the recovered sources to be
-uncorrelated, so the separation is approximate (``benchmarks/disaggregation.py`` measures
-it). Below a convolutional trunk the sources are ReLU features (sparse, closer to the
-assumptions); they are then inverted to images by the ``fi`` attack's feature inversion,
-as the paper does (:mod:`.disaggregation`).
+one photograph, or digits, are correlated and their pixel values close to Gaussian, and
+whitening forces the recovered sources to be uncorrelated. **Where the sources are images**
+(``ica_on="differences"``, what "auto" picks for a layer that takes the image) the unmixing
+is learned on the gradient's rows filtered by horizontal and vertical pixel differences,
+per channel: the mixing acts on each pixel alike, so ``G D = A (H D)`` for the difference
+operator D, and the same ``U`` unmixes ``G`` itself; natural images' differences are sparse,
+heavy-tailed and far less correlated between images than their values (Hyvärinen, Hurri &
+Hoyer 2009, *Natural Image Statistics*, ch. 7 — the reason the official code's total-
+variation prior helps). The filter doubles the noise's variance, which the whitening
+removes (2σ²). ``ica_on="values"``: the paper's ICA on the values themselves (features
+below a trunk, or a comparison). ``benchmarks/disaggregation.py`` and
+``benchmarks/cpa_anchor.py`` measure the separation. Below a convolutional trunk the
+sources are ReLU features (sparse, closer to the assumptions); they are then inverted to
+images by the ``fi`` attack's feature inversion, as the paper does (:mod:`.disaggregation`).
 """
 
 from __future__ import annotations
@@ -70,6 +79,17 @@ ICA_ITERATIONS = 1000
 TOL = 1e-7
 CONTRAST = 1.0  # a in G(u) = log cosh(a u) / a (FastICA's usual 1 ≤ a ≤ 2)
 SCALES = ("auto", "bias", "prior")
+ICA_ON = ("auto", "values", "differences")
+
+
+def differences(g: Tensor, shape: Sequence[int]) -> tuple[Tensor, float]:
+    """Rows of ``g`` (m, n) as images of ``shape`` (C, H, W), filtered by horizontal and
+    vertical neighbour differences per channel and concatenated (m, n'); and the factor (2)
+    by which the filter multiplies i.i.d. noise's variance."""
+    x = g.reshape(g.shape[0], *shape)
+    dx = (x[..., :, 1:] - x[..., :, :-1]).flatten(1)
+    dy = (x[..., 1:, :] - x[..., :-1, :]).flatten(1)
+    return torch.cat([dx, dy], 1), 2.0
 
 
 def whiten(g: Tensor, b: int, noise_var: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -138,14 +158,22 @@ def unmix(
     iterations: int,
     tol: float,
     seed: int,
+    ica_on: str = "auto",
 ) -> Separated:
     """Whitening, FastICA, sign and scale (module docstring) -> each example's layer input
-    ``h_i`` and output gradient ``f_i g_i``."""
+    ``h_i`` and output gradient ``f_i g_i``; the unmixing learned on ``ica_on``'s rows."""
     g, db = layer_gradient(obs, layer)
     b = int(obs.batch_size)
     s_ = float(obs.scale) if obs.scale else 1.0
     sigma = float(obs.noise_std) / abs(s_)
-    z, k = whiten(g, b, sigma * sigma)
+    if ica_on == "differences" and not layer.takes_input:
+        raise PrivauditError(
+            f"ica_on='differences' filters images, and {layer.module}'s inputs are features; "
+            "use ica_on='values' (or 'auto')"
+        )
+    images = ica_on == "differences" or (ica_on == "auto" and layer.takes_input)
+    rows, gain = differences(g, obs.input_shape) if images else (g, 1.0)
+    z, k = whiten(rows, b, gain * sigma * sigma)
     gen = torch.Generator().manual_seed(seed)
     w, its = fastica(z, a=a, iterations=iterations, tol=tol, gen=gen)
     src = (w @ k) @ g  # (b, n): t_i h_i
@@ -164,6 +192,7 @@ def unmix(
         t = prior_scales(src, obs)
     t = torch.where(t.abs() > 0, t, torch.ones_like(t))
     meta = {"ica_iterations": its, "converged": its < iterations, "scale": how}
+    meta["ica_on"] = "differences" if images else "values"
     return Separated(src / t[:, None], mix * t, torch.ones(b, dtype=torch.bool), meta)
 
 
@@ -172,6 +201,7 @@ def unmix(
     summary="Cocktail Party Attack: FastICA separates a linear layer's gradient into the batch",
     rules={
         "scale": one_of(SCALES),
+        "ica_on": one_of(ICA_ON),
         "contrast": Rule("a number in [1, 2]", lambda v: 1 <= v <= 2),
         "ica_iterations": Rule("an integer in 1..10^6", lambda v: 1 <= v <= 10**6),
         "tol": UNIT_OPEN,
@@ -194,12 +224,15 @@ def cpa(
     tol: float = TOL,
     lr: float = 0.1,
     tv: float = 5e-2,
+    ica_on: str = "auto",
 ) -> list[Reconstruction]:
     """The Cocktail Party Attack (module docstring) on ``layer`` ("auto": the first linear
     layer) of each observation, observation i with seed ``seed + i`` (FastICA's start).
     Where the layer's input is not the image, ``iterations`` (default 1000) and ``restarts``
     of feature inversion at step ``lr`` with TV weight ``tv`` turn the features into images.
-    ``loss`` is 0: ICA has no residual to report (``meta["cpa"]`` says whether it converged)."""
+    ``ica_on``: the rows FastICA learns the unmixing on, "values" or "differences" (of
+    pixels; "auto": where the layer takes the image). ``loss`` is 0: ICA has no residual to
+    report (``meta["cpa"]`` says whether it converged and on which rows)."""
     out = []
     for i, o in enumerate(as_list(observations)):
         if o.terms:
@@ -209,7 +242,14 @@ def cpa(
             )
         ly = pick_layer(o, layer)
         sep = unmix(
-            o, ly, scale=scale, a=contrast, iterations=ica_iterations, tol=tol, seed=seed + i
+            o,
+            ly,
+            scale=scale,
+            a=contrast,
+            iterations=ica_iterations,
+            tol=tol,
+            seed=seed + i,
+            ica_on=ica_on,
         )
         inv = {"iterations": DEFAULT_ITERATIONS if iterations is None else int(iterations)}
         inv.update(restarts=1 if restarts is None else int(restarts), lr=lr, tv=tv)

@@ -20,23 +20,31 @@ per point, about 10 minutes on 2 CPU cores.
     python benchmarks/distance.py [--topologies ring,torus,exponential,erdos-renyi]
         [--defenses dsgd,dp-dpsgd,muffliato] [--trials 300] [--iterations 200]
         [--figures DIR --prefix NAME-] [--json FILE] [--out DIR] [--from-json FILE]
+
+Each setting's points are saved in ``--out`` (default ``privaudit-out/benchmarks/distance``,
+its run beside them) as they finish; a rerun into the same folder computes only the settings
+not there yet (``benchmarks/resume.py``). ``--json`` is strict JSON (ε = ∞ as "inf").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
-import tempfile
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
+
 from privaudit.api.distance import distance_sweep, victims_by_distance
 from privaudit.core.config import RunConfig
+from privaudit.core.files import dumps_strict, loads_strict
 from privaudit.eval.style import save, series_style
 from privaudit.scenario.topology import build_topology
 from privaudit.sim.run import Run
@@ -50,44 +58,63 @@ AGENTS = {"ring": 8, "torus": 12, "exponential": 8, "erdos-renyi": 8}
 THEOREM = "pairwise, paper's theorem"  # the audit's key for the paper's pairwise number
 
 
-def sweep(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
-    rows = []
+def settings(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (topology, defense, ε) of the sweep: one run and its distance sweep each, the
+    identity of a piece of work (``benchmarks/resume.py``)."""
+    out = []
     for topo in a.topologies:
         n = a.agents or AGENTS.get(topo, 8)
-        far = max(victims_by_distance(build_topology(topo, n), 0))
         for defense in a.defenses:
-            target, epsilons, params = SETTINGS[defense]
-            for eps in epsilons:
-                cfg = RunConfig(
-                    defense=defense,
-                    agents=n,
-                    topology=topo,
-                    rounds=far + 2,
-                    batch_size=4,
-                    epsilon=None if math.isinf(eps) else eps,
-                    checkpoint_every=far + 2,
-                    params=params,
-                )
-                run = Run.create(cfg, root / f"{topo}-{defense}-{eps:g}")
-                t0 = time.perf_counter()
-                points = distance_sweep(
-                    run,
-                    target,
-                    0,
-                    trials=a.trials,
-                    attack=None if a.iterations == 0 else "ig",
-                    attack_options={"iterations": a.iterations, "restarts": 1},
-                )
-                for p in points:
-                    rows.append(
-                        {"topology": topo, "defense": defense, "epsilon": eps}
-                        | dataclasses.asdict(p)
-                    )
-                print(
-                    f"  {topo} {defense} ε={eps:g}: {len(points)} distances in "
-                    f"{time.perf_counter() - t0:.0f} s",
-                    flush=True,
-                )
+            for eps in SETTINGS[defense][1]:
+                out.append(dict(bench="distance", topology=topo, agents=n, defense=defense,
+                                epsilon=eps, trials=a.trials, iterations=a.iterations))  # fmt: skip
+    return out
+
+
+def measure(s: dict[str, Any], work: Path) -> dict[str, Any]:
+    """The distance sweep of one setting ``s`` from agent 0, its run in ``work``."""
+    topo, n, defense, eps = s["topology"], s["agents"], s["defense"], s["epsilon"]
+    target, _, params = SETTINGS[defense]
+    far = max(victims_by_distance(build_topology(topo, n), 0))
+    cfg = RunConfig(
+        defense=defense,
+        agents=n,
+        topology=topo,
+        rounds=far + 2,
+        batch_size=4,
+        epsilon=None if math.isinf(eps) else eps,
+        checkpoint_every=far + 2,
+        params=params,
+    )
+    run = Run.create(cfg, work / "run")
+    t0 = time.perf_counter()
+    points = distance_sweep(
+        run,
+        target,
+        0,
+        trials=s["trials"],
+        attack=None if s["iterations"] == 0 else "ig",
+        attack_options={"iterations": s["iterations"], "restarts": 1},
+    )
+    rows = [{"topology": topo, "defense": defense, "epsilon": eps} | dataclasses.asdict(p)
+            for p in points]  # fmt: skip
+    return {"rows": rows, "seconds": time.perf_counter() - t0}
+
+
+def sweep(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every setting's rows, each setting saved in ``--out`` as it finishes and read back
+    from there on a rerun (its run kept: a killed one goes on from its last checkpoint)."""
+    todo = settings(a)
+    pieces = Pieces(a.out, todo, [__file__])
+    rows = []
+    for s in todo:
+        got = pieces.run(s, lambda work, s=s: measure(s, work), keep=True)
+        rows += got["rows"]
+        print(
+            f"  {s['topology']} {s['defense']} ε={s['epsilon']:g}: {len(got['rows'])} "
+            f"distances in {got['seconds']:.0f} s",
+            flush=True,
+        )
     return rows
 
 
@@ -162,14 +189,14 @@ def figures(rows: list[dict[str, Any]], folder: Path, prefix: str = "") -> list[
 
 def load(path: str) -> list[dict[str, Any]]:
     """Rows written by ``--json`` (∞ stored as the string "inf")."""
-    rows = json.loads(Path(path).read_text())
+    rows = loads_strict(Path(path).read_text())
     for r in rows:
         r["epsilon"] = float(r["epsilon"])
         r["upper"] = {k: float(u) for k, u in r["upper"].items()}
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--topologies", default="ring", help="comma-separated (default ring)")
     p.add_argument("--defenses", default="dsgd,dp-dpsgd,muffliato")
@@ -180,10 +207,10 @@ def main() -> None:
     p.add_argument("--prefix", default="", help="prefix of the figures' file names")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--markdown", default=None, help="write the table here (benchmarks/figures.py)")
-    p.add_argument("--out", default=None, help="runs folder (default: a temporary one)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--from-json", default=None, help="redraw the table and figures of --json")
-    a = p.parse_args()
+    add_out(p, "distance")
+    a = p.parse_args(argv)
     a.topologies = a.topologies.split(",")
     a.defenses = a.defenses.split(",")
     torch.set_num_threads(a.threads)
@@ -191,8 +218,7 @@ def main() -> None:
     if a.from_json:
         rows = load(a.from_json)
     else:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows = sweep(a, Path(a.out or tmp))
+        rows = sweep(a)
     print(table(rows))
     print(
         f"\n{len(rows)} points, {rows[0]['trials']} trials each, {time.perf_counter() - t0:.0f} s"
@@ -201,7 +227,7 @@ def main() -> None:
         for path in figures(rows, Path(a.figures), a.prefix):
             print(f"figure: {path}")
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+        Path(a.json).write_text(dumps_strict(rows, indent=1, sort_keys=False))
     if a.markdown:
         Path(a.markdown).write_text(
             table(rows) + f"\n\n{len(rows)} points, {rows[0]['trials']} trials each.\n"

@@ -9,24 +9,31 @@ examples, and the label counts the messages give away. The threat is the planner
 (the weakest adversary that observes the target) unless a row names one.
 
     python benchmarks/membership.py --data-root DIR [--rounds 12 --round 5 --messages 4]
+        [--out DIR]
 
-Prints one table (markdown with ``--markdown``); ``--json`` the rows.
+Prints one table (markdown with ``--markdown``); ``--json`` the rows (strict JSON). Each row
+is saved in ``--out`` (default ``privaudit-out/benchmarks/membership``, its run beside it) as
+it finishes; a rerun into the same folder computes only the rows not there yet
+(``benchmarks/resume.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
+
 from privaudit.api.membership import mia
 from privaudit.core.config import RunConfig
+from privaudit.core.files import dumps_strict
 from privaudit.scenario import presets
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
@@ -43,7 +50,9 @@ ROWS = [
 ]
 
 
-def row(target: str, eps: float | None, threat: str | None, a: argparse.Namespace) -> dict:
+def row(
+    target: str, eps: float | None, threat: str | None, a: argparse.Namespace, work: Path
+) -> dict:
     base = RunConfig(
         defense=Target.parse(target).defense.name,
         dataset="mnist",
@@ -52,9 +61,8 @@ def row(target: str, eps: float | None, threat: str | None, a: argparse.Namespac
     )
     cfg, _ = presets.apply(base, "utility", {"rounds": a.rounds})
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Run.create(cfg.validate(), Path(tmp) / "run")
-        r = mia(run, target, a.round, messages=a.messages, threat=threat, progress=False)
+    run = Run.create(cfg.validate(), work / "run")
+    r = mia(run, target, a.round, messages=a.messages, threat=threat, progress=False)
     pts = r["tpr_at_fpr"]
     return {
         "target": target,
@@ -83,7 +91,13 @@ def fmt(v: object) -> str:
     return str(v)
 
 
-def main() -> int:
+def identity(target: str, eps: float | None, threat: str | None, a: argparse.Namespace) -> dict:
+    """What a row's numbers depend on (``benchmarks/resume.py``)."""
+    return dict(bench="membership", target=target, epsilon=eps, threat=threat,
+                rounds=a.rounds, round=a.round, messages=a.messages)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-root", required=True)
     p.add_argument("--rounds", type=int, default=12)
@@ -92,14 +106,21 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args()
+    add_out(p, "membership")
+    a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
+    pieces = Pieces(a.out, [identity(*r, a) for r in ROWS], [__file__])
     rows = []
     for target, eps, threat in ROWS:
-        rows.append(row(target, eps, threat, a))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        rows.append(
+            pieces.run(
+                identity(target, eps, threat, a),
+                lambda work, t=target, e=eps, th=threat: row(t, e, th, a, work),
+            )
+        )
+        print(dumps_strict(rows[-1], indent=None, sort_keys=False), file=sys.stderr, flush=True)
     if a.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps_strict(rows, sort_keys=False))
         return 0
     cols = ["target", "eps_asked", "eps_run", "threat", "members", "auc", "tpr_0.1%", "tpr_1%"]
     cols += ["eps_message", "violations", "eps_lo", "labels_exact", "label_tv", "seconds"]

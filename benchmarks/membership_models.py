@@ -9,16 +9,25 @@ split (``eval_split="validation"``), one per member's label. The attacked model 
 last half-model message as its neighbour receives it (``--on final``: the final average).
 
     python benchmarks/membership_models.py [--references 8] [--on message|final] [--threads 1]
+        [--out DIR]
+
+Each row is saved in ``--out`` (default ``privaudit-out/benchmarks/membership_models``) as it
+finishes; a rerun into the same folder computes only the rows not there yet
+(``benchmarks/resume.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
 
 from privaudit.api.references import draw_candidates, model_mia, reference_models
 from privaudit.core.config import RunConfig
@@ -44,51 +53,72 @@ def config(defense: str, epsilon: float | None, rounds: int) -> RunConfig:
     )
 
 
-def main() -> None:
+def setting(i: int, defense: str, eps: float | None, a: argparse.Namespace, work: Path) -> dict:
+    """One row of the table: train the run of ``SETTINGS[i]`` in ``work``, attack it with K
+    references (and, for the first, time the K runs one by one)."""
+    cfg = config(defense, eps, a.rounds)
+    started = time.perf_counter()
+    run = Run.create(cfg, work / "run")
+    state = run.train(progress=False)
+    one = time.perf_counter() - started
+    acc = run.test_accuracy(state)
+    r = model_mia(
+        run,
+        f"{defense}-half-model",
+        attack="lira",
+        references=a.references,
+        on=a.on,
+        victim=VICTIM,
+        population=16,
+        progress=False,
+    )
+    separate = None
+    if i == 0:  # the same K runs simulated one at a time (another seed: no cache)
+        cands = draw_candidates(run, VICTIM, None, 16, seed=1)
+        t0 = time.perf_counter()
+        reference_models(
+            run,
+            VICTIM,
+            cands,
+            a.references,
+            until=r["round"],
+            kind="half-model" if a.on == "message" else None,
+            receiver=r["receiver"],
+            seed=1,
+            batch=1,
+        )
+        separate = time.perf_counter() - t0
+    scores = {
+        n: {"auc": v["auc"], "tpr_1%": v["tpr_at_fpr"]["0.01"]["tpr"]}
+        for n, v in r["scores"].items()
+    }
+    return dict(defense=defense, eps=eps, acc=acc, scores=scores, epsilon=r["epsilon"],
+                epsilon_lo=r["epsilon_lo"], one=one, batched=r["references"]["seconds"],
+                separate=separate)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--references", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--on", default="message", choices=("message", "final"))
     ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
+    add_out(ap, "membership_models")
+    a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (defense, eps) in enumerate(SETTINGS):
-            cfg = config(defense, eps, a.rounds)
-            started = time.perf_counter()
-            run = Run.create(cfg, Path(tmp) / f"run{i}")
-            state = run.train(progress=False)
-            one = time.perf_counter() - started
-            acc = run.test_accuracy(state)
-            r = model_mia(
-                run,
-                f"{defense}-half-model",
-                attack="lira",
-                references=a.references,
-                on=a.on,
-                victim=VICTIM,
-                population=16,
-                progress=False,
-            )
-            refs = r["references"]
-            separate = None
-            if i == 0:  # the same K runs simulated one at a time (another seed: no cache)
-                cands = draw_candidates(run, VICTIM, None, 16, seed=1)
-                t0 = time.perf_counter()
-                reference_models(
-                    run,
-                    VICTIM,
-                    cands,
-                    a.references,
-                    until=r["round"],
-                    kind="half-model" if a.on == "message" else None,
-                    receiver=r["receiver"],
-                    seed=1,
-                    batch=1,
-                )
-                separate = time.perf_counter() - t0
-            rows.append((defense, eps, acc, r, one, refs["seconds"], separate))
+
+    def identity(defense: str, eps: float | None) -> dict:
+        return dict(bench="membership_models", defense=defense, epsilon=eps,
+                    references=a.references, rounds=a.rounds, on=a.on)  # fmt: skip
+
+    pieces = Pieces(a.out, [identity(d, e) for d, e in SETTINGS], [__file__])
+    rows = [
+        pieces.run(
+            identity(defense, eps),
+            lambda work, i=i, d=defense, e=eps: setting(i, d, e, a, work),
+        )
+        for i, (defense, eps) in enumerate(SETTINGS)
+    ]
     k = a.references
     print(
         f"\n{a.on} model of agent {VICTIM} (10 members vs 10 label-matched non-members), "
@@ -100,19 +130,20 @@ def main() -> None:
         f"| K={k} batched s (×) | K={k} one by one s (×) |"
     )
     print("|" + "---|" * 13)
-    for defense, eps, acc, r, one, batched, separate in rows:
-        s = r["scores"]
+    for row in rows:
+        s, one, batched, separate = row["scores"], row["one"], row["batched"], row["separate"]
         tpr = " / ".join(
-            f"{s[n]['tpr_at_fpr']['0.01']['tpr']:.2f}"
-            for n in ("loss", "lira-online", "lira-offline", "rmia")
+            f"{s[n]['tpr_1%']:.2f}" for n in ("loss", "lira-online", "lira-offline", "rmia")
         )
         sep = "–" if separate is None else f"{separate:.1f} ({separate / one:.1f}×)"
-        bound = "∞" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
+        bound = "∞" if row["epsilon"] is None else f"{row['epsilon']:.3g}"
+        eps = row["eps"]
         print(
-            f"| {defense} | {eps if eps else '∞'} | {acc:.2f} | {s['loss']['auc']:.3f} "
-            f"| {s['lira-online']['auc']:.3f} | {s['lira-offline']['auc']:.3f} "
-            f"| {s['rmia']['auc']:.3f} | {tpr} | {bound} | {r['epsilon_lo']:.2f} | {one:.1f} "
-            f"| {batched:.1f} ({batched / one:.1f}×) | {sep} |"
+            f"| {row['defense']} | {eps if eps else '∞'} | {row['acc']:.2f} "
+            f"| {s['loss']['auc']:.3f} | {s['lira-online']['auc']:.3f} "
+            f"| {s['lira-offline']['auc']:.3f} | {s['rmia']['auc']:.3f} | {tpr} | {bound} "
+            f"| {row['epsilon_lo']:.2f} | {one:.1f} | {batched:.1f} ({batched / one:.1f}×) "
+            f"| {sep} |"
         )
 
 

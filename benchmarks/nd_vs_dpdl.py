@@ -8,23 +8,39 @@ drop ≥ 8 dB).
 
     python benchmarks/nd_vs_dpdl.py [--round 200] [--epsilon 1] [--iterations N] [--json]
                                     [--figures figures/]   # keep the two grids
+                                    [--out DIR]
+
+Each defense's run, attack and scores are saved in ``--out`` (default
+``privaudit-out/benchmarks/nd_vs_dpdl``) as they finish; a rerun into the same folder
+computes only what is not there yet (``benchmarks/resume.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import tempfile
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
+
 from privaudit.api.pipeline import attack
 from privaudit.core.config import RunConfig
+from privaudit.core.files import dumps_strict
 from privaudit.sim.run import Run
 
 
-def measure(defense: str, args: argparse.Namespace, root: str) -> dict:
+def identity(defense: str, args: argparse.Namespace) -> dict:
+    """What one defense's scores depend on (``benchmarks/resume.py``)."""
+    return dict(bench="nd_vs_dpdl", defense=defense, round=args.round, epsilon=args.epsilon,
+                agents=args.agents, iterations=args.iterations, seed=args.seed,
+                device=args.device)  # fmt: skip
+
+
+def measure(defense: str, args: argparse.Namespace, root: Path) -> dict:
     cfg = RunConfig(
         defense=defense,
         rounds=args.round,
@@ -48,13 +64,17 @@ def measure(defense: str, args: argparse.Namespace, root: str) -> dict:
         out=f"{root}/{defense}-out",
     ).to_dict()
     res["total_s"] = time.perf_counter() - t0
-    if args.figures and res.get("figure"):  # no grid when every victim's batch is empty
-        Path(args.figures).mkdir(parents=True, exist_ok=True)
-        shutil.copy(res["figure"], Path(args.figures) / f"{defense}-cg-b1-r{args.round}.png")
     return res
 
 
-def main() -> None:
+def keep_figure(defense: str, res: dict, args: argparse.Namespace) -> None:
+    """Copy the grid of ``defense`` (in its working folder) to ``--figures``."""
+    if args.figures and res.get("figure"):  # no grid when every victim's batch is empty
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
+        shutil.copy(res["figure"], Path(args.figures) / f"{defense}-cg-b1-r{args.round}.png")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--round", type=int, default=200)
     p.add_argument("--epsilon", type=float, default=1.0)
@@ -65,9 +85,14 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--figures", default=None, help="folder to copy the two grids into")
     p.add_argument("--markdown", default=None, help="write the table here (benchmarks/figures.py)")
-    args = p.parse_args()
-    with tempfile.TemporaryDirectory() as root:
-        nd, dp = measure("nd", args, root), measure("dpdl", args, root)
+    add_out(p, "nd_vs_dpdl")
+    args = p.parse_args(argv)
+    pieces = Pieces(args.out, [identity(d, args) for d in ("nd", "dpdl")], [__file__])
+    got = {}
+    for d in ("nd", "dpdl"):
+        got[d] = pieces.run(identity(d, args), lambda work, d=d: measure(d, args, work))
+        keep_figure(d, got[d], args)
+    nd, dp = got["nd"], got["dpdl"]
     drop = nd["metrics"]["psnr"] - dp["metrics"]["psnr"]
     ok = nd["metrics"]["psnr"] >= 22 and drop >= 8
     row = {
@@ -87,7 +112,7 @@ def main() -> None:
         "meets_bar": ok,
     }
     if args.json:
-        print(json.dumps(row, indent=2))
+        print(dumps_strict(row, sort_keys=False))
         return
     print(
         f"B = 1 (Poisson), round {args.round}, {row['victims']} victims, attack {row['attack']}, "

@@ -2,6 +2,11 @@
 
     python benchmarks/run.py [--device cpu|cuda] [--json [PATH]] [--quick] [--threads T]
                              [--only simulation,throughput,breaching,end_to_end,memory,scale]
+                             [--out DIR]
+
+Each section's rows are saved in ``--out`` (default ``privaudit-out/benchmarks/run``) as it
+finishes; a rerun into the same folder prints the sections already there and measures the
+rest, each on a fresh working folder (``benchmarks/resume.py``).
 
 All ratios are measured in this run against a baseline measured in the same run, the two
 sides interleaved where it matters (the machines are shared and noisy; absolute times do not
@@ -51,6 +56,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
+
+from privaudit.core.files import dumps_strict  # noqa: E402
+
 SECTIONS = ("simulation", "throughput", "breaching", "end_to_end", "memory", "scale")
 SCALE_BUDGET = "512M"  # --max-memory of the scale section
 SCALE_PEAK_GB, SCALE_ROUND_S = 4.0, 60.0  # issue 34's targets at 16 agents
@@ -96,6 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
     )
+    add_out(p, "run")
     return p.parse_args(argv)
 
 
@@ -119,19 +130,18 @@ class Results:
         **detail,
     ) -> None:
         verdict = "info" if ok is None else ("PASS" if ok else "FAIL")
-        self.rows.append(
-            dict(
-                section=section,
-                metric=metric,
-                value=value,
-                unit=unit,
-                target=target,
-                verdict=verdict,
-                detail=detail,
-            )
-        )
-        shown = f"{value:.4g}{unit}" if isinstance(value, float) else f"{value}{unit}"
-        print(f"  {metric:<58} {shown:>12}  {target or '':<12} {verdict}", flush=True)
+        row = dict(section=section, metric=metric, value=value, unit=unit, target=target,
+                   verdict=verdict, detail=detail)  # fmt: skip
+        self.replay([row])
+
+    def replay(self, rows: list[dict]) -> None:
+        """Take ``rows`` (measured now, or a section's saved rows read back) and print each."""
+        for r in rows:
+            self.rows.append(r)
+            value, unit = r["value"], r["unit"]
+            shown = f"{value:.4g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+            print(f"  {r['metric']:<58} {shown:>12}  {r['target'] or '':<12} {r['verdict']}",
+                  flush=True)  # fmt: skip
 
 
 def sync(device: str) -> None:
@@ -560,6 +570,17 @@ def scale(res: Results, args: argparse.Namespace, tmp: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def measured(section: str, args: argparse.Namespace, work: Path) -> list[dict]:
+    """Run ``section`` (its working files in ``work``); its rows, printed as they come."""
+    sub = Results()
+    fn = globals()[section]
+    if section in ("simulation", "end_to_end", "memory", "scale"):
+        fn(sub, args, work)
+    else:
+        fn(sub, args)
+    return sub.rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -583,15 +604,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     res = Results()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="privaudit-bench-") as tmp:
-        tmp = Path(tmp)
-        for section in only:
-            print(f"\n{section}", flush=True)
-            fn = globals()[section]
-            if section in ("simulation", "end_to_end", "memory", "scale"):
-                fn(res, args, tmp)
-            else:
-                fn(res, args)
+
+    def identity(section: str) -> dict:
+        return dict(bench="run", section=section, device=args.device, quick=args.quick,
+                    threads=args.threads, breaching_threads=args.breaching_threads)  # fmt: skip
+
+    sources = [__file__, *(HERE / f for f in ("naive_dpdl.py", "vs_breaching.py", "scale.py"))]
+    pieces = Pieces(args.out, [identity(s) for s in only], sources)
+    for section in only:
+        print(f"\n{section}", flush=True)
+        saved, rows = pieces.get(identity(section))
+        if saved:  # measured by an earlier run into --out: its lines again
+            res.replay(rows)
+        else:  # measured now, on a fresh working folder (its lines printed as it goes)
+            res.rows += pieces.run(identity(section), lambda w, s=section: measured(s, args, w))
     info["load_average_1min_after"] = os.getloadavg()[0]
     info["total_s"] = time.perf_counter() - start
     judged = [r for r in res.rows if r["verdict"] != "info"]
@@ -602,9 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['load_average_1min_after']:.2f} on {info['cores']} cores)"
     )
     if args.json:
-        from privaudit.core.files import to_jsonable
-
-        text = json.dumps(to_jsonable({"machine": info, "results": res.rows}), indent=2)
+        text = dumps_strict({"machine": info, "results": res.rows}, sort_keys=False)
         if args.json == "-":
             print(text)
         else:

@@ -29,6 +29,10 @@ that must not grow with N (on CUDA: of the CUDA memory).
     python benchmarks/scale.py                       # agents 4 16, auto and old where it fits
     python benchmarks/scale.py --agents 4 16 64 --device cuda --max-rss 100
     python benchmarks/scale.py --engine --agents 4 16
+
+Each configuration's measurement is saved in ``--out`` (default
+``privaudit-out/benchmarks/scale``, its run folder beside it) as it finishes; a rerun into the
+same folder prints those and measures the rest (``benchmarks/resume.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
+
+from privaudit.core.files import dumps_strict  # noqa: E402 - loads neither torch nor numpy
 
 GB = 2.0**30
 RESNET18_PARAMS = 11_173_962  # CIFAR ResNet-18, 10 classes
@@ -201,7 +211,68 @@ def run_child(code: str, args: list[str], env: dict[str, str], limit: float, tim
         return result, peak, wall, cpu, "ok"
 
 
-def main() -> None:
+def measure(n: int, path: str, a: argparse.Namespace, work: Path) -> dict:
+    """One configuration in a fresh child process (its run folder in ``work``): the child's
+    result (None when it failed), peak RSS, wall and CPU seconds, status."""
+    env = {**os.environ, "PRIVAUDIT_GRADS": "auto"}
+    if a.max_memory:
+        env["PRIVAUDIT_MAX_MEMORY"] = a.max_memory
+    if path == "old":
+        env.update(PRIVAUDIT_GRADS="pairnet", PRIVAUDIT_MAX_MEMORY="1T")
+    if a.engine:
+        code = CHILD_ENGINE
+        args = [str(n), str(a.batch_size), str(a.threads), a.device]
+    else:
+        code = CHILD_TRAIN
+        args = train_args(n, a.batch_size, a.rounds, a.threads, a.device, str(work / "run"))
+        if a.dirichlet_alpha:
+            args += ["--dirichlet-alpha", a.dirichlet_alpha]
+    result, peak, wall, cpu, status = run_child(code, args, env, a.max_rss * GB, a.timeout)
+    return {"result": result, "peak": peak, "wall": wall, "cpu": cpu, "status": status}
+
+
+def skipped(n: int, path: str, a: argparse.Namespace) -> str | None:
+    """Why the configuration is not run (None: it is): the old path beyond its agents or
+    beyond --max-rss."""
+    if path != "old":
+        return None
+    need = 3 * 3 * n * a.batch_size * RESNET18_PARAMS * 4
+    if n > a.old_max_agents or (a.device == "cpu" and need > a.max_rss * GB):
+        return f"skipped: needs ≈ {need / GB:.0f} GB" if need > a.max_rss * GB else "skipped"
+    return None
+
+
+def show(n: int, path: str, m: dict) -> dict:
+    """Print the table line of a measured configuration ``m`` (:func:`measure`); its row."""
+    result, peak, wall, cpu = m["result"], m["peak"], m["wall"], m["cpu"]
+    pairs = 3 * n
+    row = {"agents": n, "pairs": pairs, "path": path, "peak_rss": peak, "wall": wall}
+    row["cpu"] = cpu
+    row["status"] = m["status"]
+    added = cuda = per_round = grad_s = ""
+    if result is not None:
+        row.update(result)
+        per_round = f"{sum(result['rounds']) / max(len(result['rounds']), 1):8.1f}"
+        grad_s = f"{result.get('grads', sum(result['rounds'])):7.1f}"
+        if "before" not in result:  # train: beyond x and v (2 rows per agent)
+            extra = peak - state_bytes(n)
+        elif result["device"] == "cuda":  # engine: what the call added beyond its output
+            extra = result["cuda_peak"] - result["before_cuda"] - result["output"]
+        else:
+            extra = peak - result["before"] - result["output"]
+        row["added"] = extra
+        added = f"{extra / GB:8.2f}"
+        if result["cuda_peak"]:
+            cuda = f"{result['cuda_peak'] / GB:7.2f}"
+    print(
+        f"{n:>6} {pairs:>5} {path:>5} {peak / GB:>11.2f} {added:>8} {cuda:>7} "
+        f"{per_round:>8} {grad_s:>7} {wall:>7.1f} {cpu:>7.1f}  {m['status']}",
+        flush=True,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agents", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--paths", nargs="+", default=["auto", "old"], choices=["auto", "old"])
@@ -220,68 +291,35 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
     ap.add_argument("--engine", action="store_true", help="the gradient engine alone")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    a = ap.parse_args()
-    limit = a.max_rss * GB
+    add_out(ap, "scale")
+    a = ap.parse_args(argv)
+    todo = [(n, path) for n in a.agents for path in a.paths]
+
+    def identity(n: int, path: str) -> dict:
+        keys = ("batch_size", "rounds", "threads", "device", "max_memory", "dirichlet_alpha")
+        keys += ("max_rss", "timeout", "engine")
+        return dict(bench="scale", agents=n, path=path, **{k: getattr(a, k) for k in keys})
+
+    measured = [t for t in todo if skipped(*t, a) is None]
+    pieces = Pieces(a.out, [identity(*t) for t in measured], [__file__])
     rows = []
     print(
         f"{'agents':>6} {'pairs':>5} {'path':>5} {'peak RSS GB':>11} {'added GB':>8} "
         f"{'CUDA GB':>7} {'s/round':>8} {'grads s':>7} {'wall s':>7} {'CPU s':>7}  status",
         flush=True,
     )
-    for n in a.agents:
-        for path in a.paths:
-            pairs = 3 * n
-            env = {**os.environ, "PRIVAUDIT_GRADS": "auto"}
-            if a.max_memory:
-                env["PRIVAUDIT_MAX_MEMORY"] = a.max_memory
-            if path == "old":
-                need = 3 * pairs * a.batch_size * RESNET18_PARAMS * 4
-                if n > a.old_max_agents or (a.device == "cpu" and need > limit):
-                    why = f"skipped: needs ≈ {need / GB:.0f} GB" if need > limit else "skipped"
-                    print(f"{n:>6} {pairs:>5} {path:>5} {'':>11} {'':>8} {'':>7} {'':>8} "
-                          f"{'':>7} {'':>7} {'':>7}  {why}", flush=True)  # fmt: skip
-                    rows.append({"agents": n, "path": path, "status": why})
-                    continue
-                env.update(PRIVAUDIT_GRADS="pairnet", PRIVAUDIT_MAX_MEMORY="1T")
-            if a.engine:
-                code = CHILD_ENGINE
-                args = [str(n), str(a.batch_size), str(a.threads), a.device]
-            else:
-                code = CHILD_TRAIN
-                run_dir = tempfile.mkdtemp(prefix="scale-")
-                args = train_args(n, a.batch_size, a.rounds, a.threads, a.device, run_dir)
-                if a.dirichlet_alpha:
-                    args += ["--dirichlet-alpha", a.dirichlet_alpha]
-            result, peak, wall, cpu, status = run_child(code, args, env, limit, a.timeout)
-            row = {"agents": n, "pairs": pairs, "path": path, "peak_rss": peak, "wall": wall}
-            row["cpu"] = cpu
-            row["status"] = status
-            added = cuda = per_round = grad_s = ""
-            if result is not None:
-                row.update(result)
-                per_round = f"{sum(result['rounds']) / max(len(result['rounds']), 1):8.1f}"
-                grad_s = f"{result.get('grads', sum(result['rounds'])):7.1f}"
-                if "before" not in result:  # train: beyond x and v (2 rows per agent)
-                    extra = peak - state_bytes(n)
-                    row["added"] = extra
-                    added = f"{extra / GB:8.2f}"
-                else:  # engine: what the call added beyond its output
-                    if result["device"] == "cuda":
-                        extra = result["cuda_peak"] - result["before_cuda"] - result["output"]
-                    else:
-                        extra = peak - result["before"] - result["output"]
-                    row["added"] = extra
-                    added = f"{extra / GB:8.2f}"
-                if result["cuda_peak"]:
-                    cuda = f"{result['cuda_peak'] / GB:7.2f}"
-            rows.append(row)
-            print(
-                f"{n:>6} {pairs:>5} {path:>5} {peak / GB:>11.2f} {added:>8} {cuda:>7} "
-                f"{per_round:>8} {grad_s:>7} {wall:>7.1f} {cpu:>7.1f}  {status}",
-                flush=True,
-            )
+    for n, path in todo:
+        why = skipped(n, path, a)
+        if why is not None:
+            print(f"{n:>6} {3 * n:>5} {path:>5} {'':>11} {'':>8} {'':>7} {'':>8} "
+                  f"{'':>7} {'':>7} {'':>7}  {why}", flush=True)  # fmt: skip
+            rows.append({"agents": n, "path": path, "status": why})
+            continue
+        # each configuration in a fresh process on a fresh run folder (a killed one's removed)
+        m = pieces.run(identity(n, path), lambda work, n=n, p=path: measure(n, p, a, work))
+        rows.append(show(n, path, m))
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        a.json.write_text(dumps_strict(rows, indent=1, sort_keys=False))
 
 
 if __name__ == "__main__":

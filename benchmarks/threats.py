@@ -11,18 +11,28 @@ on all 8 victims of a row as one batched problem. Rows (issue #4):
   the victim's neighbours).
 
     python benchmarks/threats.py [--iterations 3000] [--round 100] [--epsilon 1] [--json]
+        [--out DIR]
+
+Each row is saved in ``--out`` (default ``privaudit-out/benchmarks/threats``, the runs beside
+them) as it finishes; a rerun into the same folder prints the rows already there and computes
+the rest (``benchmarks/resume.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
 
 from privaudit.api.pipeline import attack
 from privaudit.core.config import RunConfig
+from privaudit.core.files import dumps_strict
 from privaudit.sim.run import Run
 
 VICTIMS = list(range(8))
@@ -44,7 +54,13 @@ def rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def measure(row: dict[str, Any], args: argparse.Namespace, root: str) -> dict[str, Any]:
+def identity(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """What a row's numbers depend on (``benchmarks/resume.py``)."""
+    return dict(bench="threats", row=row, iterations=args.iterations, epsilon=args.epsilon,
+                seed=args.seed, device=args.device)  # fmt: skip
+
+
+def measure(row: dict[str, Any], args: argparse.Namespace, pieces: Pieces) -> dict[str, Any]:
     cfg = RunConfig(
         defense=row["defense"],
         rounds=row["rounds"],
@@ -54,7 +70,8 @@ def measure(row: dict[str, Any], args: argparse.Namespace, root: str) -> dict[st
         seed=args.seed,
         device=args.device,
     )
-    run = Run.create(cfg, f"{root}/{row['defense']}-{row['topology']}-{row['rounds']}")
+    name = f"{row['defense']}-{row['topology']}-{row['rounds']}"  # one run, several rows
+    run = Run.create(cfg, pieces.shared(name, {"config": cfg.identity()}))
     target = f"{row['defense']}-{row.get('kind', 'gt')}"
     t0 = time.perf_counter()
     res = attack(
@@ -82,7 +99,7 @@ def measure(row: dict[str, Any], args: argparse.Namespace, root: str) -> dict[st
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=None, help="IG iterations (default 3000)")
     p.add_argument("--round", type=int, default=100, help="round of the dpdl / pdsl rows")
@@ -91,26 +108,29 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--only", default=None, help="comma-separated defenses to run")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    add_out(p, "threats")
+    args = p.parse_args(argv)
     todo = rows(args)
     if args.only:
         keep = set(args.only.split(","))
         todo = [r for r in todo if r["defense"] in keep]
+    pieces = Pieces(args.out, [identity(r, args) for r in todo], [__file__])
     results = []
-    with tempfile.TemporaryDirectory() as root:
-        for row in todo:
-            results.append(measure(row, args, root))
-            if not args.json:
-                r = results[-1]
-                print(
-                    f"{r['target']:<11} {r['threat']:<9} {r['topology']:<8} round {r['round']:>3}"
-                    f"  PSNR {r['psnr']:6.2f} dB  SSIM {r['ssim']:6.3f}  labels "
-                    f"{r['label_acc']:.2f}  exact {str(r['exact']):<5}  noise std "
-                    f"{r['noise_std']:.3g}  ({r['seconds']:.0f} s)",
-                    flush=True,
-                )
+    for row in todo:
+        results.append(
+            pieces.run(identity(row, args), lambda _work, row=row: measure(row, args, pieces))
+        )
+        if not args.json:
+            r = results[-1]
+            print(
+                f"{r['target']:<11} {r['threat']:<9} {r['topology']:<8} round {r['round']:>3}"
+                f"  PSNR {r['psnr']:6.2f} dB  SSIM {r['ssim']:6.3f}  labels "
+                f"{r['label_acc']:.2f}  exact {str(r['exact']):<5}  noise std "
+                f"{r['noise_std']:.3g}  ({r['seconds']:.0f} s)",
+                flush=True,
+            )
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(dumps_strict(results, sort_keys=False))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from privaudit.core.errors import PLUGIN_DOCS, PLUGIN_ENV, NameTaken, PrivauditE
 from privaudit.core.privacy import Privacy
 from privaudit.core.threat import THREATS, Threat, register_threat
 from privaudit.defenses import DEFENSES, Defense, register
+from privaudit.eval.membership_attacks import MEMBERSHIP_ATTACKS, check_membership_attack
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 
 GROUPS = {
@@ -214,7 +215,13 @@ def _importing(load: Callable[[], Any], path: str | None, fix: str) -> Any:
 
 # -- checking what a plugin registered ----------------------------------------------------------
 def _registries() -> dict[str, dict[str, Any]]:
-    return {"defense": DEFENSES, "attack": ATTACKS, "threat": THREATS, "accountant": ACCOUNTANTS}
+    return {
+        "defense": DEFENSES,
+        "attack": ATTACKS,
+        "threat": THREATS,
+        "accountant": ACCOUNTANTS,
+        "membership attack": MEMBERSHIP_ATTACKS,
+    }
 
 
 def _still_registered(key: str) -> bool:
@@ -288,6 +295,8 @@ def _check(before: dict[str, dict[str, Any]], require: bool) -> list[tuple[str, 
             check_attack(name, obj)
         elif what == "threat":
             _check_threat(name, obj)
+        elif what == "membership attack":
+            check_membership_attack(name, obj)
         else:
             _check_accountant(name, obj)
     return added
@@ -431,7 +440,7 @@ def _owner(what: str, name: str, registries: dict[str, dict[str, Any]] | None = 
     for plugin in _loaded.values():
         if any(w == what and n == name and o is obj for w, n, o in plugin.registered):
             return f"plugin {plugin.label}"
-    holder = obj if what in ("attack", "threat") else type(obj)  # a function, a class
+    holder = obj if what in ("attack", "threat", "membership attack") else type(obj)
     module = getattr(holder, "__module__", "") or ""
     return f"the built-in {what}" if module.startswith("privaudit.") else f"module {module}"
 

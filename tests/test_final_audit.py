@@ -145,3 +145,22 @@ def test_observers_are_checked_before_any_trial(run, tmp_path) -> None:
     # agent 2 is 2 hops from agent 0: one round of D-PSGD carries the canary 1 hop
     with pytest.raises(PrivauditError, match="does not reach agent 2.s final model by round 1"):
         final_model_audit(one, TARGET, 64, attackers=[2], victim=0, batches="empty", progress=False)
+
+
+def test_the_command_line_runs_it_and_refuses_what_it_cannot_use(tmp_path, capsys) -> None:
+    """``privaudit audit --observe final``: the report names the observer, the bounds and
+    the unamplified mechanism; flags of the message audits are refused in one line."""
+    from privaudit.cli.app import main
+
+    argv = ["audit", "--target", "dp-dpsgd-half-model", "--observe", "final", "--agents", "4"]
+    argv += ["--sigma", "1", "--rounds", "2", "--batches", "empty", "--no-progress"]
+    assert main([*argv, "--trials", "200", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "final-model audit · 2 rounds" in out and "composed at sample rate 1" in out
+    assert "verdict: " in out and (tmp_path / "a" / "scores.csv").is_file()
+    for extra in (["--span", "1"], ["--mode", "one-run"]):
+        assert main([*argv, *extra, "--out", str(tmp_path / "b")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("privaudit: error: ") and "\n" not in err
+    assert main(argv[:3] + ["--observer", "average", "--out", str(tmp_path / "c")]) == 2
+    assert "--observe final" in capsys.readouterr().err

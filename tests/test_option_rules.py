@@ -126,16 +126,25 @@ SAMPLES = {
     "--markdown": "M.md",
     "--fresh": None,
     "--scenarios": "ND-CG",
+    "--observe": "messages",
+    "--observer": "average",
+    "--batches": "empty",
 }
 # argv that puts each command in each of its modes, and argv where the mode does not hold
 ENTER = {
     "train": {"sim": [], "no data root": []},
     "attack": {"run": ["--run", "R"], "no data root": []},
-    "audit": {"one-run": ["--mode", "one-run"], "run": ["--run", "R"], "no data root": []},
+    "audit": {
+        "final models": ["--observe", "final"],
+        "messages": [],
+        "one-run": ["--mode", "one-run"],
+        "run": ["--run", "R"],
+        "no data root": [],
+    },
     "mia": {
         "message level": [],
         "model level": ["--attack", "lira"],
-        "loss": ["--attack", "loss"],
+        "no references": ["--attack", "loss"],
         "run": ["--run", "R"],
         "no data root": [],
     },
@@ -150,7 +159,9 @@ LEAVE = {
     "one-run": ["--mode", "white-box"],
     "message level": ["--attack", "lira"],
     "model level": [],
-    "loss": ["--attack", "rmia"],
+    "no references": ["--attack", "rmia"],
+    "final models": [],
+    "messages": ["--observe", "final"],
     "no audit": ["--audit"],
     "local executor": ["--executor", "ray"],
 }
@@ -164,6 +175,7 @@ SELECTORS = {
     "--executor",
     "--run",
     "--mode",
+    "--observe",
 }
 
 

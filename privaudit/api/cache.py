@@ -51,7 +51,7 @@ import torch
 from privaudit.attacks import ATTACKS
 from privaudit.core.accountants import ACCOUNTANTS
 from privaudit.core.errors import PrivauditError
-from privaudit.core.files import from_jsonable, to_jsonable, write_bytes, write_json
+from privaudit.core.files import dumps_strict, loads_strict, to_jsonable, write_json
 from privaudit.core.threat import THREATS
 from privaudit.defenses import DEFENSES
 
@@ -199,7 +199,7 @@ def discard(path: Path, why: str) -> None:
 
 
 def _canonical(obj: Any) -> bytes:
-    return json.dumps(to_jsonable(obj), sort_keys=True, allow_nan=False).encode()
+    return dumps_strict(obj, indent=None).encode()
 
 
 def _sha(data: bytes) -> str:
@@ -291,7 +291,7 @@ def write_value(path: Path, key: Any, value: Any) -> None:
         "sha256": _sha(_canonical(value)),
         "value": to_jsonable(value),
     }
-    write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+    write_json(path, doc)
 
 
 def read_value(path: Path, key: Any, covers: Path | None = None) -> Any | None:
@@ -307,7 +307,7 @@ def read_value(path: Path, key: Any, covers: Path | None = None) -> Any | None:
     else:
         why = _value_problem(data, key)
     if why is None:
-        return from_jsonable(json.loads(data)["value"])
+        return loads_strict(data)["value"]
     if covers is not None and covers.exists():
         discard(covers, why)
         path.unlink(missing_ok=True)

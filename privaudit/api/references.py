@@ -35,11 +35,12 @@ message; this module asks who is in the victim's *training set*, from a model:
   candidates. The halves come in complementary pairs (run 2j takes a random half, run 2j+1
   the other half), so every candidate is IN in exactly K/2 runs and the victim's shard keeps
   its size (and its Poisson rate q = B/n);
-- **scores**: LOSS (Yeom et al. 2018: −cross-entropy of the attacked model), LiRA online and
-  offline (Carlini et al. 2022, Alg. 1 and §VI.C: Gaussians on the logit-scaled confidence φ
-  of the IN and OUT reference models) and RMIA (Zarifzadeh et al. 2024, Eqs. 3–5: the
-  target/reference probability ratio of x against the population z), the score math of
-  :mod:`privaudit.eval.membership`.
+- **scores**: those of the registered membership attacks
+  (:mod:`privaudit.eval.membership_attacks`, where a plugin adds its own): LOSS (Yeom et al.
+  2018: −cross-entropy of the attacked model), LiRA online and offline (Carlini et al. 2022,
+  Alg. 1 and §VI.C: Gaussians on the logit-scaled confidence φ of the IN and OUT reference
+  models) and RMIA (Zarifzadeh et al. 2024, Eqs. 3–5: the target/reference probability ratio
+  of x against the population z), each on the logits this module computes.
 
 The K reference runs are **one** simulation of K·N agents on the disjoint union of K copies
 of the graph (block-diagonal adjacency and mixing matrix W): a defense computes over stacked
@@ -85,19 +86,16 @@ from privaudit.core.files import digest, to_jsonable, write_columns, write_json
 from privaudit.core.messages import CaptureSpec, Tap
 from privaudit.core.network import SimNetwork
 from privaudit.eval import membership as M
+from privaudit.eval import membership_attacks as attacks
 from privaudit.sim.loop import RoundLoop, calling
 from privaudit.sim.plan import candidate_threats, default_victim, first_observable, sightings
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
-ATTACKS = ("loss", "lira", "rmia")  # what ``privaudit mia --attack`` runs at model level
-SCORES = ("loss", "lira-online", "lira-offline", "rmia")  # every score a model-level call reports
-HEADLINE = {"loss": "loss", "lira": "lira-online", "rmia": "rmia"}
 ONE_RUN = "one-run over the game's pairs (Steinke, Nasr & Jagielski 2023)"
 MODEL_KINDS = ("model", "half-model")  # message kinds that carry an agent's model
 ON = ("message", "final")
 FPRS = (0.001, 0.01)
-GLOBAL_VARIANCE_BELOW = 64  # LiRA pools σ² over candidates below this many references (§VI.B)
 MODELS = "models.safetensors"  # a reference entry's tensors: the models and their ``inside``
 
 
@@ -214,11 +212,7 @@ def reference_shards(candidates: Candidates, k: int, seed: int) -> np.ndarray:
     """``(k, 2m)`` booleans: candidate j is in reference run c's victim shard. Runs come in
     complementary pairs (a random half, then the other half): each candidate is IN in
     exactly k/2 runs and every run's shard has the victim's size."""
-    if k < 2 or k % 2:
-        raise PrivauditError(
-            f"--references {k}: reference runs come in complementary pairs (each candidate IN "
-            "in half of them); pass an even number ≥ 2, e.g. --references 8"
-        )
+    attacks.PAIRED.check(k)
     rng = np.random.default_rng(seed + 1299709)
     n = len(candidates.pool)
     inside = np.zeros((k, n), bool)
@@ -524,35 +518,26 @@ def labels_of(run: Run, index: Tensor) -> Tensor:
 def model_scores(
     run: Run, target: Tensor, candidates: Candidates, refs: References | None
 ) -> dict[str, np.ndarray]:
-    """Every candidate's score under each attack of :data:`SCORES` (only ``loss`` without
-    reference runs), higher = more likely a member; the paper behind each is named in the
-    module docstring and at its function in :mod:`privaudit.eval.membership`."""
+    """Every candidate's score under each registered membership attack whose needs ``refs``
+    meet (:func:`privaudit.eval.membership_attacks.score_all`: only those needing no
+    reference runs where ``refs`` is None), higher = more likely a member: the logits of
+    the attacked model ``target`` and of the reference models on the candidates and the
+    population, as the attacks' :class:`~privaudit.eval.membership_attacks.Evidence`."""
     pool, z = candidates.pool, candidates.population
     y, yz = labels_of(run, pool), labels_of(run, z)
+    n = len(pool)
     lt = model_logits(run, target[None], torch.cat([pool, z]))[0]
-    lx, lz = lt[: len(pool)], lt[len(pool) :]
-    out = {"loss": M.loss_score(torch.nn.functional.cross_entropy(lx, y, reduction="none"))}
+    seen = dict(logits=lt[:n], labels=y, population_logits=lt[n:], population_labels=yz)
     if refs is None:
-        return out
+        return attacks.score_all(attacks.Evidence(**seen))
     lr = model_logits(run, refs.models, torch.cat([pool, z]))  # (K, n + |z|, classes)
-    phi_t = M.logit_confidence(lx, y)
-    phi = np.stack([M.logit_confidence(lr[c, : len(pool)], y) for c in range(len(lr))], 1)
-    inside = refs.inside.T  # (n, K)
-    gv = len(lr) < GLOBAL_VARIANCE_BELOW
-    out["lira-online"] = M.lira_online(
-        phi_t, np.where(inside, phi, np.nan), np.where(inside, np.nan, phi), global_variance=gv
+    evidence = attacks.Evidence(
+        **seen,
+        reference_logits=lr[:, :n],
+        reference_population_logits=lr[:, n:],
+        inside=refs.inside.T,  # (n, K)
     )
-    out["lira-offline"] = M.lira_offline(phi_t, np.where(inside, np.nan, phi), global_variance=gv)
-
-    def prob(logits: Tensor, labels: Tensor) -> np.ndarray:
-        p = torch.softmax(logits, -1).gather(-1, labels[..., None].expand(*logits.shape[:-1], 1))
-        return p.squeeze(-1).numpy()
-
-    if len(z):
-        px = prob(lr[:, : len(pool)], y.expand(len(lr), -1)).T  # (n, K)
-        pz = prob(lr[:, len(pool) :], yz.expand(len(lr), -1)).T
-        out["rmia"] = M.rmia(prob(lx, y), px, prob(lz, yz), pz)
-    return out
+    return attacks.score_all(evidence)
 
 
 # -- the attack --------------------------------------------------------------------------------
@@ -601,15 +586,14 @@ def model_mia(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Model-level membership inference on ``run`` (module docstring): ``attack`` is the
-    headline (``loss`` needs no reference runs; ``lira`` and ``rmia`` train ``references``
-    of them, cached, and report every score of :data:`SCORES`). ``on``: ``message`` (the
+    headline, a registered membership attack (:mod:`privaudit.eval.membership_attacks`:
+    ``loss`` needs no reference runs; ``lira`` and ``rmia`` train ``references`` of them,
+    cached, and report the scores of every attack those serve). ``on``: ``message`` (the
     victim's ``target`` message of ``round``, default the last round) or ``final`` (the
     run's final average model; the default where the target's kind is not a model). Writes
     ``result.json`` and ``roc.png`` to ``out`` when given. Returns the result."""
-    if attack not in ATTACKS:
-        raise PrivauditError(
-            f"--attack must be grad or one of {', '.join(ATTACKS)}, got {attack!r}"
-        )
+    need = attacks.declared(attack).references
+    attacks.check_references(attack, references)
     tgt = Target.parse(target)
     on, t = attacked_round(run, tgt, target, on, round)
     flat, v, dst, seen_by = attacked_model(run, tgt, on, t, threat, attackers, victim, progress)
@@ -618,7 +602,7 @@ def model_mia(
     kind = tgt.kind if on == "message" else None
     played = game_model(run, v, cands, game, until=t, kind=kind, receiver=dst, progress=progress)
     refs = None
-    if attack != "loss":
+    if need is not None:
         refs = reference_models(
             run,
             v,
@@ -637,7 +621,7 @@ def model_mia(
     finite = math.isfinite(bound)
     table = _table(scores, game.member, confidence)
     plain = _table(natural, cands.member, confidence)
-    head = HEADLINE[attack]
+    head = headline(attack, scores)
     one_run = M.pair_audit(*game.split(scores[head]), delta, confidence, seed=seed)
     lo = one_run["epsilon"]
     result: dict[str, Any] = {
@@ -682,6 +666,19 @@ def model_mia(
         plot_game(result, scores, natural, game.member, cands.member, out / "roc.png")
         result["figure"] = str(out / "roc.png")
     return result
+
+
+def headline(attack: str, scores: dict[str, np.ndarray]) -> str:
+    """The score ``attack`` is judged by, which the call must have computed (RMIA scores
+    nothing without population examples)."""
+    head = attacks.declared(attack).headline
+    if head not in scores:
+        raise PrivauditError(
+            f"--attack {attack}: its score {head!r} was not computed here (RMIA needs "
+            "population examples apart from the candidates); pass a larger --population, or "
+            "a run with a larger test split"
+        )
+    return head
 
 
 def natural_record(cands: Any, plain: dict[str, Any], head: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from privaudit.api.cache import code_identity
 from privaudit.core.errors import PrivauditError
-from privaudit.core.files import atomic_write
+from privaudit.core.files import atomic_write, dumps_strict
 from privaudit.core.text import sig
 from privaudit.eval import membership
 from privaudit.eval.page import Code, Figure, Page, Section, Table, to_html, to_latex, to_markdown
@@ -107,6 +107,12 @@ def number(v: Any) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def as_text(v: Any) -> str:
+    """A value of a configuration as written: a string as it is, anything else as strict
+    one-line JSON (:func:`privaudit.core.files.dumps_strict`)."""
+    return v if isinstance(v, str) else dumps_strict(v, indent=None, sort_keys=False)
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -205,7 +211,7 @@ def run_config(run: Path) -> list[Section]:
         return []
     cfg = read_json(path)
     resolved = cfg.pop("resolved", {}) or {}
-    scalar = [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in sorted(cfg.items())]
+    scalar = [(k, as_text(v)) for k, v in sorted(cfg.items())]
     items: list[Any] = [pairs(f"Configuration of the run ({path})", scalar)]
     agents = resolved.get("agents") or []
     if agents:
@@ -332,7 +338,7 @@ def attack_page(folder: Path) -> Page:
                 ("target", r.get("target")),
                 ("round", str(r.get("round"))),
                 ("attack", r.get("attack")),
-                ("attack options", json.dumps(r.get("attack_options") or {})),
+                ("attack options", as_text(r.get("attack_options") or {})),
                 ("threat", threat),
                 ("ε of the attacked kind over the run", eps(r.get("epsilon"))),
                 ("ε the paper's count gives", r.get("epsilon_claimed")),
@@ -747,7 +753,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
         if isinstance(v, dict):
             out += _flat(v, f"{prefix}{k}.")
         else:
-            out.append((f"{prefix}{k}", v if isinstance(v, str) else json.dumps(v)))
+            out.append((f"{prefix}{k}", as_text(v)))
     return out
 
 

@@ -32,7 +32,6 @@ adad2p, …) is run once per seed and reported with ε = ∞ at every ε.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -60,7 +59,7 @@ from privaudit.core.accounting import noised as sigma_noised
 from privaudit.core.config import RunConfig, canonical
 from privaudit.core.context import params_of
 from privaudit.core.errors import PrivauditError, unknown
-from privaudit.core.files import digest, from_jsonable, to_jsonable
+from privaudit.core.files import digest, dumps_strict, loads_strict
 from privaudit.core.messages import CaptureSpec
 from privaudit.defenses import get_defense
 from privaudit.experiments.audit import audit, check_trials
@@ -322,7 +321,7 @@ def _cell_result(rd: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     """The cached result of the cell whose entry is ``rd``, verified (None: none, or
     discarded)."""
     got = cache.read(rd, [RESULT], key)
-    return None if got is None else from_jsonable(json.loads(got[RESULT]))
+    return None if got is None else loads_strict(got[RESULT])
 
 
 def attack_cell(run: Any, sweep: Sweep, cell: Cell, progress: bool) -> tuple[dict, dict]:
@@ -384,7 +383,7 @@ def _commit(
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / RECON))
-        (tmp / RESULT).write_text(json.dumps(to_jsonable(result), indent=2, sort_keys=True) + "\n")
+        (tmp / RESULT).write_text(dumps_strict(result) + "\n")
         cache.seal(tmp, key)
 
     return commit_folder(rd, write, cache.MANIFEST)

@@ -16,10 +16,12 @@ import os
 import sys
 import traceback
 import warnings
+from importlib import metadata
 from types import ModuleType
 
 from privaudit.cli import console
-from privaudit.core.errors import PrivauditError
+from privaudit.cli.vocabulary import BUILT_IN, PLUGIN_GROUPS, Vocabulary, registered
+from privaudit.core.errors import PLUGIN_ENV, PrivauditError
 
 DEBUG_ENV = "PRIVAUDIT_DEBUG"
 INTERNAL = f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback and report it"
@@ -38,28 +40,64 @@ def commands() -> tuple[ModuleType, ...]:
     return (targets, train, attack, audit, mia, compare, reproduce, claims, report)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: the top-level flags, then each command's subparser."""
-    from privaudit.cli.options import Parser
-
-    p = Parser(prog="privaudit", description=__doc__.splitlines()[0])
+def top_level(p: argparse.ArgumentParser) -> None:
+    """The flags given before the command: ``--plugin FILE.py`` (repeatable) and
+    ``--debug``; the real parser and the plugin pre-scan (:func:`plugin_files`) share them."""
     p.add_argument(
         "--plugin",
         action="append",
         default=[],
         metavar="FILE.py",
-        help="load your own defense or attack from this file, before the command (repeatable; "
-        "PRIVAUDIT_PLUGINS and installed packages' entry points load too; docs/extending.md)",
+        help="load your own defense, attack, threat model or accountant from this file before "
+        "the command, whose --help and checks then list it like a built-in (repeatable; "
+        f"{PLUGIN_ENV} and installed packages' entry points load too; docs/extending.md)",
     )
     p.add_argument(
         "--debug",
         action="store_true",
         help=f"after an error's one line, print its traceback too (or set {DEBUG_ENV}=1)",
     )
+
+
+def build_parser(words: Vocabulary = BUILT_IN) -> argparse.ArgumentParser:
+    """The whole command line: the top-level flags, then each command's subparser, listing
+    the defenses and attacks of ``words`` (the built-ins by default, known without loading
+    torch; with plugins loaded, the registries' :func:`~privaudit.cli.vocabulary.registered`)."""
+    from privaudit.cli.options import Parser
+
+    p = Parser(prog="privaudit", description=__doc__.splitlines()[0])
+    top_level(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in commands():
-        command.add_parser(sub)
+        command.add_parser(sub, words)
     return p
+
+
+def plugin_files(argv: list[str]) -> list[str]:
+    """The ``--plugin`` files of ``argv``, read before it is parsed as the parser reads
+    them: among the top-level flags, before the command's name (abbreviated, or as
+    ``--plugin=F``, too); a flag after the command is the command's. A command line this
+    cannot read names none: the parser then says what is wrong with it."""
+    from privaudit.cli.options import Parser
+
+    pre = Parser(prog="privaudit", add_help=False)
+    top_level(pre)
+    pre.add_argument("command_line", nargs=argparse.REMAINDER)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except PrivauditError:
+        return []
+    return list(known.plugin)
+
+
+def any_plugins(files: list[str]) -> bool:
+    """Whether this process has plugins to load: ``files`` (``--plugin``), a file in
+    ``PRIVAUDIT_PLUGINS``, or an installed package's entry point in a plugin group (the
+    index is read; nothing of it is imported)."""
+    if files or any(f.strip() for f in os.environ.get(PLUGIN_ENV, "").split(os.pathsep)):
+        return True
+    installed = metadata.entry_points()
+    return any(installed.select(group=group) for group in PLUGIN_GROUPS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,21 +116,46 @@ def main(argv: list[str] | None = None) -> int:
             return report("interrupted", e, debugging(argv), 2)
 
 
+def parse(argv: list[str] | None, interrupts: console.Interrupts) -> argparse.Namespace:
+    """``argv`` parsed, its plugins loaded first where there are any (entry points,
+    ``PRIVAUDIT_PLUGINS``, then the ``--plugin`` files), so that --help and the parser list
+    what they register; then torch, unless the command says it needs none (its
+    ``loads_engine`` answers False: ``--help`` and such commands never load it)."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    files = plugin_files(given)
+    words = BUILT_IN
+    if any_plugins(files):
+        load_engine(interrupts)
+        from privaudit.plugins import load_plugins
+
+        load_plugins(files)
+        words = registered()
+    args = build_parser(words).parse_args(given)
+    needs = getattr(args, "loads_engine", None)
+    if needs is None or needs(args):
+        load_engine(interrupts)
+    return args
+
+
+def load_engine(interrupts: console.Interrupts) -> None:
+    """Import torch with signals held: a Ctrl-C must not reach its C++ start-up."""
+    with interrupts.held():
+        import torch  # noqa: F401
+
+
 def run(argv: list[str] | None, interrupts: console.Interrupts) -> int:
-    """Parse ``argv`` and run its command; an error becomes its one line (and, debugging,
-    its traceback) and the exit code. An interrupt propagates (a KeyboardInterrupt)."""
+    """Parse ``argv`` (:func:`parse`) and run its command; an error becomes its one line
+    (and, debugging, its traceback) and the exit code. An interrupt propagates (a
+    KeyboardInterrupt)."""
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     console.writable_matplotlib_dir()
     debug = debugging(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(argv, interrupts)
         debug = debug or args.debug
-        with interrupts.held():  # every command needs torch; a Ctrl-C must not reach its C++
-            import torch
-        from privaudit.plugins import load_plugins
-
-        load_plugins(args.plugin)  # entry points, PRIVAUDIT_PLUGINS, then --plugin files
         if getattr(args, "threads", None) is not None:
+            import torch
+
             from privaudit.core import limits
 
             limits.check_threads("--threads", args.threads)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import sys
 from typing import Any
 
 from privaudit.cli.options import (
     add_attack_option,
+    add_lpips_option,
     add_overwrite,
     attack_options,
     check_out,
@@ -25,13 +25,15 @@ from privaudit.cli.options import (
 )
 from privaudit.cli.rules import agent_ids
 from privaudit.cli.train import full_batch, run_epsilon_line, sampled, sampling_options
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
+from privaudit.core.files import dumps_strict
 from privaudit.core.threat import threat_help
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, words: Vocabulary) -> None:
     """Register ``attack`` on the CLI's subparsers."""
     at = sub.add_parser(
         "attack",
@@ -46,7 +48,7 @@ def add_parser(sub: Any) -> None:
     at.add_argument(
         "--attack",
         default=None,
-        help="the attack (default ig); privaudit targets --list attacks names them all",
+        help=f"{words.attack_help()} (privaudit targets --list attacks says what each does)",
     )
     at.add_argument(
         "--threat",
@@ -76,11 +78,27 @@ def add_parser(sub: Any) -> None:
     at.add_argument("--run", default=None, help="an existing run directory (else one is trained)")
     at.add_argument("--out", default=None, help="output folder (default privaudit-out/T-rR)")
     add_overwrite(at)
-    at.add_argument("--iterations", type=int, default=None)
-    at.add_argument("--restarts", type=int, default=None)
-    at.add_argument("--attack-seed", type=int, default=0)
+    at.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="the attack's optimisation steps (default: the attack's own)",
+    )
+    at.add_argument(
+        "--restarts",
+        type=int,
+        default=None,
+        help="independent starts; the best reconstruction is kept (default: the attack's own)",
+    )
+    at.add_argument(
+        "--attack-seed",
+        type=int,
+        default=0,
+        help="the attack's own draws (its starting points), apart from the run's --seed: "
+        "the same run attacked again with another (default 0)",
+    )
     add_attack_option(at)
-    at.add_argument("--no-lpips", action="store_true")
+    add_lpips_option(at, "score LPIPS beside PSNR and SSIM (default: on; --no-lpips skips it)")
     at.add_argument("--json", action="store_true", help="print result.json on stdout")
     training_options(at, None)
     sampling_options(at)
@@ -130,17 +148,15 @@ def cmd_attack(a: argparse.Namespace) -> int:
             seed=a.attack_seed,
             options=options,
             tie=tie,
-            lpips=not a.no_lpips,
+            lpips=a.lpips is not False,
             progress=not a.no_progress,
         )
     m = result.metrics
     empty = empty_line(a, result)
     if a.json:
-        from privaudit.core.files import to_jsonable
-
         if empty:
             print(empty, file=sys.stderr)
-        print(json.dumps(to_jsonable(result.to_dict()), indent=2))
+        print(dumps_strict(result.to_dict(), sort_keys=False))
         return 0
     for sentence in dict.fromkeys(b["sentence"] for b in result.identifiability):
         print(f"{a.target} round {a.round}: {sentence}")

@@ -22,20 +22,23 @@ from privaudit.cli.options import (
     record_written,
     training_options,
 )
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
 OUT = "privaudit-out/claims"
+# the ledger's defaults (privaudit.experiments.claims.TRIALS and CONFIDENCE, whose module
+# loads the engine: copied, so that --help answers without it; a test keeps them equal)
+TRIALS = 1000
+CONFIDENCE = 0.95
 ROW_SECONDS_REMOVED = (
     "--row-seconds was removed: a row's budget is --trials (the same everywhere); drop it "
     "(the costly kinds run a fixed share of --trials, as the setting line states)"
 )
 
 
-def add_parser(sub: Any) -> None:
-    """Register ``claims`` on the CLI's subparsers; its arguments are added when it runs or
-    shows its help (:class:`~privaudit.cli.options.Parser`), as their defaults are the
-    ledger's, whose module loads the engine."""
+def add_parser(sub: Any, words: Vocabulary) -> None:
+    """Register ``claims`` on the CLI's subparsers."""
     c = sub.add_parser(
         "claims",
         help="the claims ledger: each paper's privacy claim, the correct ε, an audit's ε",
@@ -50,21 +53,20 @@ def add_parser(sub: Any) -> None:
             "Finished rows are kept in OUT/rows: an interrupted ledger resumes. Writes "
             "OUT/ledger.json and OUT/claims.md (and --markdown PATH)."
         ),
-        arguments=_arguments,
     )
+    _arguments(c, words)
     c.set_defaults(func=cmd_claims)
 
 
-def _arguments(c: argparse.ArgumentParser) -> None:
+def _arguments(c: argparse.ArgumentParser, words: Vocabulary) -> None:
     """The arguments of ``claims``, with the ledger's defaults."""
-    from privaudit.experiments.claims import CONFIDENCE, TRIALS
-
     c.add_argument(
         "--defense",
         action="append",
         default=None,
         metavar="D[,D...]",
-        help="only these defenses (repeatable or comma-separated; default: all)",
+        help=f"only these defenses, of {', '.join(words.defenses)} (repeatable or "
+        "comma-separated; default: all)",
     )
     c.add_argument(
         "--target",
@@ -86,7 +88,13 @@ def _arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--confidence", type=float, default=CONFIDENCE, help="of the lower bounds (0.95)"
     )
-    c.add_argument("--audit-seed", type=int, default=0)
+    c.add_argument(
+        "--audit-seed",
+        type=int,
+        default=0,
+        help="the audits' own draws (canaries, each trial's coin and noise), apart from the "
+        "runs' --seed (default 0)",
+    )
     c.add_argument(
         "--out", default=OUT, help=f"folder for runs, cached rows and the ledger (default {OUT})"
     )

@@ -14,6 +14,7 @@ from typing import Any
 from privaudit.cli.options import (
     add_attack_option,
     add_executor_options,
+    add_lpips_option,
     add_overwrite,
     check_destination_folder,
     check_sweep_attack,
@@ -28,8 +29,10 @@ from privaudit.cli.options import (
     sweep_namespace,
     training_options,
 )
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
+from privaudit.core.threat import threat_help
 
 COMPARE_TARGETS = "dsgd-half-model,nd-cg,dpdl-cg,pdsl-cg,lppa-gt,adad2p-half-model"
 # --preset utility: the privacy–utility frontier of these, at their operating points
@@ -50,8 +53,8 @@ def _printer(json_out: bool) -> Any:
     return functools.partial(print, file=sys.stderr) if json_out else print
 
 
-def add_parser(sub: Any) -> None:
-    """Register ``compare`` and ``reproduce`` on the CLI's subparsers."""
+def add_parser(sub: Any, words: Vocabulary) -> None:
+    """Register ``compare`` on the CLI's subparsers."""
     c = sub.add_parser(
         "compare",
         help="attack several targets over rounds, ε and seeds: grid, sweeps, table",
@@ -70,7 +73,7 @@ def add_parser(sub: Any) -> None:
         conflict_handler="resolve",  # --rounds/--epsilon/--seed become lists below
     )
     _add_outputs(c)
-    _add_attack_options(c)
+    _add_attack_options(c, words)
     _add_audit_options(c)
     training_options(c, None)
     _add_study_grid(c)
@@ -102,14 +105,13 @@ def _add_outputs(c: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_attack_options(c: argparse.ArgumentParser) -> None:
+def _add_attack_options(c: argparse.ArgumentParser, words: Vocabulary) -> None:
     """``compare``'s attack settings (threat, victims, attack, iterations, LPIPS); a
     helper of :func:`add_parser`, in the order ``--help`` lists them."""
     c.add_argument(
         "--threat",
         default=None,
-        help="link | neighbor | coalition | global (default: per target, the "
-        "weakest adversary that observes it)",
+        help=f"{threat_help()} (default: per target, the weakest adversary that observes it)",
     )
     c.add_argument(
         "--victims",
@@ -120,7 +122,7 @@ def _add_attack_options(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--attack",
         default=None,
-        help="ig (default) | fi | dlg | idlg | hybrid | analytic | rgap | auto",
+        help=f"{words.attack_help()} (privaudit targets --list attacks)",
     )
     c.add_argument(
         "--iterations",
@@ -129,7 +131,7 @@ def _add_attack_options(c: argparse.ArgumentParser) -> None:
         help="attack iterations (1000; utility preset: 200)",
     )
     add_attack_option(c)
-    c.add_argument("--lpips", action="store_true", help="also score LPIPS (needs weights)")
+    add_lpips_option(c, "also score LPIPS (needs AlexNet's weights; default: off)")
     c.add_argument(
         "--json",
         action="store_true",
@@ -190,7 +192,9 @@ def _add_study_grid(c: argparse.ArgumentParser) -> None:
         dest="seeds",
         default=[0],
         type=comma_list(int, "--seeds"),
-        help="run and attack seeds, comma-separated (default 0)",
+        help="run seeds, comma-separated (default 0): each seeds its runs (as train's --seed does) "
+        "and their cells' attacks; the audits and membership inference draw as --audit-seed "
+        "0 and --mia-seed 0 do",
     )
     g.add_argument(
         "--horizon",
@@ -238,7 +242,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         attack=a.attack,
         iterations=a.iterations,
         attack_options=dict(a.attack_option),
-        lpips=a.lpips,
+        lpips=bool(a.lpips),
         audit=frontier if a.audit is None else a.audit,
         audit_trials=a.audit_trials,
         membership=frontier if a.membership is None else a.membership,

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from privaudit.cli.options import (
-    MODEL_ATTACKS,
     add_overwrite,
     check_out,
     check_threat,
@@ -20,14 +18,16 @@ from privaudit.cli.options import (
 )
 from privaudit.cli.rules import agent_ids
 from privaudit.cli.train import run_epsilon_line
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
+from privaudit.core.files import dumps_strict
 from privaudit.core.text import sig
 from privaudit.core.threat import threat_help
 
 SCORERS = ("decompose", "lr", "lr-iso", "inner", "cosine")
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, words: Vocabulary) -> None:
     """Register ``mia`` on the CLI's subparsers."""
     m = sub.add_parser(
         "mia",
@@ -56,9 +56,10 @@ def add_parser(sub: Any) -> None:
     m.add_argument(
         "--attack",
         default="grad",
-        help="grad (default): message-level, one observed message at a time; loss | lira | "
-        "rmia: model-level, on the victim's model message or the final average model, with "
-        "reference runs for lira and rmia (docs/membership.md)",
+        help="grad (default): message-level, one observed message at a time; "
+        f"{' | '.join(words.membership_attacks)}: model-level, on the victim's model message "
+        "or the final average model, with reference runs for lira and rmia "
+        "(docs/membership.md)",
     )
     m.add_argument(
         "--scorer",
@@ -138,14 +139,14 @@ def _tradeoff_line(r: dict[str, Any]) -> str:
 def cmd_mia(a: argparse.Namespace) -> int:
     from privaudit.api.membership import mia
     from privaudit.core.errors import PrivauditError
-    from privaudit.core.files import to_jsonable
+    from privaudit.eval.membership_attacks import MEMBERSHIP_ATTACKS
     from privaudit.sim.targets import Target
 
-    if a.attack in MODEL_ATTACKS:
+    if a.attack in MEMBERSHIP_ATTACKS:
         return cmd_model_mia(a)
     if a.attack != "grad":
         raise PrivauditError(
-            f"--attack must be grad (message-level) or one of {', '.join(MODEL_ATTACKS)} "
+            f"--attack must be grad (message-level) or one of {', '.join(MEMBERSHIP_ATTACKS)} "
             f"(model-level), got {a.attack!r}"
         )
     a.round = 1 if a.round is None else a.round
@@ -185,7 +186,7 @@ def cmd_mia(a: argparse.Namespace) -> int:
             progress=not a.no_progress,
         )
     if a.json:
-        print(json.dumps(to_jsonable(result), indent=2))
+        print(dumps_strict(result, sort_keys=False))
         return 0
     print(run_epsilon_line(run.resolved))
     r = result
@@ -246,14 +247,10 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     (:func:`privaudit.api.references.model_mia`)."""
     from privaudit.api.references import model_mia
     from privaudit.core.errors import PrivauditError
-    from privaudit.core.files import to_jsonable
+    from privaudit.eval.membership_attacks import check_references
     from privaudit.sim.targets import Target
 
-    if a.references < 2 or a.references % 2:
-        raise PrivauditError(
-            f"--references {a.references}: reference runs come in complementary pairs (each "
-            "candidate IN in half of them); pass an even number ≥ 2, e.g. --references 8"
-        )
+    check_references(a.attack, a.references)  # before any output folder
     limits.check_int("--references", a.references, 2, 1024)
     if a.on not in (None, "message", "final"):
         raise PrivauditError(f"--on must be message or final, got {a.on!r}")
@@ -295,7 +292,7 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
             progress=not a.no_progress,
         )
     if a.json:
-        print(json.dumps(to_jsonable(r), indent=2))
+        print(dumps_strict(r, sort_keys=False))
         return 0
     print(run_epsilon_line(run.resolved))
     what = (

@@ -23,7 +23,6 @@ from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 
 DEFAULTS = RunConfig()
-MODEL_ATTACKS = ("loss", "lira", "rmia")  # mia's model-level attacks (privaudit.api.references)
 
 
 # the attribute of a command's parsed arguments that names the options given on the command
@@ -45,39 +44,22 @@ class Parser(argparse.ArgumentParser):
     """Every error in one line (not usage + line), naming the command's ``--help``; a
     command's parsed arguments say which options were given (:data:`GIVEN`), so that an
     option given in a mode where it does nothing is refused (:mod:`privaudit.cli.rules`)
-    even when its value equals its default.
+    even when its value equals its default."""
 
-    ``arguments``: a function that adds the command's arguments when the command is parsed
-    or its help shown, not when the whole parser is built, for a command whose defaults come
-    from a module that loads the engine."""
-
-    def __init__(
-        self, *args: Any, arguments: Callable[[Parser], None] | None = None, **kw: Any
-    ) -> None:
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.arguments = arguments
         self.commands = False  # whether it dispatches to subcommands (their parsers record)
-
-    def ready(self) -> None:
-        if self.arguments is not None:
-            add, self.arguments = self.arguments, None
-            add(self)
 
     def add_subparsers(self, **kw: Any) -> Any:
         self.commands = True
         return super().add_subparsers(**kw)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        self.ready()
         ns, extra = super().parse_known_args(args, namespace)
         if not self.commands:  # a command: parse again, without defaults, to see what was given
             given, _ = super().parse_known_args(args, _Given())
             setattr(ns, GIVEN, frozenset(vars(given)))
         return ns, extra
-
-    def format_help(self) -> str:
-        self.ready()
-        return super().format_help()
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         ns, extra = self.parse_known_args(args, namespace)
@@ -116,6 +98,13 @@ def add_attack_option(p: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="an attack option, e.g. -a tv=1e-3 -a lr=0.05",
     )
+
+
+def add_lpips_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--lpips`` / ``--no-lpips``, one switch in both spellings wherever LPIPS is scored
+    (``attack``: on unless ``--no-lpips``; ``compare``: off unless ``--lpips``); unset it is
+    None and the command's own default applies."""
+    p.add_argument("--lpips", action=argparse.BooleanOptionalAction, default=None, help=help)
 
 
 def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> None:
@@ -185,7 +174,13 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
         metavar="NAME=VALUE",
         help="a defense parameter, e.g. -p momentum=0.9",
     )
-    g.add_argument("--seed", type=int, default=None, help=f"run seed (default {DEFAULTS.seed})")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the run's seed: its data split, initial model, batches and noise (default "
+        f"{DEFAULTS.seed}); what a command does on the run draws from its own --<step>-seed",
+    )
     g.add_argument("--device", default=DEFAULTS.device, help="cpu | cuda")
     g.add_argument(
         "--max-memory",
@@ -389,13 +384,17 @@ def check_threat(name: str | None, attackers: str | None = None) -> None:
         )
 
 
-# attack options that have their own flags (-a would clash with them)
+# attack options that have their own flags (-a would clash with them), as attack spells them
 ATTACK_FLAGS = {
     "iterations": "--iterations",
     "restarts": "--restarts",
     "seed": "--attack-seed",
     "progress": "--no-progress",
 }
+# in the sweeping commands (compare, reproduce), which lack attack's --restarts and
+# --attack-seed: the flag that sets the option there (each cell's attack takes its run's
+# seed), or None where nothing does (the attack's own default applies)
+SWEEP_ATTACK_FLAGS = {"restarts": None, "seed": "--seeds"}
 
 
 # Where a command writes. privaudit writes only into folders it made or files it wrote: an
@@ -630,8 +629,16 @@ def attack_options(a: argparse.Namespace, name: str | None) -> dict[str, Any]:
     name = name or DEFAULT_ATTACK
     given = dict(a.attack_option)
     for k, flag in ATTACK_FLAGS.items():
-        if k in given:
-            raise PrivauditError(f"-a {k}=… is set by {flag}; use that flag")
+        if k not in given:
+            continue
+        if not hasattr(a, flag.lstrip("-").replace("-", "_")):  # a sweep's own spelling
+            flag = SWEEP_ATTACK_FLAGS.get(k)
+        if flag is None:
+            raise PrivauditError(
+                f"-a {k}=… cannot be set in privaudit {a.command}, whose attacks run with the "
+                f"attack's own {k}; drop it (privaudit attack takes --{k})"
+            )
+        raise PrivauditError(f"-a {k}=… is set by {flag}; use that flag")
     flags = {"iterations": a.iterations, "restarts": getattr(a, "restarts", None)}
     flags["seed"] = getattr(a, "attack_seed", 0)
     for k, v in flags.items():

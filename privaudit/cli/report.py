@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,12 @@ from privaudit.cli.options import (
     nothing_left_on_refusal,
     record_written,
 )
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core.errors import PrivauditError
+from privaudit.core.files import dumps_strict
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, words: Vocabulary) -> None:
     """Register ``report`` on the CLI's subparsers."""
     r = sub.add_parser(
         "report",
@@ -88,7 +89,7 @@ def cmd_report(a: argparse.Namespace) -> int:
             mark_out(dest, "report")
             written = report.write(page, dest, a.markdown, a.latex)
     if a.json:
-        print(json.dumps({"kind": src.kind, "files": [str(p) for p in written]}, indent=2))
+        print(dumps_strict({"kind": src.kind, "files": [str(p) for p in written]}, sort_keys=False))
     else:
         print(f"privaudit {src.kind} report: wrote {', '.join(str(p) for p in written)}")
     return 0

@@ -17,11 +17,12 @@ from privaudit.cli.options import (
     sweep_base,
     training_options,
 )
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError, unknown
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, words: Vocabulary) -> None:
     """Register ``reproduce`` on the CLI's subparsers."""
     r = sub.add_parser(
         "reproduce",
@@ -73,7 +74,8 @@ def add_parser(sub: Any) -> None:
         dest="seeds",
         default=[0],
         type=comma_list(int, "--seeds"),
-        help="seeds, comma-separated (default 0)",
+        help="run seeds, comma-separated (default 0): each seeds its runs (as train's --seed does) "
+        "and their cells' attacks",
     )
     r.set_defaults(func=cmd_reproduce)
 

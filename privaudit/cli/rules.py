@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from privaudit.cli.options import DEFAULTS, GIVEN, MODEL_ATTACKS, RUN_FLAGS
+from privaudit.cli.options import DEFAULTS, GIVEN, RUN_FLAGS
+from privaudit.cli.vocabulary import registered
 from privaudit.core import limits
 from privaudit.core.errors import PrivauditError
 
@@ -90,7 +91,16 @@ def sweep(command: str, flag: str) -> Mode:
 
 def _mia_level(a: argparse.Namespace) -> str | None:
     """``mia``'s level: "grad" (message level), "model", or None (an --attack mia refuses)."""
-    return "grad" if a.attack == "grad" else "model" if a.attack in MODEL_ATTACKS else None
+    if a.attack == "grad":
+        return "grad"
+    return "model" if a.attack in registered().membership_attacks else None
+
+
+def _trains_no_references(a: argparse.Namespace) -> bool:
+    """A model-level attack that declared it uses no reference runs (LOSS)."""
+    from privaudit.eval.membership_attacks import declared  # torch: loaded by now
+
+    return _mia_level(a) == "model" and declared(a.attack).references is None
 
 
 TABLES: dict[str, tuple[Mode, ...]] = {
@@ -107,6 +117,21 @@ TABLES: dict[str, tuple[Mode, ...]] = {
     ),
     "attack": (ATTACK_RUN, NO_DATA_ROOT),
     "audit": (
+        Mode(
+            "final models",
+            lambda a: a.observe == "final",
+            ("--round", "--span", "--link", "--threat", "--canary-shape"),
+            "with --observe final (the canary joins every round; the adversary sees the final "
+            "models only)",
+            ", or use --observe messages",
+        ),
+        Mode(
+            "messages",
+            lambda a: a.observe != "final",
+            ("--observer", "--batches"),
+            "with --observe messages (the default)",
+            ", or add --observe final",
+        ),
         Mode(
             "one-run",
             lambda a: a.mode == "one-run",
@@ -133,10 +158,10 @@ TABLES: dict[str, tuple[Mode, ...]] = {
             ", or use the message-level --attack grad",
         ),
         Mode(
-            "loss",
-            lambda a: a.attack == "loss",
+            "no references",
+            _trains_no_references,
             ("--references",),
-            "in --attack loss, which trains no reference runs",
+            "in --attack {attack}, which trains no reference runs",
             ", or use --attack lira|rmia",
         ),
         RUN,
@@ -237,10 +262,20 @@ def link_ids(text: str, agents: int, source: str) -> tuple[int, int]:
     return src, dst
 
 
+def one_victim(a: argparse.Namespace) -> str | None:
+    """Why ``a``'s command takes one ``--victim`` only, in words; None where it takes a list
+    (``V[,W,...]``, as attack does)."""
+    if a.command == "audit":
+        return "an audit's canary goes into one agent's data"
+    if a.command == "mia" and _mia_level(a) == "model":
+        return "a model-level attack has one victim"
+    return None
+
+
 def check_agents(a: argparse.Namespace, shape: Shape) -> None:
     """``--victim``, ``--attacker`` and ``--link`` of ``a``: ids of the run, each once, one
-    ``--victim`` for a model-level ``mia``, and a ``--victim`` beside ``--link`` the sender of
-    the links (else it would be ignored)."""
+    ``--victim`` where the command takes one (:func:`one_victim`), and a ``--victim`` beside
+    ``--link`` the sender of the links (else it would be ignored)."""
     victim, attacker = getattr(a, "victim", None), getattr(a, "attacker", None)
     links = getattr(a, "link", None)
     links = [links] if isinstance(links, str) else links or []
@@ -248,10 +283,9 @@ def check_agents(a: argparse.Namespace, shape: Shape) -> None:
         return
     n, _, source = shape.of
     victims = None if victim is None else agent_ids("--victim", victim, n, source)
-    if victims is not None and len(victims) > 1 and a.command == "mia" and _mia_level(a) == "model":
-        raise PrivauditError(
-            f"--victim {victim}: a model-level attack has one victim; name one agent"
-        )
+    single = one_victim(a)
+    if victims is not None and len(victims) > 1 and single:
+        raise PrivauditError(f"--victim {victim}: {single}; name one agent")
     if attacker is not None:
         agent_ids("--attacker", attacker, n, source)
     senders = sorted({link_ids(text, n, source)[0] for text in links})

@@ -5,13 +5,18 @@ included."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-LISTS = ("targets", "attacks", "threats", "accountants")
+from privaudit.cli.vocabulary import Vocabulary
+from privaudit.core.files import dumps_strict
+
+# what --list shows, and whether reading it loads the engine: the targets (the defenses'
+# message kinds) and the attacks are registered by torch modules; the threat models and
+# accountants are not, so listing them answers at once
+LISTS = {"targets": True, "attacks": True, "threats": False, "accountants": False}
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, words: Vocabulary) -> None:
     """Register ``targets`` on the CLI's subparsers."""
     t = sub.add_parser(
         "targets", help="list attack targets (<defense>-<message>), or --list what else"
@@ -19,11 +24,21 @@ def add_parser(sub: Any) -> None:
     t.add_argument(
         "--list",
         default="targets",
-        choices=LISTS,
+        choices=tuple(LISTS),
         help="what to list: targets (default), attacks, threats or accountants",
     )
-    t.add_argument("--json", action="store_true")
-    t.set_defaults(func=cmd_targets)
+    t.add_argument(
+        "--json",
+        action="store_true",
+        help='print a JSON list instead of lines: {"target", "message"} per target, '
+        '{"name", "summary"} per attack, threat model or accountant',
+    )
+    t.set_defaults(func=cmd_targets, loads_engine=loads_engine)
+
+
+def loads_engine(a: argparse.Namespace) -> bool:
+    """Whether listing ``--list`` needs torch and the engine (:data:`LISTS`)."""
+    return LISTS[a.list]
 
 
 def rows(what: str) -> list[tuple[str, str]]:
@@ -49,7 +64,7 @@ def cmd_targets(a: argparse.Namespace) -> int:
     found = rows(a.list)
     if a.json:
         key = {"targets": ("target", "message")}.get(a.list, ("name", "summary"))
-        print(json.dumps([{key[0]: n, key[1]: t} for n, t in found], indent=2))
+        print(dumps_strict([{key[0]: n, key[1]: t} for n, t in found], sort_keys=False))
     else:
         width = max(len(n) for n, _ in found)
         for n, t in found:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
@@ -18,17 +17,23 @@ from privaudit.cli.options import (
     nothing_left_on_refusal,
     training_options,
 )
+from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
+from privaudit.core.files import dumps_strict
 
 SAMPLINGS = ("poisson", "full")  # --sampling
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, words: Vocabulary) -> None:
     """Register ``train`` on the CLI's subparsers."""
     tr = sub.add_parser("train", help="train a defense over N agents, with checkpoints")
-    tr.add_argument("--defense", required=True, help="dsgd | nd | dpdl (privaudit targets)")
+    tr.add_argument(
+        "--defense",
+        required=True,
+        help=f"{words.defense_help()} (privaudit targets lists the messages each sends)",
+    )
     tr.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     tr.add_argument(
         "--json", action="store_true", help="print σ, ε per message kind and per agent as JSON"
@@ -184,8 +189,6 @@ def cmd_train(a: argparse.Namespace) -> int:
             state = run.train(capture=capture, progress=not a.no_progress)
     acc = run.test_accuracy(state)
     if a.json:
-        from privaudit.core.files import to_jsonable
-
         doc = {
             "defense": a.defense,
             "run": str(a.out),
@@ -193,7 +196,7 @@ def cmd_train(a: argparse.Namespace) -> int:
             "agent_test_accuracy": run.agent_accuracies(state),  # each agent's own model
             **run.resolved,
         }
-        print(json.dumps(to_jsonable(doc), indent=2))
+        print(dumps_strict(doc, sort_keys=False))
         return 0
     print(
         f"{a.defense}: {run.cfg.rounds} rounds, {run.cfg.agents} agents on {run.cfg.topology}, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from privaudit.core import limits, schema
 from privaudit.core.accountants import check_delta, get_accountant
 from privaudit.core.errors import PrivauditError, unknown
+from privaudit.core.files import dumps_strict
 
 # Fields that do not change the messages: a run may be resumed with different values.
 NON_IDENTITY = ("device", "max_memory", "checkpoint_every", "data_root", "download", "preset")
@@ -114,7 +114,8 @@ class RunConfig:
         return canonical(d)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        """Every field as strict JSON (:func:`privaudit.core.files.dumps_strict`)."""
+        return dumps_strict(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:

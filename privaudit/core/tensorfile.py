@@ -53,7 +53,7 @@ def header(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -
             "data_offsets": [offset, offset + size],
         }
         offset += size
-    text = json.dumps(entries, separators=(",", ":")).encode()
+    text = json.dumps(entries, separators=(",", ":"), allow_nan=False).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
 

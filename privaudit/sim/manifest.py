@@ -106,12 +106,13 @@ class Manifest:
         ``run`` when given (a run being created), else the one already recorded, kept."""
         run = self.run() if run is None else run
         rows = ",\n".join(
-            f"  {json.dumps(rel)}: {json.dumps(rec, sort_keys=True)}"
+            f"  {json.dumps(rel, allow_nan=False)}: "
+            f"{json.dumps(rec, sort_keys=True, allow_nan=False)}"
             for rel, rec in sorted(files.items())
         )
         head = f'{{"format": {FORMAT}, '
         if run is not None:
-            head += f'"run": {json.dumps(run, sort_keys=True)},\n'
+            head += f'"run": {json.dumps(run, sort_keys=True, allow_nan=False)},\n'
         return f'{head}"files": {{\n{rows}\n}}}}\n'.encode()
 
     def mismatch(self, rel: str, data: bytes) -> str | None:

@@ -153,7 +153,7 @@ def _run_key(config: str) -> str:
     cfg = RunConfig(**json.loads(config))
     defense = get_defense(cfg.defense)
     params = dataclasses.asdict(params_of(defense.Params, cfg.params))
-    return json.dumps(cfg.key(params, calibrated(cfg)), sort_keys=True)
+    return json.dumps(cfg.key(params, calibrated(cfg)), sort_keys=True, allow_nan=False)
 
 
 def run_key(cfg: RunConfig) -> dict[str, Any]:

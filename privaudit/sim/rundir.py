@@ -1,6 +1,7 @@
 """The run directory: config, checkpoints, captured messages and secrets, kept apart.
 
-    RUN/config.json                        the RunConfig plus the resolved σ and ε
+    RUN/config.json                        the RunConfig plus the resolved σ and ε (strict
+                                           JSON: ε = ∞ is "inf", privaudit.core.files)
     RUN/manifest.json                      SHA-256 and tensor schema of every file below
     RUN/checkpoints/round-000200.safetensors   agents' state + RNG state after that round
     RUN/messages/round-000200.safetensors      captured messages, key "src-dst-kind"
@@ -36,7 +37,7 @@ from torch import Tensor
 from privaudit.core import tensorfile
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
-from privaudit.core.files import write_bytes
+from privaudit.core.files import dumps_strict, from_jsonable, write_bytes
 from privaudit.sim import runlock
 from privaudit.sim.manifest import Manifest, entry, safetensors_header, tensor_entry
 
@@ -61,8 +62,9 @@ RTOL = 1e-6
 
 
 def _json(value: Any) -> Any:
-    """``value`` as JSON reads it back (tuples become lists, keys strings)."""
-    return json.loads(json.dumps(value, sort_keys=True))
+    """``value`` as strict JSON reads it back (tuples become lists, keys strings; a
+    non-finite float, which a validated configuration never holds, its string)."""
+    return json.loads(dumps_strict(value, indent=None))
 
 
 def run_record(cfg: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +291,7 @@ class RunDir:
         data = self._get(CONFIG)
         try:
             raw = json.loads(data)
-            resolved = raw.pop("resolved")
+            resolved = from_jsonable(raw.pop("resolved"))  # ε = ∞ is written "inf"
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError):
             raise PrivauditError(
                 f"{self.config_path} is corrupt; delete the run directory and train again"
@@ -339,7 +341,7 @@ class RunDir:
         when the run is created, and when it is extended to more rounds (call as the
         writer)."""
         doc = {**json.loads(cfg.to_json()), "resolved": resolved}
-        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        data = (dumps_strict(doc) + "\n").encode()
         self._put(CONFIG, data, run_record(cfg, resolved))
 
     # -- rounds -----------------------------------------------------------------------------
@@ -442,7 +444,8 @@ class RunDir:
                 ptr = v.untyped_storage().data_ptr()
                 tensors[name] = v.clone() if ptr in seen else v
                 seen.add(ptr)
-            self._save(self._rel("messages", t), tensors, {"links": json.dumps(tapped)})
+            meta = {"links": dumps_strict(tapped, indent=None)}
+            self._save(self._rel("messages", t), tensors, meta)
 
     def read_messages(self, t: int) -> tuple[dict[Key, Tensor], list[tuple[int, int]]]:
         """Round ``t``'s captured messages and the directed links tapped (both empty if
