@@ -24,6 +24,7 @@ the method and the exception (:mod:`privaudit.core.extensions`), not a privaudit
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -57,6 +58,24 @@ class Public:
     params: dict[str, Any]
     epsilon: float
     delta: float
+
+    def __getitem__(self, key: str) -> Any:
+        """The dict form of an earlier release (``public["params"]``), kept for plugins
+        written against it: the same value as the attribute, with a DeprecationWarning that
+        names the attribute to use instead."""
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        warnings.warn(
+            f'view.public["{key}"] is deprecated: use view.public.{key} (privaudit.core.threat'
+            ".Public, docs/extending.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``public.get(key)`` of the dict form (deprecated, as :meth:`__getitem__`)."""
+        return self[key] if key in self.__dataclass_fields__ else default
 
 
 @dataclass
