@@ -2,6 +2,8 @@
 ``privaudit.experiments``).
 
 - :mod:`.audit`: the white-box and one-run canary audits (re-runs of rounds with canaries);
+- :mod:`.final_audit`: the final-model audit (a canary in every round, only the final models
+  observed: the hidden-state threat model);
 - :mod:`.claims`: the claims ledger (every defense's claim against accounting and audit);
 - :mod:`.reference`: centralised DP-SGD and non-private references beside a decentralised run.
 
