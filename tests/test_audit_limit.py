@@ -1,0 +1,64 @@
+"""Issue finding, kept as a test: a white-box audit that scores one observation per trial
+cannot reach 0.95 of a correct Gaussian release's ε at ε = 1 or 2 with 10,000 trials, and
+only just can at ε = 4.
+
+Even the ideal audit — scores that are exactly the likelihood-ratio statistic N(0, 1) without
+the canary and N(μ, 1) with it, μ = 1/σ, and a bound that knows they are Gaussian — must
+estimate μ from n trials: its lower confidence limit sits, in expectation, z·2/√n below μ
+(the difference of two means of n/2 unit-variance scores; z = 1.645 at 95 %). At n = 10,000
+that is 0.033 below μ = 0.27, 0.50 and 0.92 (ε = 1, 2, 4): 0.87, 0.93 and 0.96 of ε. The
+audit's own bound on such scores (:func:`~privaudit.experiments.audit.white_box_bounds`)
+spends half its α on Clopper–Pearson beside the Gaussian-DP estimate, and so sits a little
+below that ceiling on average. The ceiling reaches 0.95 at 73,000 trials for ε = 1, 22,000
+for ε = 2 and 7,000 for ε = 4."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from privaudit.core.accounting import release_epsilon, sigma_for_epsilon
+from privaudit.experiments.audit import white_box_bounds
+
+DELTA, Z95 = 1e-5, 1.6449  # one-sided 95 %
+
+
+def ceiling(mu: float, n: int) -> float:
+    """ε of the best possible lower confidence limit on μ from n trials (half with the
+    canary): μ − z·2/√n, read as a Gaussian release's ε."""
+    lo = mu - Z95 * 2 / math.sqrt(n)
+    return release_epsilon(1 / lo, DELTA) if lo > 0 else 0.0
+
+
+def setting(epsilon: float) -> tuple[float, float]:
+    sigma = sigma_for_epsilon(epsilon, DELTA, 1.0, 1, 1, "prv")
+    eps = release_epsilon(sigma, DELTA)
+    assert eps == pytest.approx(epsilon, rel=1e-2)  # σ calibrated by the accountant
+    return 1 / sigma, eps
+
+
+def audited(mu: float, n: int, seed: int) -> float:
+    """The audit's ε lower bound on ideal Gaussian scores of n trials."""
+    rng = np.random.default_rng(seed)
+    coins = rng.random(n) < 0.5
+    scores = rng.normal(size=n) + mu * coins
+    return white_box_bounds(scores, coins, True, DELTA, 0.95)["epsilon_lo"]
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 2.0])
+def test_no_single_score_audit_reaches_095_at_10k_trials(epsilon):
+    mu, eps = setting(epsilon)
+    assert ceiling(mu, 10_000) < 0.95 * eps
+    need = next(n for n in range(10_000, 10**6, 1000) if ceiling(mu, n) >= 0.95 * eps)
+    assert need == {1.0: 73_000, 2.0: 22_000}[epsilon]
+    mean = np.mean([audited(mu, 10_000, seed) for seed in range(5)])
+    assert 0.6 * eps < mean < 0.95 * eps
+
+
+def test_at_epsilon_4_the_ceiling_is_just_above_095_and_the_audit_below_it():
+    mu, eps = setting(4.0)
+    assert 0.95 * eps <= ceiling(mu, 10_000) < 0.97 * eps
+    mean = np.mean([audited(mu, 10_000, seed) for seed in range(5)])
+    assert 0.85 * eps < mean <= ceiling(mu, 10_000)
