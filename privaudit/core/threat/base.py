@@ -1,25 +1,7 @@
-"""Threat models: who sees which messages (README, "Threat models: who listens").
-
-A threat model decides two things: which links the tap must record for an attack on a
-target message, and which of the recorded messages go into the adversary's :class:`View`.
-The View holds those messages plus the public parameters (W, η, β, σ, C, B, the
-architecture and the shared initial model); secrets never enter it.
-
-Four adversaries are built in, weakest first (the registry :data:`THREATS`; a plugin may
-register more with :func:`register_threat`):
-
-- ``link``: an eavesdropper on one undirected link ``a ↔ b`` (both directions);
-- ``neighbor``: one honest-but-curious agent ``a`` — every message on its links, both what
-  it sends and what it receives; its private state (data, batches, noise draws, values it
-  never sends) is not in the View;
-- ``coalition``: a set of agents pooling what each of them sees;
-- ``global``: every message on every link.
-
-A threat model's own methods (:data:`HOOKS`: ``sees``, ``build``, ``for_victim``, ``who``,
-``describe``) are guarded wherever they are called: a plugin's that raises — or a ``sees``
-that answers anything but True or False — is one line naming the threat model, its plugin,
-the method and the exception (:mod:`privaudit.core.extensions`), not a privaudit bug.
-"""
+"""The threat-model contract and its registry: what every adversary knows (:class:`Public`),
+what one sees (:class:`View`), the :class:`Threat` base a threat model subclasses,
+:func:`register_threat` and the helpers every command uses to build one. The package
+docstring lists the built-ins."""
 
 from __future__ import annotations
 
@@ -269,104 +251,6 @@ def get_threat(name: str) -> type[Threat]:
 def threat_help() -> str:
     """``--threat``'s help: the registered threat models, weakest first."""
     return " | ".join(threat_names())
-
-
-@register_threat
-@dataclass(frozen=True)
-class Link(Threat):
-    """An eavesdropper on one undirected link ``a ↔ b`` (both directions)."""
-
-    name = "link"
-    strength = 0
-    summary = "an eavesdropper on one link (both directions)"
-    uses_attackers = False
-    searched = True
-
-    def sees(self, src: int, dst: int) -> bool:
-        return self.link is not None and {src, dst} == set(self.link)
-
-    @classmethod
-    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
-        if link is None:
-            raise PrivauditError("--threat link needs the link: --link SRC,DST")
-        return cls(link=link)
-
-    @classmethod
-    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
-        return cls(link=(victim, receivers[0]) if receivers else (victim, victim))
-
-    def who(self) -> str:
-        assert self.link is not None
-        return f"the link {self.link[0]}<->{self.link[1]}"
-
-    def describe(self) -> str:
-        assert self.link is not None
-        return f"link {self.link[0]}<->{self.link[1]}"
-
-
-@register_threat
-@dataclass(frozen=True)
-class Neighbor(Threat):
-    """One honest-but-curious agent: every message on its links."""
-
-    name = "neighbor"
-    strength = 10
-    summary = "one honest-but-curious agent: its own links"
-    searched = True
-
-    @classmethod
-    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
-        agents = frozenset(attackers)
-        if len(agents) != 1:
-            raise PrivauditError("--threat neighbor needs one agent: --attacker A")
-        return cls(agents)
-
-    @classmethod
-    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
-        return cls.build(attackers=list(attackers) or receivers[:1])  # default: 1st receiver
-
-    def describe(self) -> str:
-        return f"neighbor {next(iter(self.agents))}"
-
-
-@register_threat
-@dataclass(frozen=True)
-class Coalition(Threat):
-    """A set of agents pooling what each of them sees."""
-
-    name = "coalition"
-    strength = 20
-    summary = "several agents pooling their links"
-
-    @classmethod
-    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
-        return cls.build(attackers=list(attackers) or receivers)  # default: all who receive it
-
-
-@register_threat
-@dataclass(frozen=True)
-class Global(Threat):
-    """Every message on every link."""
-
-    name = "global"
-    strength = 30
-    summary = "every message on every link"
-    uses_attackers = False
-    searched = True
-
-    def sees(self, src: int, dst: int) -> bool:
-        return True
-
-    @classmethod
-    def build(cls, *, link: tuple[int, int] | None = None, attackers: Iterable[int] = ()) -> Threat:
-        return cls()
-
-    @classmethod
-    def for_victim(cls, victim: int, receivers: list[int], attackers: Iterable[int]) -> Threat:
-        return cls()
-
-    def describe(self) -> str:
-        return "global"
 
 
 def parse_link(text: str, edges: list[tuple[int, int]]) -> tuple[int, int]:

@@ -1,26 +1,11 @@
-"""Accountants: the registry of what turns a noise multiplier into ε.
-
-One contract (opacus' ``IAccountant`` is the model, its ``register_accountant`` the
-registry): an :class:`Accountant` answers ε of ``rounds`` compositions of the
-Poisson-subsampled Gaussian mechanism at noise multiplier ``z`` and sample rate ``q``
-(add/remove adjacency), or raises :class:`AccountantLimit` where it cannot answer in
-bounded time and memory — then its ``fallback`` is asked. Add one with
-:func:`register_accountant` (a plugin may); ``--accountant NAME`` picks it.
-
-Every answer is checked where it is used, not only at the plugin loader's probe point:
-privaudit asks an accountant through :func:`answer`, :func:`cost` and :func:`check_delta`,
-which refuse an ε that is not a number ≥ 0 (NaN, negative; ∞ is "no bound" and stands) and
-turn a plugin's exception into one line naming the accountant, its plugin, the call and the
-exception (:mod:`privaudit.core.extensions`).
-
-Built in: ``rdp`` (Rényi DP, Mironov 2017; opacus' RDP accountant) and ``prv`` (privacy
-random variables, Gopi et al. 2021; opacus' PRV accountant, tighter, on a bounded grid).
-"""
+"""The accountant contract and its registry (:class:`Accountant`,
+:func:`register_accountant`, :data:`ACCOUNTANTS`), the checked calls privaudit makes through
+(:func:`answer`, :func:`cost`, :func:`check_delta`) and opacus' ε for the built-ins
+(:func:`opacus_epsilon`). The package docstring says what an accountant answers."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import numbers
 import warnings
@@ -29,7 +14,6 @@ from typing import ClassVar, TypeVar
 
 import numpy as np
 
-from privaudit.core import limits
 from privaudit.core.errors import NameTaken, PrivauditError
 from privaudit.core.extensions import calling, failure
 
@@ -175,89 +159,3 @@ def opacus_epsilon(name: str, z: float, delta: float, sample_rate: float, rounds
         except (OverflowError, ZeroDivisionError):
             return math.inf
     return max(eps, 0.0) if not math.isnan(eps) else math.inf  # PRV's rounding can dip < 0
-
-
-@register_accountant
-class RDP(Accountant):
-    """Rényi DP of the sampled Gaussian (Mironov 2017; Mironov, Talwar & Zhang 2019),
-    converted to (ε, δ) at the best order — opacus' ``RDPAccountant``."""
-
-    name = "rdp"
-    summary = "Rényi DP, the default"
-
-    def epsilon(self, z: float, delta: float, sample_rate: float, rounds: int) -> float:
-        return opacus_epsilon("rdp", z, delta, sample_rate, rounds)
-
-
-# The PRV accountant discretises the privacy loss on a grid whose size grows with √T and as
-# σ shrinks (Gopi et al. 2021, opacus' domain rule); its time and memory (a few hundred bytes
-# per point) grow linearly with the grid. Past this size (about 1 GB) it is not asked.
-PRV_MAX_POINTS = 2**21
-# what one search for σ may spend on PRV grids in all (16 grids of the largest size; 2,000
-# rounds at q = 0.01 and ε = 8 spend 6e6)
-PRV_SEARCH_POINTS = 2**25
-
-
-@functools.lru_cache(maxsize=256)
-def prv_points(z: float, delta: float, sample_rate: float, rounds: int) -> float:
-    """The size of the grid opacus' PRV accountant would discretise on (its own rule)."""
-    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
-    from opacus.accountants.analysis.prv import compute_safe_domain_size as safe_size
-
-    eps_error, delta_error = 0.01, delta / 1000  # opacus' defaults in get_epsilon
-    try:
-        with quiet():
-            half = safe_size(
-                prvs=[PoissonSubsampledGaussianPRV(sample_rate, z)],
-                max_self_compositions=[rounds],
-                eps_error=eps_error,
-                delta_error=delta_error,
-            )
-    except (ValueError, OverflowError, ZeroDivisionError):
-        return math.inf
-    mesh = eps_error / math.sqrt(rounds * math.log(12 / delta_error) / 2)
-    return 2 * half / mesh
-
-
-@register_accountant
-class PRV(Accountant):
-    """Numerical composition of privacy random variables (Gopi, Lee & Wutschitz 2021) —
-    opacus' ``PRVAccountant``, tighter than RDP; asked only where its grid stays under
-    :data:`PRV_MAX_POINTS` and resolves δ, else :class:`AccountantLimit` (and RDP answers)."""
-
-    name = "prv"
-    summary = "privacy random variables, tighter"
-    fallback = "rdp"
-    search_budget = PRV_SEARCH_POINTS
-
-    def check(self, delta: float) -> None:
-        if delta < limits.PRV_MIN_DELTA:
-            raise PrivauditError(
-                f"--delta {delta:g} is below what the prv accountant resolves "
-                f"({limits.PRV_MIN_DELTA:g}: floating-point error dominates); "
-                "use --accountant rdp or a larger --delta"
-            )
-
-    def cost(self, z: float, delta: float, sample_rate: float, rounds: int) -> float:
-        return min(prv_points(z, delta, sample_rate, rounds), PRV_MAX_POINTS)
-
-    def epsilon(self, z: float, delta: float, sample_rate: float, rounds: int) -> float:
-        points = prv_points(z, delta, sample_rate, rounds)
-        where = f"σ = {z:.3g}, q = {sample_rate:.3g}, {rounds} rounds"
-        if not points <= PRV_MAX_POINTS:
-            raise AccountantLimit(
-                f"the prv accountant would need a grid of {points:.3g} points ({where}), over "
-                f"its limit of {PRV_MAX_POINTS}; use --accountant rdp"
-            )
-        if float(np.finfo(np.longdouble).eps) * points > delta * 0.999:
-            raise AccountantLimit(
-                f"δ = {delta:g} is too small for the prv accountant's grid ({where}); "
-                "use --accountant rdp or a larger --delta"
-            )
-        try:
-            return opacus_epsilon("prv", z, delta, sample_rate, rounds)
-        except (ValueError, RuntimeError, MemoryError) as e:  # far from its grid
-            raise AccountantLimit(
-                f"the prv accountant cannot compute ε at {where}, δ = {delta:g} ({e}); "
-                "use --accountant rdp"
-            ) from None
