@@ -267,22 +267,14 @@ def _report(r: dict[str, Any], asked: int | None = None) -> str:
     if not acc["formal"]:
         lines.append(f"ε upper = ∞: no formal DP ({acc['reason']})")
     lines.append(f"ε lower ≥ {lo:.3g} at confidence {r['confidence']:g} ({acc['adjacency']})")
-    if "gdp" in r:
-        g = r["gdp"]
-        lines.append(
-            f"  Gaussian DP: μ = {g['mu']:.3g} [{g['mu_lo']:.3g}, {g['mu_hi']:.3g}] → "
-            f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]"
-        )
+    lines += _gdp_lines(r)
     if "tradeoff" in r:
         t = r["tradeoff"]
         lines.append(
             f"  trade-off curve ({len(t['curve']['threshold'])} thresholds, FPR/FNR band at "
             f"{t['curve']['confidence']:g}): not μ-GDP for μ < {sig(t['mu_lo'])}"
         )
-    if "clopper_pearson" in r:
-        cp = r["clopper_pearson"]
-        cap = " (capped by the trial count: more trials raise it)" if cp["capped"] else ""
-        lines.append(f"  Clopper–Pearson: ε ≥ {cp['epsilon_lo']:.3g}{cap}")
+    lines += _cp_lines(r)
     if "one_run" in r:
         o = r["one_run"]
         lines.append(
@@ -322,6 +314,26 @@ def _report(r: dict[str, Any], asked: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def _gdp_lines(r: dict[str, Any]) -> list[str]:
+    """The Gaussian-DP estimate with its intervals, where the scores are exactly Gaussian."""
+    if "gdp" not in r:
+        return []
+    g = r["gdp"]
+    return [
+        f"  Gaussian DP: μ = {g['mu']:.3g} [{g['mu_lo']:.3g}, {g['mu_hi']:.3g}] → "
+        f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]"
+    ]
+
+
+def _cp_lines(r: dict[str, Any]) -> list[str]:
+    """The Clopper–Pearson bound, and whether the trial count caps it."""
+    if "clopper_pearson" not in r:
+        return []
+    cp = r["clopper_pearson"]
+    cap = " (capped by the trial count: more trials raise it)" if cp["capped"] else ""
+    return [f"  Clopper–Pearson: ε ≥ {cp['epsilon_lo']:.3g}{cap}"]
+
+
 def _final_report(r: dict[str, Any], asked: int | None = None) -> str:
     """The final-model audit's text report: what was observed, the bounds, and the upper
     bounds of the mechanism it ran (the canary in every round, sample rate 1)."""
@@ -334,16 +346,8 @@ def _final_report(r: dict[str, Any], asked: int | None = None) -> str:
         f"batches: {r['batches']}; statistic: {r['statistic']}",
         f"ε lower ≥ {r['epsilon_lo']:.3g} at confidence {r['confidence']:g} ({acc['adjacency']})",
     ]
-    if "gdp" in r:
-        g = r["gdp"]
-        lines.append(
-            f"  Gaussian DP: μ = {g['mu']:.3g} [{g['mu_lo']:.3g}, {g['mu_hi']:.3g}] → "
-            f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]"
-        )
-    if "clopper_pearson" in r:
-        cp = r["clopper_pearson"]
-        cap = " (capped by the trial count: more trials raise it)" if cp["capped"] else ""
-        lines.append(f"  Clopper–Pearson: ε ≥ {cp['epsilon_lo']:.3g}{cap}")
+    lines += _gdp_lines(r)
+    lines += _cp_lines(r)
     mu = r["mu"]
     bound = f" against the accounted μ = {sig(mu['upper'])}" if mu["upper"] is not None else ""
     lines.append(f"  trade-off curve: not μ-GDP for μ < {sig(mu['lower'])}{bound}")
