@@ -32,9 +32,9 @@ best).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ import torch
 from privaudit.api.gossip import coalition_system
 from privaudit.attacks.gossip import identifiability, simulate, solve, state_key
 from privaudit.core.accounting import calibrate
+from privaudit.core.files import write_json
 from privaudit.defenses import DEFENSES
 from privaudit.scenario.topology import build_topology, distances, metropolis_hastings
 
@@ -189,8 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     print(f"GLS best of the three and its error within {GOAL:g}× of its prediction: {ok}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(Path(a.json), rows)
     return rows
 
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from privaudit.attacks import ATTACKS
 from privaudit.cli import main
+from privaudit.core.accountants import ACCOUNTANTS
 from privaudit.core.config import RunConfig
+from privaudit.core.errors import PLUGIN_ENV
+from privaudit.core.threat import THREATS
 from privaudit.defenses import DEFENSES
+from privaudit.eval.membership_attacks import DECLARED, MEMBERSHIP_ATTACKS
 from privaudit.sim.run import Run
 
 
@@ -70,3 +75,21 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture
+def registries(monkeypatch):
+    """Every registry as it was before the test, and after it (what its plugins registered
+    is gone, so a file loads afresh); no PRIVAUDIT_PLUGINS of the environment running the
+    tests leaks in. Yields the reset, for a test that reloads a plugin midway."""
+    monkeypatch.delenv(PLUGIN_ENV, raising=False)
+    held = (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS, MEMBERSHIP_ATTACKS, DECLARED)
+    saved = [(r, dict(r)) for r in held]
+
+    def reset() -> None:
+        for registry, items in saved:
+            registry.clear()
+            registry.update(items)
+
+    yield reset
+    reset()

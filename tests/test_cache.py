@@ -15,12 +15,8 @@ from conftest import tiny
 
 from privaudit.api import cache
 from privaudit.api.references import MODELS, model_mia
-from privaudit.attacks import ATTACKS
 from privaudit.cli import main
-from privaudit.core.accountants import ACCOUNTANTS
-from privaudit.core.errors import PLUGIN_ENV, PrivauditError
-from privaudit.core.threat import THREATS
-from privaudit.defenses import DEFENSES
+from privaudit.core.errors import PrivauditError
 from privaudit.sim.run import Run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,23 +149,6 @@ def test_a_worker_running_other_code_refuses_with_both_versions():
     plugin = {"m": {"file": "/x/defense.py", "sha256": "00"}}
     with pytest.raises(PrivauditError, match="plugin /x/defense.py is loaded on the driver"):
         cache.require({**cache.producer(), "plugins": plugin})
-
-
-# -- a compare study whose plugin was edited ------------------------------------------------------
-@pytest.fixture
-def registries(monkeypatch):
-    """The built-in registries before and after the test (its plugin's are gone), and no
-    PRIVAUDIT_PLUGINS of the environment running the tests."""
-    monkeypatch.delenv(PLUGIN_ENV, raising=False)
-    saved = [(r, dict(r)) for r in (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS)]
-
-    def reset() -> None:
-        for registry, held in saved:
-            registry.clear()
-            registry.update(held)
-
-    yield reset
-    reset()
 
 
 def _compare(plugin: Path, out: Path) -> list[dict[str, str]]:

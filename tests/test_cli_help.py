@@ -20,11 +20,11 @@ from privaudit.attacks import ATTACKS, DEFAULT_ATTACK
 from privaudit.cli import claims, main
 from privaudit.cli.app import build_parser, commands, plugin_files
 from privaudit.cli.vocabulary import BUILT_IN, PLUGIN_GROUPS, registered
-from privaudit.core.accountants import ACCOUNTANTS
 from privaudit.core.errors import PLUGIN_ENV
-from privaudit.core.threat import THREATS
 from privaudit.defenses import DEFENSES
 from privaudit.experiments import claims as ledger
+
+pytestmark = pytest.mark.usefixtures("registries")
 
 # the engine's packages: none of them may load for --help
 HEAVY = ("torch", "privaudit.defenses", "privaudit.attacks", "privaudit.sim", "privaudit.api")
@@ -45,17 +45,6 @@ for argv in lines:
 heavy = sorted(m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith(HEAVY))
 print(json.dumps(heavy), file=sys.stderr)
 """
-
-
-@pytest.fixture(autouse=True)
-def registries(monkeypatch):
-    """What a test's plugins register is gone after it; no PRIVAUDIT_PLUGINS leaks in."""
-    monkeypatch.delenv(PLUGIN_ENV, raising=False)
-    saved = [(r, dict(r)) for r in (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS)]
-    yield
-    for registry, held in saved:
-        registry.clear()
-        registry.update(held)
 
 
 def test_help_and_the_light_lists_load_neither_torch_nor_the_engine():

@@ -18,11 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from privaudit.attacks import ATTACKS
 from privaudit.cli import main
 from privaudit.core import limits
 from privaudit.core.accountants import (
-    ACCOUNTANTS,
     RDP,
     Accountant,
     AccountantLimit,
@@ -35,26 +33,16 @@ from privaudit.core.accounting import (
     one_round_delta,
     sigma_for_epsilon,
 )
-from privaudit.core.errors import PLUGIN_ENV, PrivauditError
+from privaudit.core.errors import PrivauditError
 from privaudit.core.extensions import ExtensionFailed
 from privaudit.core.privacy import Privacy
 from privaudit.core.threat import THREATS, Threat, build_threat, register_threat
-from privaudit.defenses import DEFENSES
 from privaudit.plugins import load_plugins
 from privaudit.sim import runlock
 
+pytestmark = pytest.mark.usefixtures("registries")
+
 SMALL = ["--agents", "3", "--batch-size", "2", "--no-progress"]
-
-
-@pytest.fixture(autouse=True)
-def registries(monkeypatch):
-    """Every registry as it was before the test, and no PRIVAUDIT_PLUGINS leaking in."""
-    monkeypatch.delenv(PLUGIN_ENV, raising=False)
-    saved = [(r, dict(r)) for r in (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS)]
-    yield
-    for registry, held in saved:
-        registry.clear()
-        registry.update(held)
 
 
 def failed(capsys, *argv: str) -> str:

@@ -15,8 +15,7 @@ import torch
 from conftest import tiny
 
 from privaudit.core.accounting import release_epsilon
-from privaudit.core.errors import PLUGIN_ENV, PrivauditError
-from privaudit.defenses import DEFENSES
+from privaudit.core.errors import PrivauditError
 from privaudit.experiments.final_audit import final_model_audit
 from privaudit.plugins import load_plugins
 from privaudit.sim.run import Run
@@ -56,16 +55,6 @@ def audits(run) -> dict[int, dict]:
         }
     finally:
         torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def registry(monkeypatch):
-    """What a test's plugin registered is gone afterwards."""
-    monkeypatch.delenv(PLUGIN_ENV, raising=False)
-    before = dict(DEFENSES)
-    yield
-    DEFENSES.clear()
-    DEFENSES.update(before)
 
 
 def exact_mu(W: np.ndarray, victim: int, weights: np.ndarray | None) -> float:
@@ -112,7 +101,7 @@ def test_the_average_of_models_is_no_stronger_than_the_whole_coalition(run, audi
     assert avg["statistic"] == "projection"
 
 
-def test_the_final_models_catch_the_halved_noise(tmp_path, registry) -> None:
+def test_the_final_models_catch_the_halved_noise(tmp_path, registries) -> None:
     """cta-dpsgd-halfnoise adds σC/2 where its privacy() states σC. It states no recursion,
     so its scores are not taken as Gaussian: the trade-off band's μ, valid for any scores,
     rules out the √T/σ-GDP its accounting promises."""

@@ -15,15 +15,10 @@ import torch
 from conftest import run_cli, tiny
 
 from privaudit.api.references import Candidates, model_mia, reference_shards
-from privaudit.attacks import ATTACKS
-from privaudit.core.accountants import ACCOUNTANTS
-from privaudit.core.errors import PLUGIN_ENV, NameTaken, PrivauditError
+from privaudit.core.errors import NameTaken, PrivauditError
 from privaudit.core.extensions import ExtensionFailed
-from privaudit.core.threat import THREATS
-from privaudit.defenses import DEFENSES
 from privaudit.eval import membership as M
 from privaudit.eval.membership_attacks import (
-    DECLARED,
     MEMBERSHIP_ATTACKS,
     PAIRED,
     Evidence,
@@ -36,6 +31,8 @@ from privaudit.eval.membership_attacks import (
 from privaudit.plugins import load_plugins
 from privaudit.sim.run import Run
 
+pytestmark = pytest.mark.usefixtures("registries")
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
@@ -44,18 +41,6 @@ def doc_plugin() -> str:
     text = DOC.read_text()
     section = text[text.index("## The membership attack contract") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
-@pytest.fixture(autouse=True)
-def registries(monkeypatch):
-    """Each test starts from the built-in registries and leaves them so."""
-    monkeypatch.delenv(PLUGIN_ENV, raising=False)
-    held = [DEFENSES, ATTACKS, THREATS, ACCOUNTANTS, MEMBERSHIP_ATTACKS, DECLARED]
-    saved = [(r, dict(r)) for r in held]
-    yield
-    for registry, items in saved:
-        registry.clear()
-        registry.update(items)
 
 
 @pytest.fixture

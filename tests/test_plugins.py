@@ -20,10 +20,11 @@ from privaudit.attacks import ATTACKS
 from privaudit.core.accountants import ACCOUNTANTS
 from privaudit.core.accounting import epsilon_for_sigma, release_epsilon
 from privaudit.core.errors import PLUGIN_ENV as ENV
-from privaudit.core.threat import THREATS
 from privaudit.defenses import DEFENSES
 from privaudit.sim.run import Run
 from privaudit.sim.rundir import RunDir
+
+pytestmark = pytest.mark.usefixtures("registries")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -34,19 +35,6 @@ ACCOUNTANT = EXAMPLE / "privaudit_example" / "accountant.py"
 PLUGINS = ["--plugin", str(DEFENSE), "--plugin", str(ATTACK)]
 NEW_TARGETS = ["cta-dpsgd-model", "cta-dpsgd-halfnoise-model"]
 QUIET = ["--no-progress", "--json"]
-
-
-@pytest.fixture(autouse=True)
-def registries(monkeypatch):
-    """Each test starts from the built-in registries and leaves them so: what its plugins
-    registered is gone afterwards (a file is then loaded afresh), and no PRIVAUDIT_PLUGINS
-    of the environment running the tests leaks in."""
-    monkeypatch.delenv(ENV, raising=False)
-    saved = [(r, dict(r)) for r in (DEFENSES, ATTACKS, THREATS, ACCOUNTANTS)]
-    yield
-    for registry, held in saved:
-        registry.clear()
-        registry.update(held)
 
 
 def cli_process(*argv: str, env: dict[str, str] | None = None):
