@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
+import threading
 
 import pytest
 
 from privaudit.cli import main
 from privaudit.core.files import from_jsonable
-from privaudit.experiments import claims
+from privaudit.core.interrupts import interrupts_noted
+from privaudit.experiments import claims, ledger_text
 
 # cheap kinds on 4 agents at σ = 1 (a release's ε is large enough for 300 trials to show it):
 # dp-dpsgd (a correct formal mechanism), clipd2p (push-sum: its own topology, two kinds),
@@ -139,7 +142,7 @@ def test_markdown_has_the_header_and_a_row_per_kind(ledger) -> None:
     out, md, _ = ledger
     text = md.read_text()
     assert text == (out / "claims.md").read_text()
-    assert "| " + " | ".join(claims.COLUMNS) + " |" in text
+    assert "| " + " | ".join(ledger_text.COLUMNS) + " |" in text
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert sorted(line.split("`")[1] for line in rows) == TARGETS
     pdsl = next(line for line in rows if "`pdsl-cg`" in line)
@@ -197,6 +200,32 @@ def test_ctrl_c_keeps_the_rows_done(tmp_path, monkeypatch, capsys) -> None:
     rows = json.loads(std.out)["rows"]
     assert [r["target"] for r in rows] == ["nd-cg", "dsgd-half-model"]  # registry order
     assert calls == [1] and "(1 from " in std.err
+
+
+def test_a_ctrl_c_the_audit_caught_is_noted_for_the_ledger() -> None:
+    """The ledger's watch (:func:`~privaudit.core.interrupts.interrupts_noted`): Ctrl-C
+    raises as usual and is noted first, so a row whose audit caught it between trials and
+    returned early is told from a finished one; the handler before comes back after. Off
+    the main thread the block runs as is."""
+    before = signal.getsignal(signal.SIGINT)
+    with interrupts_noted() as note:
+        assert not note.seen
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:  # the audit's catch: it returns the trials done
+            pass
+        assert note.seen
+    assert signal.getsignal(signal.SIGINT) is before
+    seen: list[bool] = []
+
+    def elsewhere() -> None:
+        with interrupts_noted() as note:
+            seen.append(note.seen)
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join()
+    assert seen == [False] and signal.getsignal(signal.SIGINT) is before
 
 
 @pytest.mark.parametrize(
@@ -304,7 +333,7 @@ def _doc(rows: list[dict]) -> dict:
 
 
 def _claim_cell(r: dict) -> str:
-    return claims.cells(r, claims.Notes("P"), claims.Notes("R"), claims.Notes("E"))[-2]
+    return ledger_text.cells(r, *(ledger_text.Notes(p) for p in "PRE"))[-2]
 
 
 def test_a_claim_beaten_only_beyond_its_unenforced_assumption_does_not_apply() -> None:
@@ -364,10 +393,10 @@ def test_no_evidence_is_not_loose() -> None:
         _audit(("dirac", 1.0, 0.2)),
         accounting={"epsilon": CLAIM, "verdict": "loose"},
     )
-    notes = [claims.Notes(p) for p in "PRE"]
-    assert claims.cells(nothing, *notes)[-2:] == ["no evidence", "no evidence"]
-    assert claims.cells(some, *notes)[-2:] == ["loose", "loose"]
-    text = claims.markdown(_doc([nothing, some]))
+    notes = [ledger_text.Notes(p) for p in "PRE"]
+    assert ledger_text.cells(nothing, *notes)[-2:] == ["no evidence", "no evidence"]
+    assert ledger_text.cells(some, *notes)[-2:] == ["loose", "loose"]
+    text = ledger_text.markdown(_doc([nothing, some]))
     assert "| no evidence | no evidence |" in text and "| loose | loose |" in text
     assert "no evidence (lower bound 0" in text
 
@@ -379,7 +408,7 @@ def test_headline_tells_refuted_claims_from_claims_that_do_not_apply() -> None:
         _row("muffliato-model", BEYOND, ("G-Lipschitz loss", 1.0)),
         _row("pdsl-cg", _audit(("opposite", 1e4, 7.7))),
     ]
-    lines = claims.headline(_doc(rows))
+    lines = ledger_text.headline(_doc(rows))
     refuted = next(x for x in lines if x.startswith("- Claims the evidence refutes"))
     assert refuted.endswith(": `pdsl-cg`.")
     moot = next(x for x in lines if "do not apply because their assumption" in x)
@@ -387,7 +416,7 @@ def test_headline_tells_refuted_claims_from_claims_that_do_not_apply() -> None:
         ": `constd2p-half-model`, `constd2p-weight` (bounded gradients: every per-example "
         "gradient norm ≤ G (Assumption 6)); `muffliato-model` (G-Lipschitz loss)."
     )
-    none = claims.headline(_doc(rows[3:]))
+    none = ledger_text.headline(_doc(rows[3:]))
     assert any(x.startswith("- Claims that do not apply") and x.endswith(": none.") for x in none)
 
 
@@ -405,14 +434,14 @@ def test_the_terminal_table_wraps_what_the_markdown_keeps_whole() -> None:
         ),
     ]
     doc = _doc(rows)
-    text = claims.table(doc)
+    text = ledger_text.table(doc)
     lines = text.splitlines()
     top = lines.index("") + 1  # the table, after the setting
     grid = lines[top : lines.index("", top)]
     assert max(map(len, grid)) <= 180
     assert any(x.startswith("constd2p-half-model") for x in grid)
     assert "assumption not enforced in" in text  # the claim cell, over lines of 30
-    md = claims.markdown(doc)
+    md = ledger_text.markdown(doc)
     assert _claim_cell(rows[0]) in md  # whole, on the row's line
 
 

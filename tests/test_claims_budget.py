@@ -18,7 +18,7 @@ import pytest
 from conftest import run_cli
 
 from privaudit.core.config import RunConfig
-from privaudit.experiments import claims
+from privaudit.experiments import claims, ledger_text
 from privaudit.experiments.audit import check_trials, search_size
 
 ARGS = ["claims", "--target", "nd-cg", "--agents", "3", "--no-progress"]
@@ -170,7 +170,7 @@ def test_the_setting_line_states_each_rows_trials_and_search() -> None:
         "sigma": {},
         "rows": [],
     }
-    line = claims.describe(doc)
+    line = ledger_text.describe(doc)
     k = search_size(5, 1000, DELTA, CONFIDENCE)
     assert (
         f"canary searched over the first {k} of the 5 candidates with 1000 trials; no canary "

@@ -140,7 +140,7 @@ def rows_on(executor: Any) -> Any:
 def cmd_claims(a: argparse.Namespace) -> int:
     from privaudit.api import cache
     from privaudit.core.files import to_jsonable
-    from privaudit.experiments import claims
+    from privaudit.experiments import claims, ledger_text
 
     if a.row_seconds is not None:
         raise PrivauditError(ROW_SECONDS_REMOVED)
@@ -201,6 +201,6 @@ def cmd_claims(a: argparse.Namespace) -> int:
         print(text)
         print(done, file=sys.stderr)
         return 0
-    print(claims.table(doc))
+    print(ledger_text.table(doc))
     print(f"\n{done}")
     return 0

@@ -1,4 +1,5 @@
-"""Ctrl-C as a request to stop at a safe point, and sections it must not cut."""
+"""Ctrl-C as a request to stop at a safe point, sections it must not cut, and Ctrl-C noted
+for a caller whose callee catches it."""
 
 from __future__ import annotations
 
@@ -57,3 +58,35 @@ def stop_requests(at_once_after: int = 3) -> Iterator[StopRequest]:
     finally:
         for sig, old in saved.items():
             signal.signal(sig, old)
+
+
+class InterruptNote:
+    """Whether Ctrl-C (SIGINT) arrived in an :func:`interrupts_noted` block."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
+@contextmanager
+def interrupts_noted() -> Iterator[InterruptNote]:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in the block as usual, and is noted first
+    (``note.seen``). Code in the block that catches it to return what it has — an audit
+    stops between trials and returns the trials done — leaves the note for its caller,
+    which can tell a result cut short from a finished one: such a result must be neither
+    kept nor followed by the next piece of work. Unlike :func:`stop_requests`, the signal
+    stops the block at once. Off the main thread, where handlers cannot be set, the block
+    runs as is (nothing is noted)."""
+    note = InterruptNote()
+    if threading.current_thread() is not threading.main_thread():
+        yield note
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        note.seen = True
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield note
+    finally:
+        signal.signal(signal.SIGINT, old)

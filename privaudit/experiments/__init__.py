@@ -5,6 +5,7 @@
 - :mod:`.final_audit`: the final-model audit (a canary in every round, only the final models
   observed: the hidden-state threat model);
 - :mod:`.claims`: the claims ledger (every defense's claim against accounting and audit);
+- :mod:`.ledger_text`: the ledger as text (its Markdown and the terminal table);
 - :mod:`.reference`: centralised DP-SGD and non-private references beside a decentralised run.
 
 Scoring that needs no engine — metrics, bounds, figures, membership scores — lives in
