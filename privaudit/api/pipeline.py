@@ -24,7 +24,7 @@ from privaudit.core.observation import Observation, Reconstruction
 from privaudit.eval.figures import reconstruction_grid
 from privaudit.eval.metrics import aggregate, score
 from privaudit.eval.style import threat_text, title
-from privaudit.sim.plan import given_batch_size, locate
+from privaudit.sim.plan import given_batch_size, locate, reaches_beyond
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -59,10 +59,10 @@ def observe(
     known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
     B): :func:`given_batch_size`."""
     if tie:
-        if links or threat not in (None, "coalition", "neighbor"):
+        if not reaches_beyond(threat, attackers, links):
             raise PrivauditError(
-                "tie=True observes a coalition's victims by the gossip algebra; it takes no "
-                "links and no threat but the coalition's"
+                "tie=True observes named attackers' victims by the gossip algebra; it needs "
+                "attackers, no links, and a threat model made of agents (neighbor, coalition)"
             )
         return observe_beyond(
             run, target, round, attackers or [], victims, tie=True, progress=progress
@@ -81,7 +81,7 @@ def observe(
     except Unobservable as direct:
         d = Target.parse(target).defense
         linear = d.recursion(run.params, run.ctx.W.cpu(), run.cfg.batch_size) is not None
-        if links or not attackers or threat not in (None, "coalition", "neighbor") or not linear:
+        if not reaches_beyond(threat, attackers, links) or not linear:
             raise
         try:  # beyond the attackers' own links: what they received over rounds, solved
             return observe_beyond(run, target, round, attackers, victims, progress=progress)

@@ -8,7 +8,9 @@ membership inference), with one set of defaults:
   and ``coalition`` for several; else the weakest searched threat model that observes the
   message (``link``, then ``neighbor`` — the victim's first receiver — then ``global``);
 - the copy attacked: the one the adversary receives (:meth:`Threat.receiver`), or the
-  ``--link`` named.
+  ``--link`` named;
+- beyond the adversary's own links (:func:`reaches_beyond`): only for named attackers of a
+  threat model made of agents.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def candidate_threats(threat: str | None, attackers: Sequence[int] | None) -> li
     if attackers:
         return ["neighbor" if len(attackers) == 1 else "coalition"]
     return [n for n in threat_names() if THREATS[n].searched]
+
+
+def reaches_beyond(
+    threat: str | None,
+    attackers: Sequence[int] | None,
+    links: Sequence[tuple[int, int]] | None = None,
+) -> bool:
+    """Whether an adversary that receives no copy of a victim's message may still be given
+    it through the gossip algebra over what it received (:mod:`privaudit.api.gossip`): only
+    named ``attackers`` of a threat model made of agents (``uses_attackers``: a neighbour, a
+    coalition), never an eavesdropper on named ``links``. The one rule for every command."""
+    if links or not attackers:
+        return False
+    return THREATS[candidate_threats(threat, attackers)[0]].uses_attackers
 
 
 def receiver(run: Run, target: Target, threat: Threat, victim: int, t: int) -> int:
