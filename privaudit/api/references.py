@@ -83,11 +83,11 @@ from privaudit.core.accounting import account
 from privaudit.core.context import Context, agent_seed
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.files import digest, to_jsonable, write_columns, write_json
-from privaudit.core.messages import CaptureSpec, Tap
-from privaudit.core.network import SimNetwork
+from privaudit.core.messages import CaptureSpec
 from privaudit.eval import membership as M
 from privaudit.eval import membership_attacks as attacks
-from privaudit.sim.loop import RoundLoop, calling
+from privaudit.sim.copies import Copy
+from privaudit.sim.loop import calling
 from privaudit.sim.plan import candidate_threats, default_victim, first_observable, sightings
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
@@ -289,29 +289,27 @@ def simulate_copies(
         agents=agents,
     )
     links = [] if kind is None else [(c * n + victim, c * n + receiver) for c in range(copies)]
-    tap = Tap(CaptureSpec.of(rounds=[until], links=links, kinds=[kind] if kind else []))
-    net = SimNetwork(union.adj, union.W, tap).to(dev)
-    loop = RoundLoop(run.defense, run.params, union, run.cfg.seed, run.dir)
+    capture = CaptureSpec.of(rounds=[until], links=links, kinds=[kind] if kind else [])
+    union_copy = Copy.of(run.loop.with_ctx(union), capture)
+    # init, not restore(0): the union's generators are seeded copy by copy above
     with calling(run.defense, "init", 0):
         state = run.defense.init(union, run.params)
     bar, task = text.progress(until, f"{copies} reference run(s)", progress)
-    with bar:
-        for t in range(1, until + 1):
-            _, batch = loop.sample()
-            step = loop.step(state, t, net, batch)
-            state = step.state  # never ended early: no stop_after
-            bar.advance(task)
+    with bar:  # never ended early (no stop_after): a state after every round
+        state = union_copy.simulate(
+            state, range(1, until + 1), after=lambda t, step: bar.advance(task)
+        )
     if kind is None:
         return state["x"].detach().view(copies, n, -1).mean(1).float().cpu()
-    rows = []
+    rows, sent = [], union_copy.messages()
     for c in range(copies):
         key = (until, c * n + victim, c * n + receiver, kind)
-        if key not in tap.messages:
+        if key not in sent:
             raise PrivauditError(
                 f"{run.defense.name} sent no {kind!r} message {victim}→{receiver} in round "
                 f"{until}; pick a round and receiver where it does (privaudit targets)"
             )
-        rows.append(tap.messages[key].payload.float())
+        rows.append(sent[key].float())
     return torch.stack(rows)
 
 

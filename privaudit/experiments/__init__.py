@@ -1,7 +1,10 @@
 """Experiment drivers: they run the engine to measure something (imports as
 ``privaudit.experiments``).
 
-- :mod:`.audit`: the white-box and one-run canary audits (re-runs of rounds with canaries);
+- :mod:`.audit`: the white-box and one-run canary audits (re-runs of rounds with canaries),
+  built from :mod:`.canary_grads` (the canary where gradients are computed),
+  :mod:`.audit_setting` (the audited message), :mod:`.audit_trials` (the trials) and
+  :mod:`.audit_stats` (trial counts, bounds, verdicts);
 - :mod:`.final_audit`: the final-model audit (a canary in every round, only the final models
   observed: the hidden-state threat model);
 - :mod:`.claims`: the claims ledger (every defense's claim against accounting and audit);

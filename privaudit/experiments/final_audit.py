@@ -8,10 +8,10 @@ what their strongest adversary has: a crafted gradient canary inserted into the 
 update in *every* round.
 
 One trial re-simulates the whole run, rounds 1..T, with the run's own round loop
-(:class:`~privaudit.sim.loop.RoundLoop` over a :class:`~privaudit.core.network.SimNetwork`)
-from the run's initial state:
+(:class:`~privaudit.sim.loop.RoundLoop` over a :class:`~privaudit.core.network.SimNetwork`:
+a copy of the run, :mod:`privaudit.sim.copies`) from the run's initial state:
 
-- **the canary** (:class:`~privaudit.experiments.audit.CanaryGrads`): a Dirac gradient
+- **the canary** (:class:`~privaudit.experiments.canary_grads.CanaryGrads`): a Dirac gradient
   c = N·e_k on one coordinate k (drawn from the audit seed), N the clip C for a per-example
   clip (Nasr et al. 2023's worst case: its clipped contribution is C·e_k), added to the
   victim's batch as one extra example in every round 1..T, clipped by the defense's own
@@ -29,10 +29,10 @@ from the run's initial state:
 The observation (:data:`OBSERVERS`) is the final model x^T of one ``agent`` (default: the
 victim's lowest-numbered neighbour), a ``coalition``'s models stacked, or the ``average`` of
 every agent's model. The statistic is the projection of the observation on the canary's
-mean shift Δ, measured on :data:`~privaudit.experiments.audit.SHIFT_PAIRS` paired trials
+mean shift Δ, measured on :data:`~privaudit.experiments.audit_trials.SHIFT_PAIRS` paired trials
 (the same noise with and without the canary) that are never scored; for a coalition, whose
 models mix every agent's noise, the whitened direction Σ⁺Δ
-(:func:`~privaudit.experiments.audit.gls_direction`), the likelihood-ratio statistic of a
+(:func:`~privaudit.experiments.audit_stats.gls_direction`), the likelihood-ratio statistic of a
 Gaussian shift.
 
 **When the observation is exactly Gaussian.** D-PSGD with noised gradients (``dp-dpsgd``)
@@ -45,7 +45,7 @@ applies beside Clopper–Pearson. With the run's batches a real example's gradie
 evaluated at a model that carries the earlier rounds' noise, so x^T is not affine in it:
 Clopper–Pearson alone.
 
-**Bounds** (:func:`~privaudit.experiments.audit.white_box_bounds`, the white-box audit's):
+**Bounds** (:func:`~privaudit.experiments.audit_stats.white_box_bounds`, the white-box audit's):
 the ε lower bound — Clopper–Pearson at a threshold chosen on held-out trials, and the
 Gaussian-DP estimate where exact — at 1 − α/2; beside it the trade-off curve's band and the
 μ it rules out (:func:`privaudit.eval.fdp.mu_lower_bound`, valid for any score
@@ -79,20 +79,17 @@ from torch import Tensor
 from privaudit.core import sampling, text
 from privaudit.core.accounting import ADJACENCY, kind_epsilon, release_epsilon
 from privaudit.core.errors import PrivauditError
-from privaudit.core.messages import CaptureSpec, Tap
-from privaudit.core.network import SimNetwork
 from privaudit.eval.canaries import candidates, check_canary, make_canaries
-from privaudit.experiments.audit import (
-    SHIFT_PAIRS,
-    CanaryGrads,
-    audit_batch,
+from privaudit.experiments.audit_stats import (
     check_trials,
     gls_direction,
-    reseed,
     verdict,
     white_box_bounds,
 )
+from privaudit.experiments.audit_trials import SHIFT_PAIRS, reseed
+from privaudit.experiments.canary_grads import CanaryGrads, audit_batch
 from privaudit.scenario.topology import distances
+from privaudit.sim.copies import Batch, Copy
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -151,20 +148,22 @@ OBSERVERS: dict[str, ObserverKind] = {
 
 
 # -- the batches every trial uses ------------------------------------------------------------
-def _run_batches(run: Run, net: SimNetwork) -> list[tuple[Tensor, Tensor]]:
-    """The run's own realised batches of rounds 1..T: the run replayed once from its seeds,
-    sampling then stepping as :meth:`Run.simulate` does (its noise drawn in between)."""
-    loop, ctx = run.loop, run.ctx
-    state = run.restore(0)
-    out = []
-    for t in range(1, run.cfg.rounds + 1):
-        index, batch = loop.sample()
-        state = loop.step(state, t, net, batch).state
-        out.append(audit_batch(ctx, index))
-    return out
+def _run_batches(run: Run, replay: Copy) -> list[tuple[Tensor, Tensor]]:
+    """The run's own realised batches of rounds 1..T: the run replayed once from its seeds
+    (``replay``: a copy of it), sampling then stepping as :meth:`Run.simulate` does (its
+    noise drawn in between)."""
+    drawn = []
+
+    def sample(t: int) -> Batch:
+        index, batch = replay.loop.sample()
+        drawn.append(index)
+        return batch
+
+    replay.simulate(replay.restore(0), range(1, run.cfg.rounds + 1), batches=sample)
+    return [audit_batch(replay.ctx, index) for index in drawn]
 
 
-def _empty_batches(run: Run, net: SimNetwork) -> list[tuple[Tensor, Tensor]]:
+def _empty_batches(run: Run, replay: Copy) -> list[tuple[Tensor, Tensor]]:
     """No example in any agent's batch, every round: the canary alone."""
     empty = torch.full((run.ctx.n_held, 1), sampling.PAD, dtype=torch.long)
     return [audit_batch(run.ctx, empty) for _ in range(run.cfg.rounds)]
@@ -176,7 +175,7 @@ class BatchKind:
     states a linear recursion has final models affine in its noise (``affine``)."""
 
     describe: str
-    draw: Callable[[Run, SimNetwork], list[tuple[Tensor, Tensor]]]
+    draw: Callable[[Run, Copy], list[tuple[Tensor, Tensor]]]
     affine: bool
 
 
@@ -198,21 +197,26 @@ class FinalRerun:
         if ctx.n_held != run.cfg.agents:
             raise PrivauditError("the final-model audit needs a run that holds every agent")
         self.victim, self.seed, self.rounds = victim, seed, run.cfg.rounds
-        tap = Tap(CaptureSpec(rounds=frozenset()))  # nothing on the wire is kept
-        self.net = SimNetwork(ctx.adj, ctx.W, tap).to(ctx.device)
-        self.batches = BATCHES[batches].draw(run, self.net)
+        replay = Copy.of(run.loop)  # nothing on the wire is kept
+        self.batches = BATCHES[batches].draw(run, replay)
         self.state0 = run.restore(0)
         self.grads = CanaryGrads(ctx.grads, self.batches[0][0][victim], replay=False)
         self.ctx = dataclasses.replace(ctx, grads=self.grads)
-        self.loop = run.loop.with_ctx(self.ctx)
+        self.simulation = replay.with_ctx(self.ctx)
 
     def __call__(self, i: int, canary: Tensor | None) -> Tensor:
         reseed(self.ctx, self.seed * 1_000_003 + i + 2)  # trial i's noise, whatever ran before
-        state = dict(self.state0)
-        for t, batch in enumerate(self.batches, 1):
+
+        def plant(t: int, batch: Batch) -> None:
             self.grads.victim_x = batch[0][self.victim]  # the victim's rows of round t
             self.grads.start(canary)
-            state = self.loop.step(state, t, self.net, batch).state
+
+        state = self.simulation.simulate(
+            dict(self.state0),
+            range(1, len(self.batches) + 1),
+            batches=lambda t: self.batches[t - 1],
+            before=plant,
+        )
         return state["x"].double().cpu()
 
 

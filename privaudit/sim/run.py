@@ -7,7 +7,9 @@ draws its batches and the noise of the rows it owns; every agent's generator sta
 with each checkpoint, so a resumed run and a run re-simulated from a checkpoint to capture
 an earlier round send bit-identical messages, and a torch.distributed rank holding one agent
 (:mod:`privaudit.sim.distributed`) draws exactly what the simulator draws for that agent.
-Both engines step rounds through :class:`privaudit.sim.loop.RoundLoop` (:meth:`Run.simulate`).
+Both engines step rounds through :class:`privaudit.sim.loop.RoundLoop` (:meth:`Run.simulate`),
+and so does every re-simulation of the run (an audit's trials, reference runs), through
+:mod:`privaudit.sim.copies`.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from privaudit.core.config import LENGTH, NON_IDENTITY, RunConfig
 from privaudit.core.context import Consumed, State, agent_seed, params_of
 from privaudit.core.errors import Interrupted, PrivauditError
 from privaudit.core.interrupts import signals_deferred, stop_requests
-from privaudit.core.messages import CaptureSpec, Tap
-from privaudit.core.network import Network, SimNetwork
+from privaudit.core.messages import CaptureSpec
+from privaudit.core.network import Network
 from privaudit.core.params import ParamSpec, flat_params
 from privaudit.core.threat import Public
 from privaudit.defenses import Context, Defense, get_defense
@@ -53,6 +55,7 @@ from privaudit.scenario.data import (
 from privaudit.scenario.models import build_model, normalizes_inputs
 from privaudit.scenario.topology import build_topology, metropolis_hastings, validate_mixing
 from privaudit.sim.allocator import keep_freed_memory
+from privaudit.sim.copies import network
 from privaudit.sim.loop import RoundFailed, RoundLoop
 from privaudit.sim.rundir import FOLDERS, Key, RunDir
 
@@ -458,8 +461,7 @@ class Run:
                 if start == until:
                     return state
                 self.preflight(state)
-                tap = Tap(capture or CaptureSpec(rounds=frozenset()))
-                net = SimNetwork(self.ctx.adj, self.ctx.W, tap).to(self.ctx.device)
+                net = network(self.ctx, capture)
                 return self.simulate(state, start, until, net, progress)
             except RoundFailed as e:
                 raise RoundFailed(f"{e}{self.after_failure(e)}", e.resumable) from e.__cause__
@@ -518,7 +520,9 @@ class Run:
 
     @property
     def loop(self) -> RoundLoop:
-        """The round loop over this process's agents, checkpointing into the run directory."""
+        """The round loop over this process's agents, checkpointing into the run directory:
+        the one place it is built (a copy of the run, :mod:`privaudit.sim.copies`, steps
+        ``run.loop.with_ctx(ctx)``)."""
         return RoundLoop(self.defense, self.params, self.ctx, self.cfg.seed, self.dir)
 
     def restore(self, t: int) -> State:

@@ -1,0 +1,108 @@
+"""The audited message: which round, sender and receiver an audit scores, as which adversary.
+
+:func:`setting` takes the message an attack on a target's round observes, by the planner's
+defaults (:func:`privaudit.sim.plan.locate`). Named attackers that receive no copy of the
+victim's message (a victim beyond their neighbourhood) give a ``beyond`` setting instead:
+everything the coalition receives is audited, the victim ``distance`` hops away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from privaudit.core.errors import Unobservable
+from privaudit.core.threat import get_threat, victim_threat
+from privaudit.scenario.topology import distances
+from privaudit.sim.plan import candidate_threats, locate
+from privaudit.sim.run import Run
+from privaudit.sim.targets import Target
+
+
+@dataclass
+class Setting:
+    """The audited message: ``target``'s round-``t`` message ``src → dst`` as ``threat`` sees
+    it, and the mechanism facts of the victim's data. ``beyond``: the adversary receives no
+    copy of it (``dst`` None); what it receives over the span is observed instead, the victim
+    ``distance`` hops from the nearest attacker."""
+
+    run: Run
+    target: Target
+    t: int
+    threat: Any
+    src: int
+    dst: int | None
+    privacy: Any
+    beyond: bool = False
+    distance: int = 1
+
+    @property
+    def defense(self) -> Any:
+        return self.target.defense
+
+    @property
+    def kind(self) -> str:
+        return self.target.kind
+
+
+def setting(
+    run: Run,
+    target: str,
+    t: int,
+    threat: str | None = None,
+    link: tuple[int, int] | None = None,
+    attackers: list[int] | None = None,
+    victim: int | None = None,
+    span: int = 0,
+    progress: bool = False,
+) -> Setting:
+    """The audited message: the one an attack on ``target``'s round ``t`` observes, by the
+    planner's defaults (:func:`privaudit.sim.plan.locate`), on a run that shows ``span``
+    rounds more. ``attackers`` that receive no copy of ``victim``'s message (a victim beyond
+    their neighbourhood) give a ``beyond`` setting: what they receive is audited."""
+    tgt = Target.parse(target)
+    tgt.check_run(run, t, span)
+    far = _beyond(run, tgt, t, threat, link, attackers, victim)
+    if far is not None:
+        return far
+    ((p, _),) = locate(
+        run,
+        target,
+        t,
+        threat=threat,
+        links=[link] if link is not None else None,
+        attackers=attackers,
+        victims=None if victim is None else [victim],
+        progress=progress,
+    )
+    return Setting(run, tgt, t, p.threat, p.src, p.dst, tgt.privacy(run, p.src))
+
+
+def _beyond(
+    run: Run,
+    tgt: Target,
+    t: int,
+    threat: str | None,
+    link: tuple[int, int] | None,
+    attackers: list[int] | None,
+    victim: int | None,
+) -> Setting | None:
+    """The ``beyond`` setting when named ``attackers`` (a neighbor or a coalition) receive
+    no copy of the named ``victim``'s round-``t`` message; None otherwise (the planner
+    decides, and explains any other failure)."""
+    if link is not None or not attackers or victim is None or victim in attackers:
+        return None
+    name = candidate_threats(threat, attackers)[0]
+    if not get_threat(name).uses_attackers:
+        return None
+    adj = run.ctx.adj.cpu()
+    receivers = tgt.defense.receivers(tgt.kind, t, victim, adj)
+    th = victim_threat(name, victim, receivers, attackers)
+    if any(th.sees(victim, b) for b in receivers):
+        return None
+    hops = distances(adj)[sorted(th.agents), victim]
+    if bool((hops < 0).all()):
+        raise Unobservable(f"agent {victim} cannot be reached from agents {sorted(th.agents)}")
+    d = int(hops[hops >= 0].min())
+    privacy = tgt.privacy(run, victim)
+    return Setting(run, tgt, t, th, victim, None, privacy, beyond=True, distance=d)
