@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from privaudit.core.errors import Unobservable
-from privaudit.core.threat import get_threat, victim_threat
+from privaudit.core.threat import victim_threat
 from privaudit.scenario.topology import distances
-from privaudit.sim.plan import candidate_threats, locate
+from privaudit.sim.plan import candidate_threats, locate, reaches_beyond
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -90,11 +90,10 @@ def _beyond(
     """The ``beyond`` setting when named ``attackers`` (a neighbor or a coalition) receive
     no copy of the named ``victim``'s round-``t`` message; None otherwise (the planner
     decides, and explains any other failure)."""
-    if link is not None or not attackers or victim is None or victim in attackers:
+    links = None if link is None else [link]
+    if not reaches_beyond(threat, attackers, links) or victim is None or victim in attackers:
         return None
     name = candidate_threats(threat, attackers)[0]
-    if not get_threat(name).uses_attackers:
-        return None
     adj = run.ctx.adj.cpu()
     receivers = tgt.defense.receivers(tgt.kind, t, victim, adj)
     th = victim_threat(name, victim, receivers, attackers)
