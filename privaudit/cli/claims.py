@@ -31,6 +31,9 @@ OUT = "privaudit-out/claims"
 # loads the engine: copied, so that --help answers without it; a test keeps them equal)
 TRIALS = 1000
 CONFIDENCE = 0.95
+# the final-model audit's trials per defense (privaudit.experiments.claims.FINAL_TRIALS, the
+# default of privaudit audit --observe final): copied for --help likewise
+FINAL_TRIALS = 2000
 ROW_SECONDS_REMOVED = (
     "--row-seconds was removed: a row's budget is --trials (the same everywhere); drop it "
     "(the costly kinds run a fixed share of --trials, as the setting line states)"
@@ -50,6 +53,8 @@ def add_parser(sub: Any, words: Vocabulary) -> None:
             "claim that rests on a gradient bound G the run does not enforce is judged on the "
             "canaries of norm ≤ G: beaten only by larger ones, it does not apply (-p "
             "enforce=true, where the defense has it, tests it as stated). "
+            "With --final-model, a last column: each defense's final-model audit (an "
+            "adversary who sees only the final models, a canary in every round). "
             "Finished rows are kept in OUT/rows: an interrupted ledger resumes. Writes "
             "OUT/ledger.json and OUT/claims.md (and --markdown PATH)."
         ),
@@ -109,7 +114,29 @@ def _arguments(c: argparse.ArgumentParser, words: Vocabulary) -> None:
         metavar="PATH",
         help="also write the markdown table to PATH (e.g. figures/claims.md)",
     )
-    c.add_argument("--fresh", action="store_true", help="recompute rows cached in OUT/rows")
+    c.add_argument(
+        "--final-model",
+        action="store_true",
+        help="add the column 'final models ε ≥': for each defense, the final-model audit of "
+        "privaudit audit --observe final (hidden-state threat: only the final models are seen, "
+        "a gradient canary of the defense's first formal kind's clip joins the victim's "
+        "update in every round) on its run of 3 rounds, on every row of the defense: the ε "
+        "lower bound, the accounted ε of those rounds' releases at sample rate 1, and the "
+        "verdict; cached in OUT/final-models. Slow: each trial re-runs the 3 rounds",
+    )
+    c.add_argument(
+        "--final-model-trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --final-model: trials of each defense's final-model audit (default "
+        f"{FINAL_TRIALS}, privaudit audit --observe final's)",
+    )
+    c.add_argument(
+        "--fresh",
+        action="store_true",
+        help="recompute rows (and final-model audits) cached in OUT/rows (OUT/final-models)",
+    )
     c.add_argument("--json", action="store_true", help="print the ledger as JSON")
     training_options(c, DEFAULTS.rounds)
     add_executor_options(c)
@@ -147,6 +174,7 @@ def cmd_claims(a: argparse.Namespace) -> int:
     limits.check_int("--trials", a.trials, 1, limits.MAX_TRIALS)
     limits.check_float("--confidence", a.confidence, 0.0, 1.0, lo_open=True, hi_open=True)
     limits.check_seed("--audit-seed", a.audit_seed)
+    final_trials = _final_trials(a)
     out = check_out(a.out, "claims", a.overwrite)
     targets = claims.select(a.defense, a.target)
     if a.markdown is not None:  # a folder, a run's file or the user's file: refused now
@@ -173,6 +201,7 @@ def cmd_claims(a: argparse.Namespace) -> int:
                 progress=not a.no_progress and (sys.stdout.isatty() or not a.json),
                 run_rows=None if executor is None else rows_on(executor),
                 cache=cache,  # rows verified on read: checksum, code, key
+                final_trials=final_trials,
             )
         except claims.Interrupted as stop:
             done = len(stop.ledger["rows"])
@@ -192,7 +221,8 @@ def cmd_claims(a: argparse.Namespace) -> int:
     cached = sum(1 for r in doc["rows"] if r.get("cached"))
     done = (
         f"{len(doc['rows'])} rows in {doc['seconds']:.0f} s"
-        f"{f' ({cached} from {a.out}/rows)' if cached else ''}; wrote {where}"
+        f"{f' ({cached} from {a.out}/rows)' if cached else ''}{_finals_done(doc, a.out)}; "
+        f"wrote {where}"
     )
     if a.json:  # the ledger alone on stdout, as ledger.json holds it; how it went on stderr
         text = json.dumps(
@@ -204,3 +234,27 @@ def cmd_claims(a: argparse.Namespace) -> int:
     print(ledger_text.table(doc))
     print(f"\n{done}")
     return 0
+
+
+def _final_trials(a: argparse.Namespace) -> int | None:
+    """The final-model audit's trials per defense (``--final-model``), None without it;
+    ``--final-model-trials`` alone is refused (it would change nothing)."""
+    if not a.final_model:
+        if a.final_model_trials is not None:
+            raise PrivauditError("--final-model-trials needs --final-model; add it or drop it")
+        return None
+    n = FINAL_TRIALS if a.final_model_trials is None else a.final_model_trials
+    limits.check_int("--final-model-trials", n, 1, limits.MAX_TRIALS)
+    return n
+
+
+def _finals_done(doc: dict[str, Any], out: str) -> str:
+    """The summary's words on the final-model audits (``--final-model``; none without)."""
+    if "final_model" not in doc:
+        return ""
+    finals = doc["final_model"]
+    cached = sum(1 for f in finals.values() if f.get("cached"))
+    return (
+        f", {len(finals)} final-model audit{'s' * (len(finals) != 1)}"
+        f"{f' ({cached} from {out}/final-models)' if cached else ''}"
+    )

@@ -39,6 +39,16 @@ cache is the caller's (:class:`RowCache`: the CLI passes :mod:`privaudit.api.cac
 this layer may not import): each entry carries a checksum and the code that computed it,
 verified on read, so an edited or damaged row, or one written by other code, is recomputed.
 
+On request (``privaudit claims --final-model``: ``final_trials``), each defense also gets
+the **final-model audit** (:func:`privaudit.experiments.final_audit.final_model_audit`): the
+hidden-state adversary of Cebere et al. (ICLR 2025), who sees only the final models and plants
+a gradient canary in the victim's update in every round, on the defense's run over
+:data:`FINAL_ROUNDS` rounds (what ``privaudit audit --observe final`` trains by default), its
+canary that of the defense's first formal kind (:func:`final_target`). Its ε lower bound, the
+accounted ε of the releases it composes (sample rate 1) and the verdict stand on every row of
+the defense (:func:`final_result`), cached under ``OUT/final-models`` as the rows are.
+Without it the document is what it was before the column existed, key for key.
+
 The ledger document is a dict (:class:`ClaimsLedger` types it); its text — ``OUT/claims.md``
 and the table ``privaudit claims`` prints — is :mod:`privaudit.experiments.ledger_text`.
 """
@@ -54,6 +64,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from privaudit.core import limits
 from privaudit.core.accounting import ADJACENCY, SAMPLING
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import Interrupted as RunStopped
@@ -64,6 +75,7 @@ from privaudit.core.text import progress
 from privaudit.defenses import DEFENSES, get_defense
 from privaudit.eval import bounds
 from privaudit.experiments.audit import HELD_OUT, audit, check_trials, search_size, verdict
+from privaudit.experiments.final_audit import final_model_audit
 from privaudit.experiments.ledger_text import markdown
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target, all_targets
@@ -92,6 +104,15 @@ CONFIDENCE = 0.95
 ROUND = 1  # the audited round: white-box audits of round 1 need no training
 THREAT = "link"  # the weakest adversary: one curious link, the victim's first receiver
 CLAIM_WIDTH = 44  # characters of the paper's claim shown in the table (the rest: a note)
+# the final-model audit of each defense (--final-model), at privaudit audit --observe final's
+# defaults: its trials, the rounds of its run, the victim, whose final model it reads (the
+# victim's first neighbour) and the batches every trial uses (the run's own); a test keeps
+# FINAL_TRIALS equal to final_model_audit's default
+FINAL_TRIALS = 2000
+FINAL_ROUNDS = 3
+FINAL_VICTIM = 0
+FINAL_OBSERVER = "agent"
+FINAL_BATCHES = "run"
 
 
 # -- the plan -------------------------------------------------------------------------------
@@ -428,6 +449,115 @@ def _real(res: dict[str, Any], first: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+# -- the final models (--final-model) ----------------------------------------------------------
+def final_config(base: RunConfig, defense: str) -> RunConfig:
+    """The run of ``defense``'s final-model audit: the ledger's run of it (:func:`run_config`:
+    its own topology where it needs one) over :data:`FINAL_ROUNDS` rounds, the run ``privaudit
+    audit --observe final`` trains when --rounds is not given (σ calibrated over those rounds
+    unless --sigma sets it: each trial re-simulates all of them)."""
+    return dataclasses.replace(run_config(base, defense), rounds=FINAL_ROUNDS).validate()
+
+
+def final_target(run: Any) -> str:
+    """The target whose facts the final-model audit of ``run``'s defense reads: the defense's
+    first formal kind (registry order), whose clip is the one its guarantee rests on, so the
+    canary is a worst case for it; its first kind where none is formal. The audit observes the
+    final models and is accounted over every kind; the target sizes its canary (a Dirac of the
+    kind's clip) and says whether the scores can be exactly Gaussian."""
+    kinds = run.resolved["kinds"]
+    formal = [k for k in run.defense.kinds if kinds[k]["formal"]]
+    return f"{run.defense.name}-{(formal or list(run.defense.kinds))[0]}"
+
+
+def final_setting(trials: int, delta: float, confidence: float, seed: int) -> dict[str, Any]:
+    """What every defense's final-model audit is computed on, stated in the output (and in
+    each result's cache key); raises the one-line error of ``trials`` too few for any bound."""
+    need = check_trials(max(trials, limits.MAX_TRIALS), delta, confidence)  # any bound needs
+    if trials < need:
+        raise PrivauditError(
+            f"--final-model-trials {trials} is too few for any bound at confidence "
+            f"{confidence:g} (δ = {delta:g}); the final-model audit needs at least {need} trials"
+        )
+    return {
+        "mode": "final models",
+        "rounds": FINAL_ROUNDS,
+        "target": "first formal kind",  # the defense's (else its first kind): final_target
+        "canary": "dirac",  # of the target's clip, in the victim's update in every round
+        "victim": FINAL_VICTIM,
+        "observer": FINAL_OBSERVER,
+        "batches": FINAL_BATCHES,
+        "trials": trials,
+        "confidence": confidence,
+        "seed": seed,
+    }
+
+
+def final_result(
+    run: Any,
+    trials: int = FINAL_TRIALS,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The final-model audit of ``run``'s defense (:func:`final_target`) on ``trials``
+    re-simulations of the run, as the ledger shows it: the ε lower bound, the accounted ε of
+    the mechanism it ran (the canary in every round, sample rate 1: ``upper``) and the
+    verdict (``violated`` also where the trade-off curve's μ bound beats the accounted μ),
+    or ``error`` set where it cannot be made. A Ctrl-C between trials raises."""
+    target = final_target(run)
+    out: dict[str, Any] = {
+        "defense": run.defense.name,
+        "target": target,
+        "rounds": run.cfg.rounds,
+        "sigma": run.resolved["sigma"],
+        "error": None,
+    }
+    try:
+        res = final_model_audit(
+            run,
+            target,
+            trials,
+            confidence,
+            observer=FINAL_OBSERVER,
+            victim=FINAL_VICTIM,
+            batches=FINAL_BATCHES,
+            seed=seed,
+            progress=progress,
+        )
+    except RunStopped:  # a stop request is not this audit's failure
+        raise
+    except PrivauditError as e:
+        out["error"] = str(e)
+        return out
+    if res["interrupted"]:  # Ctrl-C between trials: the audit is not finished
+        raise KeyboardInterrupt
+    cp = res.get("clopper_pearson") or {}
+    out.update(
+        epsilon_lo=res["epsilon_lo"],
+        capped=bool(cp.get("capped")) and cp.get("epsilon_lo", -1.0) >= res["epsilon_lo"],
+        clopper_pearson=cp.get("epsilon_lo"),
+        gdp=res.get("gdp", {}).get("epsilon_lo"),
+        exact=res["exact"],
+        trials=res["trials"],
+        confidence=res["confidence"],
+        upper=res["upper"]["accountant"],
+        upper_claimed=res["upper"].get("paper's count"),
+        verdicts=res["verdicts"],
+        mu=res["mu"],
+        verdict=res["verdict"],
+        victim=res["victim"],
+        observed=res["observed"],
+        distance=res["distance"],
+        batches=res["batches"],
+        statistic=res["statistic"],
+        canary=res["canary"],
+        no_guarantee=res["accounting"]["no_guarantee"],
+        run_epsilon=res["accounting"]["run"],  # at the run's rate q: stated, not compared
+        sample_rate=res["accounting"]["sample_rate"],
+    )
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class RowJob:
     """A row to compute in another process (:func:`compute_row`), as plain data: the run
@@ -474,8 +604,9 @@ class ClaimsLedger:
     """The ledger document (:func:`ledger`), typed: what every row was computed on
     (:func:`setting`), each defense's topology and σ, the rows in registry order (while the
     ledger is computed, a :class:`RowJob` holds the place of a row computed elsewhere),
-    whether every row is done, and the seconds it took (None where the document leaves them
-    out, as the :func:`public` one does).
+    whether every row is done, the seconds it took (None where the document leaves them
+    out, as the :func:`public` one does) and, with ``--final-model``, each defense's
+    final-model audit (:func:`final_result`; None without: the document has no such key).
 
     :meth:`to_dict` is the document as :func:`ledger` returns it and :func:`write` writes it,
     key for key and in the same order; :meth:`from_dict` reads one back. Both share the
@@ -487,16 +618,20 @@ class ClaimsLedger:
     rows: list[Any]
     complete: bool
     seconds: float | None = None
+    final_model: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The ledger document: ``seconds`` only where it is known."""
+        """The ledger document: ``seconds`` only where it is known, ``final_model`` only
+        where the ledger has the column."""
         doc = {
             "setting": self.setting,
             "topologies": self.topologies,
             "sigma": self.sigma,
             "rows": self.rows,
-            "complete": self.complete,
         }
+        if self.final_model is not None:
+            doc["final_model"] = self.final_model
+        doc["complete"] = self.complete
         if self.seconds is not None:
             doc["seconds"] = self.seconds
         return doc
@@ -504,10 +639,11 @@ class ClaimsLedger:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ClaimsLedger:
         """The ledger of a document :meth:`to_dict` (or :func:`ledger`) made, e.g. read from
-        ``ledger.json``: one that lacks a key other than ``seconds``, or holds one it does
-        not know (which :meth:`to_dict` would drop), is refused."""
+        ``ledger.json``: one that lacks a key other than ``seconds`` and ``final_model``,
+        or holds one it does not know (which :meth:`to_dict` would drop), is refused."""
         known = [f.name for f in dataclasses.fields(cls)]
-        wrong = [f"no {k!r}" for k in known if k not in doc and k != "seconds"]
+        optional = ("seconds", "final_model")
+        wrong = [f"no {k!r}" for k in known if k not in doc and k not in optional]
         wrong += [f"unknown key {k!r}" for k in sorted(set(doc) - set(known))]
         if wrong:
             raise PrivauditError(f"not a claims ledger: {', '.join(wrong)}")
@@ -585,6 +721,7 @@ def ledger(
     progress: bool = True,
     run_rows: RowRunner | None = None,
     cache: RowCache | None = None,
+    final_trials: int | None = None,
 ) -> dict[str, Any]:
     """A row per target (default: every target, :func:`select`) on ``base``'s configuration
     (each defense with :func:`run_config`), each on its budget of trials (:func:`plan`,
@@ -596,6 +733,11 @@ def ledger(
     ``privaudit claims --executor ray``), instead of here one after the other; a row that
     could not finish is reported and, once the others are done, raised.
 
+    ``final_trials``: also audit each defense's final models on that many trials
+    (:func:`final_result`, on its run of :func:`final_config`; here, after its rows), cached
+    in ``OUT/final-models`` as the rows are; None (the default): no such audit, and the
+    document is what it was before the column existed.
+
     Returns the ledger document (:meth:`ClaimsLedger.to_dict`)."""
     targets = targets or select()
     doc = ClaimsLedger(
@@ -605,6 +747,9 @@ def ledger(
         rows=[],
         complete=False,
     )
+    if final_trials is not None:  # refuses too few trials, before any work
+        doc.setting["final_model"] = final_setting(final_trials, base.delta, confidence, seed)
+        doc.final_model = {}
     by_defense: dict[str, list[str]] = {}
     for t in targets:
         tg = Target.parse(t)
@@ -613,7 +758,8 @@ def ledger(
     doc.topologies = {n: c.topology for n, c in configs.items()}
     study = _Study(doc, Path(out), cache, fresh, progress, run_rows is not None)
     t0 = time.perf_counter()
-    bar, task = _bar(len(targets), progress and run_rows is None)
+    finals = 0 if final_trials is None else len(by_defense)
+    bar, task = _bar(len(targets) + finals, progress and run_rows is None)
     with bar, interrupts_noted() as interrupted:
         try:
             for name, kinds in by_defense.items():
@@ -621,6 +767,10 @@ def ledger(
                 for kind in kinds:
                     bar.update(task, description=f"claims {run.defense.name}-{kind}")
                     study.add(run, kind, interrupted)
+                    bar.advance(task)
+                if final_trials is not None:
+                    bar.update(task, description=f"claims {name}: final models")
+                    study.final(name, final_config(base, name), interrupted)
                     bar.advance(task)
             if study.jobs and run_rows is not None:
                 _run_elsewhere(study, run_rows, len(targets) - len(study.jobs), progress)
@@ -689,13 +839,46 @@ class _Study:
         self.keep(path, key, r)
         self.doc.rows.append(r)
 
+    def final(self, name: str, cfg: RunConfig, interrupted: InterruptNote) -> None:
+        """Put defense ``name``'s final-model audit (:func:`final_result`) on its run of
+        ``cfg`` in the ledger: read from ``OUT/final-models`` or computed here (and kept
+        there), keyed by everything it depends on — the run's configuration, every kind's
+        resolved accounting and mechanism facts, the audit's setting and its target."""
+        f = self.doc.setting["final_model"]
+        if self.doc.final_model is None:
+            self.doc.final_model = {}
+        results = self.doc.final_model
+        try:
+            run = Run.create(cfg, self.out / "runs" / f"{name}-{digest(cfg.identity())}")
+        except PrivauditError as e:  # this column's failure, not the ledger's
+            results[name] = {"defense": name, "target": None, "error": str(e)}
+            return
+        target, W = final_target(run), run.ctx.W.cpu()
+        facts = {
+            k: privacy_facts(run.defense.privacy(run.params, k, W, f["victim"]))
+            for k in run.defense.kinds
+        }
+        key = [cfg.identity(), run.resolved["kinds"], facts, f, target]
+        path = self.out / "final-models" / f"{name}-{digest(key)}.json"
+        r = None if self.fresh or self.cache is None else self.cache.read_value(path, key)
+        if r is not None:
+            results[name] = {**r, "cached": True}
+            return
+        inner = self.progress and sys.stdout.isatty()
+        r = final_result(run, f["trials"], f["confidence"], f["seed"], inner)
+        if interrupted.seen:
+            raise KeyboardInterrupt
+        self.keep(path, key, r)
+        results[name] = r
+
     def _audit(self) -> tuple[float, int, int]:
         """The audit's confidence, seed and family (the number of rows)."""
         a = self.doc.setting["audit"]
         return a["confidence"], a["seed"], a["family"]
 
     def keep(self, path: str | Path, key: Any, r: dict[str, Any]) -> None:
-        """Cache the finished row ``r`` (not one whose audit could not be made)."""
+        """Cache the finished row (or final-model audit) ``r``, not one whose audit could
+        not be made."""
         if r["error"] is None and self.cache is not None:
             self.cache.write_value(Path(path), key, r)
 
@@ -731,13 +914,19 @@ def _bar(total: int, enabled: bool) -> tuple[Any, Any]:
 
 def public(doc: dict[str, Any]) -> dict[str, Any]:
     """The ledger as it is written and printed: what was computed, without how long it took
-    or where each row came from (this run or ``OUT/rows``), so that it is the same, byte for
-    byte, wherever, under whatever load and however often it is computed."""
+    or where each row and final-model audit came from (this run or the cache), so that it is
+    the same, byte for byte, wherever, under whatever load and however often it is computed."""
     rows = [
         r if isinstance(r, RowJob) else {k: v for k, v in r.items() if k != "cached"}
         for r in doc["rows"]
     ]
-    return {**{k: v for k, v in doc.items() if k != "seconds"}, "rows": rows}
+    out = {**{k: v for k, v in doc.items() if k != "seconds"}, "rows": rows}
+    if "final_model" in doc:
+        out["final_model"] = {
+            name: {k: v for k, v in f.items() if k != "cached"}
+            for name, f in doc["final_model"].items()
+        }
+    return out
 
 
 def write(doc: dict[str, Any], out: str | Path, markdown_path: str | Path | None = None) -> None:

@@ -18,7 +18,10 @@ Both show what a reader needs to judge a claim without the JSON:
   lower bound is 0 reads "no evidence" (:func:`claim_text`): it shows nothing, not a leak
   smaller than promised;
 - numbered notes for what does not fit a cell (:class:`Notes`): the paper's claim in full
-  (P), why a kind has no formal guarantee (R), why a row could not be audited (E).
+  (P), why a kind has no formal guarantee (R), why a row could not be audited (E);
+- with ``--final-model`` only, a last column (:data:`FINAL_COLUMN`, :func:`final_cell`): each
+  defense's final-model audit on every row of it, its setting in the setting line and its
+  findings in the headline; without it, the text is what it was before the column existed.
 
 The Markdown keeps every cell on one line and explains each column (:data:`LEGEND`); the
 terminal table drops the Markdown emphasis, wraps long cells (:data:`TERMINAL_WIDTHS`) to
@@ -49,6 +52,9 @@ COLUMNS = (
 )
 # the terminal table's widest lines per column (privaudit claims' stdout): longer cells wrap
 TERMINAL_WIDTHS = (None, 20, 10, 10, 10, 10, 10, 16, 12, 30, 12)
+# the column of a ledger with the final-model audits (privaudit claims --final-model), last
+FINAL_COLUMN = "final models ε ≥"
+FINAL_WIDTH = 18
 
 LEGEND = [
     "- **paper's claim**: the paper's privacy statement, abridged (full text in the P-notes).",
@@ -86,13 +92,26 @@ LEGEND = [
     "evidence (lower bound 0: the trials showed nothing), no guarantee (∞), violated (a bug "
     "in the accounting).",
 ]
+FINAL_LEGEND = (
+    "- **final models ε ≥** (`--final-model`): the final-model audit of the row's defense, "
+    "the same on each of its rows. Its adversary sees only the final models after the last "
+    "round (the hidden-state threat model of Cebere et al., ICLR 2025: one neighbour's model, "
+    "see Setting) and plants a crafted gradient canary, a Dirac of the clip of the defense's "
+    "first formal kind (else its first kind), in the victim's update in every round. Shown: "
+    "its ε lower bound (capped: at the most the trial count can show), against the accounted "
+    "ε of the mechanism it ran — every release of the victim in those rounds composed at "
+    "sample rate 1 (PRV; the canary joins every round, so sampling amplifies nothing; ∞ when "
+    "a kind of the defense has no formal guarantee) — and the verdict as for the accounting "
+    "(also violated where the trade-off curve's μ lower bound beats the accounted μ)."
+)
 
 
 # -- the whole ledger ------------------------------------------------------------------------------
 def markdown(doc: dict[str, Any]) -> str:
     """The ledger as markdown: setting, headline, table, legend, notes."""
     claims, reasons, errors = Notes("P"), Notes("R"), Notes("E")
-    body = [cells(r, claims, reasons, errors, doc["setting"]) for r in doc["rows"]]
+    body = _body(doc, claims, reasons, errors)
+    heads = columns(doc)
     lines = ["# Claims ledger", ""]
     if not doc.get("complete", True):
         done = len(doc["rows"])
@@ -106,13 +125,14 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         *headline(doc),
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "|".join("---" for _ in COLUMNS) + "|",
+        "| " + " | ".join(heads) + " |",
+        "|" + "|".join("---" for _ in heads) + "|",
         *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body),
         "",
         "Columns:",
         "",
         *LEGEND,
+        *([FINAL_LEGEND] if "final_model" in doc else []),
         "",
         "Paper claims:",
         "",
@@ -132,15 +152,12 @@ def table(doc: dict[str, Any]) -> str:
     about 170 characters wide; the markdown keeps each cell on one line."""
     claims, reasons, errors = Notes("P"), Notes("R"), Notes("E")
     body = [
-        [
-            c.replace("**", "").replace("`", "")
-            for c in cells(r, claims, reasons, errors, doc["setting"])
-        ]
-        for r in doc["rows"]
+        [c.replace("**", "").replace("`", "") for c in row]
+        for row in _body(doc, claims, reasons, errors)
     ]
+    most = TERMINAL_WIDTHS + ((FINAL_WIDTH,) if "final_model" in doc else ())
     grid = [
-        [_wrap(c, w) for c, w in zip(cs, TERMINAL_WIDTHS, strict=True)]
-        for cs in [list(COLUMNS), *body]
+        [_wrap(c, w) for c, w in zip(cs, most, strict=True)] for cs in [list(columns(doc)), *body]
     ]
     widths = [max(len(x) for cell in col for x in cell) for col in zip(*grid, strict=True)]
 
@@ -161,6 +178,23 @@ def table(doc: dict[str, Any]) -> str:
             out.append(f"{title}:")
             out += [f"  {ref}  {text}" for text, ref in notes.texts.items()]
     return "\n".join(out)
+
+
+def columns(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The table's columns: :data:`COLUMNS`, and :data:`FINAL_COLUMN` last where the ledger
+    has the final-model audits."""
+    return COLUMNS + ((FINAL_COLUMN,) if "final_model" in doc else ())
+
+
+def _body(doc: dict[str, Any], claims: Notes, reasons: Notes, errors: Notes) -> list[list[str]]:
+    """Every row's cells (:func:`cells`), with its defense's final-model cell
+    (:func:`final_cell`) where the ledger has the column."""
+    body = [cells(r, claims, reasons, errors, doc["setting"]) for r in doc["rows"]]
+    if "final_model" in doc:
+        finals = doc["final_model"]
+        for r, cs in zip(doc["rows"], body, strict=True):
+            cs.append(final_cell(finals.get(r["defense"]), errors))
+    return body
 
 
 def _wrap(text: str, width: int | None) -> list[str]:
@@ -203,6 +237,26 @@ def describe(doc: dict[str, Any]) -> str:
         f"of round {a['round']}, {a['threat']} threat (victim {a['victim']} "
         f"→ its first receiver), {_trials_text(a)}, confidence "
         f"{a['confidence']:g} per row{recheck}; per-release bounds at sample rate 1 (PRV)."
+        + (f" {_final_text(doc)}" if "final_model" in doc else "")
+    )
+
+
+def _final_text(doc: dict[str, Any]) -> str:
+    """The final-model audits' setting, as the setting line states it (``--final-model``):
+    the run, the adversary and the canary, the trials and the upper bound."""
+    f = doc["setting"]["final_model"]
+    done = doc["final_model"].values()
+    sigmas = ", ".join(f"{x['defense']} {x['sigma']:.3g}" for x in done if x.get("sigma"))
+    targets = ", ".join(x["target"] for x in done if x.get("target"))
+    return (
+        f"Final models (last column): each defense's run of {f['rounds']} rounds"
+        f"{f' (σ: {sigmas})' if sigmas else ''}, the same configuration otherwise; the "
+        f"hidden-state adversary reads victim {f['victim']}'s first neighbour's final model "
+        "alone, and a Dirac gradient canary of the clip of the defense's first formal kind "
+        f"(else its first kind{f': {targets}' if targets else ''}) joins the victim's update "
+        f"in every round, on the run's own batches; {f['trials']} trials per defense, "
+        f"confidence {f['confidence']:g} per defense; against the ε of those rounds' "
+        "releases composed at sample rate 1 (PRV)."
     )
 
 
@@ -293,6 +347,27 @@ def headline(doc: dict[str, Any]) -> list[str]:
     errs = [r["target"] for r in rows if r["error"] is not None]
     if errs:
         out.append(f"- Not audited (see the E-notes): {_names(errs)}.")
+    if "final_model" in doc:
+        out += _final_headline(doc["final_model"])
+    return out
+
+
+def _final_headline(finals: dict[str, Any]) -> list[str]:
+    """The final-model audits' findings (``--final-model``): accounted bounds they violate,
+    defenses with no formal guarantee whose final models they show leaking, and those they
+    could not audit."""
+    done = [f for f in finals.values() if f["error"] is None]
+    broken = [f["defense"] for f in done if f["verdict"] == "violated"]
+    leaks = [f["defense"] for f in done if math.isinf(f["upper"]) and f["epsilon_lo"] > 0]
+    out = [
+        "- Final models (an adversary who sees only them, a canary in every round): accounted "
+        f"bounds the evidence violates (a bug in the accounting if any): {_names(broken)}; "
+        "defenses with no formal guarantee whose final models leak (lower bound > 0): "
+        f"{_names(leaks)}."
+    ]
+    errs = [name for name, f in finals.items() if f["error"] is not None]
+    if errs:
+        out.append(f"- Final models not audited (see the E-notes): {_names(errs)}.")
     return out
 
 
@@ -387,6 +462,19 @@ def power_notes(a: dict[str, Any], setting: dict[str, Any] | None = None) -> lis
         if a["searched"] < most:
             notes.append("no search" if a["searched"] == 1 else f"{a['searched']} canaries")
     return notes
+
+
+def final_cell(f: dict[str, Any] | None, errors: Notes) -> str:
+    """A row's final-model cell: its defense's final-model audit ``f`` (None: not done yet,
+    in a partial ledger) — the lower bound, the accounted upper bound it is held to and the
+    verdict (:func:`_verdict`), or why it could not be made (an E-note)."""
+    if f is None:
+        return "—"
+    if f["error"] is not None:
+        note = f"final models of {f['defense']}: {f['error']}"
+        return f"no audit ({errors.ref(note)})"
+    lo = sig(f["epsilon_lo"]) + (" (capped)" if f["capped"] else "")
+    return f"{lo} against {sig(f['upper'])}: {_verdict(f['verdict'], f['epsilon_lo'])}"
 
 
 def claim_text(c: dict[str, Any]) -> str:
