@@ -1,0 +1,42 @@
+"""``benchmarks/audit.py``: it measures every kind whose one release is a Gaussian mechanism by
+its defense's own facts, and nothing else, and its table holds the audit's own numbers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from audit import formal_kinds, main  # noqa: E402
+
+from privaudit.sim.targets import all_targets  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_kinds_measured_are_the_formal_ones_of_every_defense():
+    kinds = formal_kinds(agents=4, delta=1e-5)
+    assert set(kinds) <= set(all_targets())
+    assert {"dp-dpsgd-half-model", "clipd2p-half-model", "pdsl-cg"} <= set(kinds)
+    assert "dpdl-cg" in kinds  # formal per release (a fixed evaluation point), not per run
+    assert not {"nd-cg", "dsgd-half-model", "muffliato-model", "lppa-model"} & set(kinds)
+    assert kinds["dp-dpsgd-half-model"] == ("dp-dpsgd", 1.0)  # z = σ: one Gaussian per round
+
+
+def test_a_row_is_the_audit_of_one_release_at_the_target_epsilon(tmp_path, capsys):
+    md = tmp_path / "audit.md"
+    argv = ["--trials", "200", "--epsilons", "2", "--targets", "dp-dpsgd-half-model"]
+    main([*argv, "--out", str(tmp_path / "out"), "--markdown", str(md)])
+    (row,) = [line for line in md.read_text().splitlines() if line.startswith("| `")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    target, eps, sigma, upper, trials, lo, ratio = cells[:7]
+    assert (target, eps, trials) == ("`dp-dpsgd-half-model`", "2", "200")
+    assert abs(float(upper) - 2) < 0.01  # σ calibrated so that one release has ε = 2
+    assert 0 <= float(lo) <= float(upper) and abs(float(ratio) - float(lo) / float(upper)) < 0.01
+    out = capsys.readouterr().out
+    assert "dp-dpsgd-half-model" in out and "smallest lower-bound ratio" in out
+    main([*argv, "--out", str(tmp_path / "out"), "--markdown", str(tmp_path / "again.md")])
+    assert (tmp_path / "again.md").read_text() == md.read_text()  # resumed: the same table
