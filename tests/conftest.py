@@ -1,5 +1,6 @@
 """What the test files share: a tiny run's configuration, an agent's secret batch and its
-gradient, checkpoints compared, and a fixture for one torch thread.
+gradient, checkpoints compared, a fixture for one torch thread, and the test tiers (the
+``slow`` mark on the tests :data:`tiers.SLOW` names: ``pytest -m "not slow"`` runs the rest).
 
 The functions are imported as ``from conftest import tiny``: pytest puts this folder (no
 ``__init__.py``) on ``sys.path`` when it collects the tests."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiers import SLOW
 
 from privaudit.attacks import ATTACKS
 from privaudit.cli import main
@@ -93,3 +95,11 @@ def registries(monkeypatch):
 
     yield reset
     reset()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test :data:`tiers.SLOW` names, by file or by file and function."""
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if item.path.name in SLOW or f"{item.path.name}::{name}" in SLOW:
+            item.add_marker(pytest.mark.slow)
