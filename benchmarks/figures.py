@@ -88,6 +88,11 @@ JOBS = [
         ["claims-sigma1.md"],
     ),
     Job(
+        "audit",
+        [*BENCH, "benchmarks/audit.py", "--markdown", "{figures}/audit.md", "--out", "{work}"],
+        ["audit.md"],
+    ),
+    Job(
         "distance",
         [*BENCH, "benchmarks/distance.py", "--figures", "{figures}/distance"]
         + ["--markdown", "{figures}/distance/distance.md", "--out", "{work}"],
