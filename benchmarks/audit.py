@@ -49,15 +49,16 @@ from privaudit.experiments.audit import audit, check_trials
 from privaudit.experiments.claims import row_trials
 from privaudit.plugins import load_plugins
 from privaudit.sim.run import Run
+from privaudit.sim.targets import Target
 
 GOAL = 0.95  # the issue's bar for the Gaussian-DP lower bound / accounted ε
 
 
-def run_config(defense: str, agents: int, sigma: float, delta: float) -> RunConfig:
-    """One round of ``defense`` on its own graph (the ring where it requires none)."""
+def run_config(defense: str, agents: int, sigma: float, delta: float, rounds: int = 1) -> RunConfig:
+    """``rounds`` of ``defense`` on its own graph (the ring where it requires none)."""
     topology = DEFENSES[defense].topology or "ring"
     return RunConfig(
-        defense=defense, rounds=1, agents=agents, epsilon=None, sigma=sigma, delta=delta,
+        defense=defense, rounds=rounds, agents=agents, epsilon=None, sigma=sigma, delta=delta,
         topology=topology,
     )  # fmt: skip
 
@@ -79,7 +80,8 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
     """One row: the white-box audit of ``target`` at the σ whose one release has ε = ``eps``,
     the run in ``work``."""
     sigma = sigma_for_epsilon(eps, a.delta, 1.0, 1, 1, "prv") / z1
-    run = Run.create(run_config(defense, a.agents, sigma, a.delta), work / "run")
+    rounds = max(Target.parse(target).rounds_needed(1, a.agents))  # round 1 may need round 2
+    run = Run.create(run_config(defense, a.agents, sigma, a.delta, rounds), work / "run")
     clip = getattr(run.params, "clip", None)
     fixed = {"canary_shape": "dirac", "canary_norm": clip} if clip else {}
     t0 = time.perf_counter()
