@@ -10,10 +10,11 @@ new defense, or a plugin's (``--plugin FILE``), is measured too. For each kind a
 which the run's facts confirm — the row says the accounted ε the audit actually compares
 with). The white-box audit re-runs round 1 ``--trials`` times on the defense's own code (the
 costly kinds the claims ledger's fixed share: :func:`privaudit.experiments.claims.row_trials`)
-with one fixed canary — a Dirac of the clip norm C, the worst case for a correct per-example
-clip — so that the row measures the tightness of the bound, not of a canary search (where a
-mechanism's sensitivity is 2C, e.g. a flat-clipped batch, one such canary moves the release
-by half of it, and the row says how much that costs). Printed per row: the audit's ε lower
+with one fixed canary, the canary search's first candidate for the kind's stated clip
+(:func:`privaudit.eval.canaries.candidates`): a Dirac of norm C against a per-example clip
+(Nasr et al.'s worst case), the clean gradient's opposite at a dominating norm against a
+flat batch clip (the clipped mean swings by 2C, its sensitivity) — so that the row measures
+the tightness of the bound, not of a canary search. Printed per row: the audit's ε lower
 bound, the Gaussian-DP estimate's point (where the scores are exactly Gaussian: else "–")
 and the Clopper–Pearson bound, each over the accounted one-release ε, and the trials behind
 them. A bound above the accounted ε beyond its confidence would be a finding: ``ok`` says no.
@@ -45,6 +46,7 @@ from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a packa
 from privaudit.core.accounting import sigma_for_epsilon
 from privaudit.core.config import RunConfig
 from privaudit.defenses import DEFENSES
+from privaudit.eval.canaries import candidates
 from privaudit.experiments.audit import audit, check_trials
 from privaudit.experiments.claims import row_trials
 from privaudit.plugins import load_plugins
@@ -82,8 +84,10 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
     sigma = sigma_for_epsilon(eps, a.delta, 1.0, 1, 1, "prv") / z1
     rounds = max(Target.parse(target).rounds_needed(1, a.agents))  # round 1 may need round 2
     run = Run.create(run_config(defense, a.agents, sigma, a.delta, rounds), work / "run")
-    clip = getattr(run.params, "clip", None)
-    fixed = {"canary_shape": "dirac", "canary_norm": clip} if clip else {}
+    # the search's first candidate: the worst case for a correct clip of the kind's stated
+    # unit (a Dirac of C per example; against the clean gradient, 2C, for a flat batch clip)
+    first = candidates(Target.parse(target).privacy(run, 0), run.cfg.batch_size)[0]
+    fixed = {"canary_shape": first.kind, "canary_norm": first.norm}
     t0 = time.perf_counter()
     r = audit(run, target, trials=trials, progress=False, **fixed)
     g = r.get("gdp") or {"epsilon_lo": None, "epsilon": None}  # only where exactly Gaussian
@@ -96,6 +100,7 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
         "gdp": g["epsilon"],
         "cp_lo": r["clopper_pearson"]["epsilon_lo"],
         "trials": trials,
+        "canary": f"{first.kind} {first.norm:g}",
         "wall": time.perf_counter() - t0,
     }
 
@@ -111,24 +116,26 @@ def ratios(m: dict) -> tuple[float, str, float]:
 def markdown(rows: list[tuple[str, float, dict]], a: argparse.Namespace) -> str:
     """The table as published (figures/audit.md)."""
     lines = [
-        "| target | ε target | σ | accounted ε | trials | ε ≥ | ratio | GDP point | CP ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | canary | ε target | σ | accounted ε | trials | ε ≥ | ratio | GDP point | "
+        "CP ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for target, eps, m in rows:
         lo, point, cp = ratios(m)
         lines.append(
-            f"| `{target}` | {eps:g} | {m['sigma']:.3f} | {m['upper']:.3f} | {m['trials']} | "
-            f"{m['epsilon_lo']:.3f} | {lo:.2f} | {point} | {cp:.2f} |"
+            f"| `{target}` | {m['canary']} | {eps:g} | {m['sigma']:.3f} | {m['upper']:.3f} | "
+            f"{m['trials']} | {m['epsilon_lo']:.3f} | {lo:.2f} | {point} | {cp:.2f} |"
         )
     worst = min(ratios(m)[0] for _, _, m in rows)
     lines += [
         "",
         f"White-box audit of one release of round 1, {a.agents} agents, δ = {a.delta:g}, 95% "
-        "confidence, one Dirac canary of the clip norm. ε ≥: the audit's lower bound (the "
-        "larger of Clopper–Pearson and the Gaussian-DP estimate's, where the scores are "
-        "exactly Gaussian); ratio: it over the accounted one-release ε, smallest "
-        f"{worst:.2f} (goal ≥ {GOAL}); GDP point: the Gaussian-DP estimate over the accounted "
-        "ε; CP ratio: Clopper–Pearson's bound alone.",
+        "confidence, one fixed canary: the search's first candidate for the kind's clip "
+        "(Dirac of C per example, the opposite gradient for a flat batch clip). ε ≥: the "
+        "audit's lower bound (the larger of Clopper–Pearson and the Gaussian-DP estimate's, "
+        "where the scores are exactly Gaussian); ratio: it over the accounted one-release ε, "
+        f"smallest {worst:.2f} (goal ≥ {GOAL}); GDP point: the Gaussian-DP estimate over the "
+        "accounted ε; CP ratio: Clopper–Pearson's bound alone.",
     ]
     return "\n".join(lines) + "\n"
 

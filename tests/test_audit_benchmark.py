@@ -32,8 +32,9 @@ def test_a_row_is_the_audit_of_one_release_at_the_target_epsilon(tmp_path, capsy
     main([*argv, "--out", str(tmp_path / "out"), "--markdown", str(md)])
     (row,) = [line for line in md.read_text().splitlines() if line.startswith("| `")]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    target, eps, sigma, upper, trials, lo, ratio = cells[:7]
+    target, canary, eps, sigma, upper, trials, lo, ratio = cells[:8]
     assert (target, eps, trials) == ("`dp-dpsgd-half-model`", "2", "200")
+    assert canary == "dirac 1"  # a Dirac of the per-example clip C = 1
     assert abs(float(upper) - 2) < 0.01  # σ calibrated so that one release has ε = 2
     assert 0 <= float(lo) <= float(upper) and abs(float(ratio) - float(lo) / float(upper)) < 0.01
     out = capsys.readouterr().out
