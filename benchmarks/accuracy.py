@@ -53,7 +53,7 @@ from privaudit.cli.options import add_executor_options, executor_from_args  # no
 from privaudit.core.config import RunConfig  # noqa: E402
 from privaudit.core.errors import PrivauditError  # noqa: E402
 from privaudit.defenses import DEFENSES, get_defense  # noqa: E402
-from privaudit.experiments.reference import reference_for  # noqa: E402
+from privaudit.experiments.centralised import reference_for  # noqa: E402
 from privaudit.scenario import presets  # noqa: E402
 from privaudit.sim.run import Run  # noqa: E402
 
@@ -285,7 +285,7 @@ def average_noise_reference(cfg: RunConfig, out: Path) -> dict[str, Any]:
     """Centralised DP-SGD whose noise equals what dp-dpsgd's network average carries at
     ``cfg``: dp-dpsgd's σ times √N, accounted at the pooled rate over the same steps."""
     from privaudit.core.accounting import epsilon_for_sigma
-    from privaudit.experiments.reference import pooled_sample_rate
+    from privaudit.experiments.centralised import pooled_sample_rate
 
     run = Run.create(cfg, out / "runs" / key_of("run", cfg, 0.0))  # resolves σ, trains nothing
     sigma = run.resolved["sigma"] * math.sqrt(cfg.agents)

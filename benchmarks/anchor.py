@@ -12,8 +12,8 @@ non-attacker's gradient is taken to be the same in every round, so the neighbour
 messages are linear in n − |A| unknown gradients.
 
 Here: the same recursion (:func:`privaudit.core.recursion.dpsgd`), the tied knowledge system
-with the coalition's own values subtracted (:func:`privaudit.attacks.gossip.knowledge` with
-``tied`` and ``cut``; the tie's error is stated in :func:`privaudit.attacks.gossip.tie`),
+with the coalition's own values subtracted (:func:`privaudit.attacks.gossip_algebra.knowledge` with
+``tied`` and ``cut``; the tie's error is stated in :func:`privaudit.attacks.gossip_algebra.tie`),
 solved two ways —
 
 - ``ours`` (privaudit's default): the float identifiability (row-scaled QR rank at the
@@ -68,7 +68,7 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from privaudit.attacks.analytic import recover  # noqa: E402
-from privaudit.attacks.gossip import (  # noqa: E402
+from privaudit.attacks.gossip_algebra import (  # noqa: E402
     dpsgd,
     gossip_messages,
     identifiability,
@@ -162,9 +162,9 @@ def attack(
     """Each non-member's round-1 gradient from the coalition's recorded messages, on the tied
     system with the coalition's own values subtracted (``cut``: one unknown gradient per
     non-member over the rounds, the members' states known). ``ours``: identifiable victims
-    only (row-scaled QR rank at ``rtol``, None: :func:`~privaudit.attacks.gossip.
+    only (row-scaled QR rank at ``rtol``, None: :func:`~privaudit.attacks.gossip_algebra.
     default_rtol`), solved around x_0; a victim whose estimated rounding error
-    (:func:`~privaudit.attacks.gossip.float_error`) is at least ``max_error`` times its RMS
+    (:func:`~privaudit.attacks.gossip_algebra.float_error`) is at least ``max_error`` times its RMS
     is left out as lost to rounding (None: kept). ``report``: filled with each returned
     victim's relative rounding error. ``lstsq``: min-norm least squares of the same system,
     every victim (the anchor's ``np.linalg.lstsq``)."""

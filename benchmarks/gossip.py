@@ -29,7 +29,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from privaudit.attacks.gossip import (  # noqa: E402
+from privaudit.attacks.gossip_algebra import (  # noqa: E402
     Recursion,
     averaging,
     dpsgd,

@@ -8,10 +8,10 @@ T rounds at sampling rate 1 (El Mrini et al.'s D-GD setting: one example per age
 batch), and the defense's own recursion (``Defense.recursion``) is simulated on a line of n
 agents with the attacker at one end, T = n rounds of messages. Every agent's clipped update
 is a fixed random vector of norm C (d coordinates), so the tied approximation
-(:func:`~privaudit.attacks.gossip.tie`) holds exactly and only the noise separates the
+(:func:`~privaudit.attacks.gossip_algebra.tie`) holds exactly and only the noise separates the
 estimators. For each victim two or more hops away that the coalition identifies:
 
-- **GLS**: :func:`~privaudit.attacks.gossip.solve` with the noise covariance (the best
+- **GLS**: :func:`~privaudit.attacks.gossip_algebra.solve` with the noise covariance (the best
   linear unbiased estimator, Gauss–Markov), its predicted per-coordinate std, and the
   measured RMS error over d coordinates;
 - **LS**: the minimum-norm least-squares estimator r₀ = (K⁺)ᵀ e_v, the one El Mrini et al.'s
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from privaudit.api.gossip import coalition_system
-from privaudit.attacks.gossip import identifiability, simulate, solve, state_key
+from privaudit.attacks.gossip_algebra import identifiability, simulate, solve, state_key
 from privaudit.core.accounting import calibrate
 from privaudit.core.files import write_json
 from privaudit.defenses import DEFENSES

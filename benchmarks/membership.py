@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
 
-from privaudit.api.membership import mia
+from privaudit.api.message_membership import mia
 from privaudit.core.config import RunConfig
 from privaudit.core.files import dumps_strict
 from privaudit.scenario import presets

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a package
 
-from privaudit.api.references import draw_candidates, model_mia, reference_models
+from privaudit.api.model_membership import draw_candidates, model_mia, reference_models
 from privaudit.core.config import RunConfig
 from privaudit.sim.run import Run
 

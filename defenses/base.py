@@ -187,7 +187,7 @@ class Defense:
     topology: str | None = None  # the graph a defense needs, used when --topology is not given
     # its round reads the graph only through the Network's links and W's rows (never N or
     # W's spectrum), so K runs simulate exactly as one run on the disjoint union of K copies
-    # of the graph (privaudit.api.references batches reference runs that way)
+    # of the graph (privaudit.api.model_membership batches reference runs that way)
     union_exact: bool = False
 
     def topology_for(self, topology: str | None) -> str:

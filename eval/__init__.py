@@ -8,7 +8,7 @@ and :mod:`privaudit.api` do).
 - :mod:`.bounds`: ε lower bounds from audit outcomes (Clopper–Pearson, Gaussian DP, one
   run); :mod:`.fdp`: f-DP trade-off functions and the one-run f-DP audit;
   :mod:`.canaries`: the canaries the white-box audit searches;
-- :mod:`.membership`: membership inference scored (ROC, TPR at low FPR, the region
+- :mod:`.membership_scoring`: membership inference scored (ROC, TPR at low FPR, the region
   (ε, δ)-DP allows, ε lower bounds) and the model-level scorers LOSS, LiRA and RMIA;
   :mod:`.membership_attacks`: the registry of model-level membership attacks
   (``privaudit mia --attack NAME``);

@@ -3,11 +3,11 @@
 A model-level membership attack scores each candidate from models' outputs alone: the
 attacked model's logits and, where the attack declares it needs them, the logits of
 reference ("shadow") models trained with and without each candidate
-(:mod:`privaudit.api.references` trains those and draws the candidates). One registration
+(:mod:`privaudit.api.model_membership` trains those and draws the candidates). One registration
 holds all an attack is: its name, its score function (an :class:`Evidence` in, one score per
 candidate out, higher = more likely a member), what it needs of the reference runs
 (:class:`ReferenceRuns`, or nothing) and the score it is judged by (``headline``). Built in,
-each the score math of :mod:`privaudit.eval.membership`:
+each the score math of :mod:`privaudit.eval.membership_scoring`:
 
 - ``loss``: LOSS (Yeom, Giacomelli, Fredrikson & Jha 2018), −cross-entropy of the attacked
   model; no reference runs;
@@ -19,7 +19,7 @@ each the score math of :mod:`privaudit.eval.membership`:
 
 A plugin file (docs/extending.md) adds one with :func:`register_membership_attack`, the same
 way; ``privaudit --plugin FILE mia --attack NAME`` and
-:func:`privaudit.api.references.model_mia` then run it. A call reports the scores of every
+:func:`privaudit.api.model_membership.model_mia` then run it. A call reports the scores of every
 registered attack whose needs the reference runs it trained meet (:func:`score_all`), so
 ``--attack`` picks the headline and whether reference runs are trained, and the other
 attacks' scores come beside it at no extra training.
@@ -39,7 +39,7 @@ from torch import Tensor
 
 from privaudit.core.errors import NameTaken, PrivauditError
 from privaudit.core.extensions import calling, failure
-from privaudit.eval import membership as M
+from privaudit.eval import membership_scoring as M
 
 __all__ = [
     "MEMBERSHIP_ATTACKS",

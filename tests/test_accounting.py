@@ -26,7 +26,7 @@ from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.defenses.base import neighbours
 from privaudit.eval.bounds import check_levels
-from privaudit.experiments.reference import centralised_dpsgd
+from privaudit.experiments.centralised import centralised_dpsgd
 from privaudit.sim.run import Run
 
 ORDERS = np.concatenate([np.arange(1.1, 11, 0.1), np.arange(11, 65, 1.0)])

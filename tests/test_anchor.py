@@ -1,6 +1,6 @@
 """El Mrini, Cyffers & Bellet's D-GD attack (ICML 2024, §5): with one fixed example per agent
 and full-batch steps, tying each non-member's gradient over the rounds
-(``knowledge(..., tied=…)``, :func:`privaudit.attacks.gossip.tie`) lets one attacker at the
+(``knowledge(..., tied=…)``, :func:`privaudit.attacks.gossip_algebra.tie`) lets one attacker at the
 end of a line recover agents it never hears — to an error first order in the step size —
 while the exact system never reaches past the neighbours; the approximation is refused where
 batches are fresh Poisson draws. The coalition's own values are subtracted before solving,
@@ -20,7 +20,7 @@ import torch
 from conftest import tiny
 
 from privaudit.api.gossip import coalition_system, observe_beyond
-from privaudit.attacks import gossip
+from privaudit.attacks import gossip_algebra
 from privaudit.core.errors import PrivauditError
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 from privaudit.sim.run import Run
@@ -69,22 +69,22 @@ def test_tied_dgd_recovers_a_non_neighbour_and_its_error_grows_with_the_step(lin
     assert errs[0] < errs[1] < errs[2]  # first order in η: the drift of the gradients
     assert errs[1] / errs[0] == pytest.approx(100, rel=0.5)
     # without the approximation the same messages never reach past the neighbour
-    rec = gossip.dpsgd(W, 1e-6)
-    rows = gossip.gossip_messages(adj, [0], range(1, 6), own=("x",))
-    exact = gossip.knowledge(rec, [0], rows, rounds=5, known=lambda k: k[0] in rec.public)
-    assert gossip.identifiability(exact).status(("g", 3, 1)) == "hidden"
+    rec = gossip_algebra.dpsgd(W, 1e-6)
+    rows = gossip_algebra.gossip_messages(adj, [0], range(1, 6), own=("x",))
+    exact = gossip_algebra.knowledge(rec, [0], rows, rounds=5, known=lambda k: k[0] in rec.public)
+    assert gossip_algebra.identifiability(exact).status(("g", 3, 1)) == "hidden"
 
 
 def test_tied_system_aliases_every_round_and_agrees_with_the_exact_analysis(line):
     adj, W, _, _ = line
-    rec = gossip.dpsgd(W, 0.1)
-    rows = gossip.gossip_messages(adj, [0], range(1, 6), own=("x",))
-    s = gossip.knowledge(
+    rec = gossip_algebra.dpsgd(W, 0.1)
+    rows = gossip_algebra.gossip_messages(adj, [0], range(1, 6), own=("x",))
+    s = gossip_algebra.knowledge(
         rec, [0], rows, rounds=5, known=lambda k: k[0] in rec.public, tied=[1, 2, 3, 4]
     )
     assert s.index(("g", 4, 5)) == s.index(("g", 4, 1)) and s.role(("g", 0, 2)) == "unknown"
     assert s.index(("g", 0, 2)) != s.index(("g", 0, 1))  # the coalition's own stay per round
-    fl, ex = gossip.identifiability(s), gossip.identifiability(s, method="exact")
+    fl, ex = gossip_algebra.identifiability(s), gossip_algebra.identifiability(s, method="exact")
     assert fl.rank == ex.rank == len(s.unknowns)
     assert fl.keys() == ex.keys()
     # a functional over several rounds' keys adds into the one tied column
@@ -117,9 +117,9 @@ def test_the_coalition_knows_its_own_updates_and_states(line):
     rows, and only the others' updates are unknowns — solved without ever asking for the
     coalition's gradients (they reach the others only through its recorded states)."""
     adj, W, _, _ = line
-    rec = gossip.dpsgd(W, 0.1)
+    rec = gossip_algebra.dpsgd(W, 0.1)
     s = coalition_system(rec, adj, [0], 0, 5, tie=True)
-    assert s.role(("g", 0, 3)) == "known" and s.role(gossip.state_key("x", 0, 2)) == "known"
+    assert s.role(("g", 0, 3)) == "known" and s.role(gossip_algebra.state_key("x", 0, 2)) == "known"
     assert {k[1] for k in s.unknowns} == {1, 2, 3, 4} and len(s.unknowns) == 4  # tied
     assert all(m.src != 0 for m in s.rows)  # its own messages are known values, not rows
     rng = np.random.default_rng(0)
@@ -128,9 +128,9 @@ def test_the_coalition_knows_its_own_updates_and_states(line):
         g = rng.normal(size=3)
         vals.update({("g", k, t): g for t in range(1, 6)})
     vals.update({("g", 0, t): rng.normal(size=3) for t in range(1, 6)})  # the attacker's vary
-    st = gossip.simulate(rec, 5, vals, d=3)
+    st = gossip_algebra.simulate(rec, 5, vals, d=3)
     public = {("x0", k, 0): np.ones(3) for k in range(5)}  # nothing of the attacker's but x_0
-    out = gossip.solve(s, s.observed(st), s.known_from(st, public), reference=np.ones(3))
+    out = gossip_algebra.solve(s, s.observed(st), s.known_from(st, public), reference=np.ones(3))
     for i, key in enumerate(out.keys):
         np.testing.assert_allclose(out.values[i], vals[key], atol=1e-9)
 
@@ -143,23 +143,25 @@ def test_far_victims_are_recovered_and_subtracting_around_x0_lowers_their_error(
     it (η = 1e-7, where the tie's own error is ~1e-4)."""
     n, adj, W, model, images = (line35[k] for k in ("n", "adj", "W", "model", "images"))
     sent, grads = line35["runs"][1e-5]
-    rows = gossip.gossip_messages(adj, [0], range(1, n + 1), own=("x",))
+    rows = gossip_algebra.gossip_messages(adj, [0], range(1, n + 1), own=("x",))
     got = attack(sent, adj, W, 1e-5, [0])
     assert sorted(got) == list(range(1, n - 1))  # d = 34: its rounding error exceeds it
     worst = min(psnr(invert(model, sent[0, 0], got[v], (3, 32, 32)), images[v]) for v in got)
     assert worst >= 20
     # rounding-dominated far end: raw subtraction (the old rows' way) against around x_0
     sent, grads = line35["runs"][1e-7]
-    rec = gossip.dpsgd(W, 1e-7)
-    s = gossip.knowledge(
+    rec = gossip_algebra.dpsgd(W, 1e-7)
+    s = gossip_algebra.knowledge(
         rec, [0], rows, rounds=n, known=lambda k: k[0] in rec.public or k[1] == 0,
         tied=range(1, n), cut=True,
     )  # fmt: skip
-    a = gossip.identifiability(s)
+    a = gossip_algebra.identifiability(s)
     keys = [("g", v, 1) for v in range(20, 28)]
     known = s.known_from(sent, lambda k: sent[0, 0])
-    raw = gossip.solve(s, s.observed(sent), known, analysis=a, keys=keys)
-    centred = gossip.solve(s, s.observed(sent), known, analysis=a, keys=keys, reference=sent[0, 0])
+    raw = gossip_algebra.solve(s, s.observed(sent), known, analysis=a, keys=keys)
+    centred = gossip_algebra.solve(
+        s, s.observed(sent), known, analysis=a, keys=keys, reference=sent[0, 0]
+    )
 
     def err(out) -> float:
         return sum(np.linalg.norm(out.values[i] - grads[0, k[1]]) for i, k in enumerate(keys))
@@ -195,17 +197,17 @@ def test_victims_symmetric_about_the_coalition_stay_hidden():
     identifiable: the float default and the exact analysis agree that only the centre is."""
     adj = build_topology("star", 6)
     W = gossip_matrix(adj, "laplacian")
-    rec = gossip.dpsgd(W, 1e-3)
-    rows = gossip.gossip_messages(adj, [1], range(1, 13), own=("x",))
-    s = gossip.knowledge(
+    rec = gossip_algebra.dpsgd(W, 1e-3)
+    rows = gossip_algebra.gossip_messages(adj, [1], range(1, 13), own=("x",))
+    s = gossip_algebra.knowledge(
         rec, [1], rows, rounds=12, known=lambda k: k[0] in rec.public or k[1] == 1,
         tied=[0, 2, 3, 4, 5], cut=True,
     )  # fmt: skip
     for method in ("qr", "exact"):
-        a = gossip.identifiability(s, method=method)
+        a = gossip_algebra.identifiability(s, method=method)
         assert [k[1] for k in a.keys("g")] == [0], method
         assert a.status(("g", 3, 1)) == "hidden"
-    a = gossip.identifiability(s)
+    a = gossip_algebra.identifiability(s)
     assert np.isfinite(a.condition[s.index(("g", 0, 1))])
     assert np.isinf(a.condition[s.index(("g", 2, 1))])
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import tiny
 
 from privaudit.api import cache
-from privaudit.api.references import MODELS, model_mia
+from privaudit.api.model_membership import MODELS, model_mia
 from privaudit.cli import main
 from privaudit.core.errors import PrivauditError
 from privaudit.sim.run import Run

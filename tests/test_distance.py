@@ -16,7 +16,7 @@ from opacus.accountants.rdp import RDPAccountant
 from privaudit.api.distance import reach_span, victims_by_distance
 from privaudit.api.gossip import observe_beyond
 from privaudit.api.pipeline import observe
-from privaudit.attacks.gossip import simulate
+from privaudit.attacks.gossip_algebra import simulate
 from privaudit.core.accounting import gdp_epsilon, pairwise_epsilon, release_epsilon
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec

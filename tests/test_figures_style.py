@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from privaudit.eval import membership, report, style
+from privaudit.eval import membership_scoring, report, style
 from privaudit.eval.figures import EMPTY_BLOCK, GridBlock, build_grid, reconstruction_grid
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e-?\d+)?")
@@ -52,7 +52,7 @@ def test_save_writes_a_300_dpi_png_and_a_pdf_beside_it(tmp_path: Path) -> None:
 def test_numbers_and_epsilon_to_three_significant_digits() -> None:
     assert style.eps_text(3.6708) == "ε = 3.67" and style.eps_text(None) == "ε = ∞"
     assert style.num(0.021830405889) == "0.0218" and style.num(float("inf")) == "∞"
-    assert membership.roc_bound_label(3.6708, 1e-5) == "(ε = 3.67, δ = 1e-05)-DP"
+    assert membership_scoring.roc_bound_label(3.6708, 1e-5) == "(ε = 3.67, δ = 1e-05)-DP"
 
 
 def test_one_colour_and_marker_per_series_key() -> None:
@@ -78,11 +78,14 @@ def test_titles_name_the_threat_not_the_first_of_many_links() -> None:
 def test_roc_legend_has_three_significant_digits_and_the_dp_region(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    figs = captured(monkeypatch, membership)
+    figs = captured(monkeypatch, membership_scoring)
     rng = np.random.default_rng(0)
     a, b = rng.normal(1, 1, 300), rng.normal(0, 1, 300)
-    curves = {"decompose (AUC 0.760)": membership.roc(a, b), "lr (AUC 0.7)": membership.roc(b, a)}
-    out = membership.plot_roc(
+    curves = {
+        "decompose (AUC 0.760)": membership_scoring.roc(a, b),
+        "lr (AUC 0.7)": membership_scoring.roc(b, a),
+    }
+    out = membership_scoring.plot_roc(
         curves, tmp_path / "roc.png", bound=(3.6708, 1e-5), title="link 0<->1"
     )
     assert out == tmp_path / "roc.png" and (tmp_path / "roc.pdf").read_bytes()[:5] == b"%PDF-"

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from privaudit.attacks.gossip import (
+from privaudit.attacks.gossip_algebra import (
     Message,
     Recursion,
     averaging,

@@ -12,7 +12,7 @@ from conftest import batch_grad, tiny
 
 from privaudit.api.gossip import observe_beyond
 from privaudit.api.pipeline import observe
-from privaudit.attacks import gossip
+from privaudit.attacks import gossip_algebra
 from privaudit.core import recursion
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.defenses import DEFENSES
@@ -46,7 +46,9 @@ def dsgd_line(tmp_path_factory) -> Run:
 
 # -- the vocabulary ---------------------------------------------------------------------------
 def test_the_recursion_lives_in_core_and_defenses_state_theirs():
-    assert gossip.Recursion is recursion.Recursion and gossip.dpsgd is recursion.dpsgd
+    assert (
+        gossip_algebra.Recursion is recursion.Recursion and gossip_algebra.dpsgd is recursion.dpsgd
+    )
     W = metropolis_hastings(build_topology("ring", 5))
     dsgd = DEFENSES["dsgd"]
     rec = dsgd.recursion(dsgd.Params(lr=0.1), W, 4)

@@ -20,7 +20,7 @@ from privaudit.attacks.membership import (
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
 from privaudit.eval.bounds import cp_lower, cp_upper, gdp_epsilon
-from privaudit.eval.membership import (
+from privaudit.eval.membership_scoring import (
     auc,
     dp_roc_bound,
     epsilon_lower_bound,

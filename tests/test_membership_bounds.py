@@ -22,9 +22,9 @@ import pytest
 import torch
 from conftest import run_cli, tiny
 
-from privaudit.api.references import model_logits, model_mia
+from privaudit.api.model_membership import model_logits, model_mia
 from privaudit.core.errors import PrivauditError
-from privaudit.eval import membership as M
+from privaudit.eval import membership_scoring as M
 from privaudit.eval.bounds import (
     group_privacy,
     one_run_epsilon,

@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import run_cli, tiny
 
-from privaudit.api.references import Candidates, model_mia, reference_shards
+from privaudit.api.model_membership import Candidates, model_mia, reference_shards
 from privaudit.core.errors import NameTaken, PrivauditError
 from privaudit.core.extensions import ExtensionFailed
-from privaudit.eval import membership as M
+from privaudit.eval import membership_scoring as M
 from privaudit.eval.membership_attacks import (
     MEMBERSHIP_ATTACKS,
     PAIRED,
@@ -88,7 +88,7 @@ def test_the_built_ins_are_registrations_in_order():
 
 def test_scores_are_the_attacks_whose_needs_are_met():
     """Without reference models only LOSS scores; with them every built-in does, in order, and
-    each score is the math of privaudit.eval.membership on the evidence."""
+    each score is the math of privaudit.eval.membership_scoring on the evidence."""
     ev = evidence(None)
     assert list(score_all(ev)) == ["loss"]
     ev = evidence(4)

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 
 from privaudit.core.accounting import gdp_epsilon
-from privaudit.eval.membership import auc
+from privaudit.eval.membership_scoring import auc
 
 SMALL = ["--agents", "4", "--rounds", "4", "--batch-size", "16", "--messages", "3", "--round", "2"]
 QUIET = ["--no-progress", "--json"]

@@ -1,4 +1,4 @@
-"""Model-level membership inference (:mod:`privaudit.api.references`): the reference runs are
+"""Model-level membership inference (:mod:`privaudit.api.model_membership`): the reference runs are
 exact runs of the simulator (one copy of the batched disjoint union is the tool's own run),
 cached, and LOSS / LiRA / RMIA separate members of an overfit model; the CLI end to end."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import run_cli, tiny
 
-from privaudit.api.references import (
+from privaudit.api.model_membership import (
     draw_candidates,
     model_mia,
     reference_models,
@@ -21,7 +21,7 @@ from privaudit.api.references import (
 )
 from privaudit.core.errors import PrivauditError
 from privaudit.core.messages import CaptureSpec
-from privaudit.eval.membership import auc as membership_auc
+from privaudit.eval.membership_scoring import auc as membership_auc
 from privaudit.sim.run import Run
 
 

@@ -1,4 +1,4 @@
-"""The centralised DP-SGD reference (privaudit.experiments.reference) on a tiny separable task."""
+"""The centralised DP-SGD reference (privaudit.experiments.centralised) on a tiny separable task."""
 
 import math
 
@@ -9,7 +9,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
 from privaudit.core.accounting import epsilon_for_sigma
-from privaudit.experiments.reference import ReferenceResult, centralised_dpsgd, pooled_sample_rate
+from privaudit.experiments.centralised import ReferenceResult, centralised_dpsgd, pooled_sample_rate
 from privaudit.scenario.models import build_model
 
 
@@ -181,7 +181,7 @@ def test_reference_of_a_run_uses_its_data_rate_and_steps():
     """The reference of a run configuration: its partition's pooled rate, its rounds as
     steps, its clip; the private one spends at most the run's ε."""
     from privaudit.core.config import RunConfig
-    from privaudit.experiments.reference import reference_for
+    from privaudit.experiments.centralised import reference_for
     from privaudit.scenario.data import dirichlet_partition, evaluation_split, photos
 
     cfg = RunConfig(

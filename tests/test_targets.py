@@ -11,7 +11,7 @@ from privaudit.api.pipeline import observe
 from privaudit.cli import main
 from privaudit.core.config import RunConfig
 from privaudit.defenses import DEFENSES
-from privaudit.experiments.audit import setting
+from privaudit.experiments.audit import audited_message
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target, all_targets
 
@@ -52,7 +52,7 @@ def test_attack_and_audit_pick_the_same_message_adversary_and_run(target, tmp_pa
     t = 2
     run = Run.create(tiny(tgt.defense.name, rounds=max(tgt.rounds_needed(t, 4))), tmp_path / "r")
     (obs,) = observe(run, target, t, progress=False)
-    s = setting(run, target, t)
+    s = audited_message(run, target, t)
     assert (obs.meta["src"], obs.meta["dst"]) == (s.src, s.dst)
     assert obs.meta["threat"] == s.threat.describe()
     assert obs.meta["src"] == 0  # the first agent that is not an attacker

@@ -5,8 +5,8 @@ on its own (this package imports none of them).
   score the reconstructions (``privaudit attack``); :mod:`.gossip`: the gossip algebra that
   reaches a victim past the attacker's neighbourhood; :mod:`.distance`: privacy against
   graph distance (audit bounds and attack PSNR hop by hop);
-- :mod:`.membership`: membership and label leakage of the messages (``privaudit mia``);
-  :mod:`.references`: model-level membership inference with reference ("shadow") runs;
+- :mod:`.message_membership`: membership and label leakage of the messages (``privaudit mia``);
+  :mod:`.model_membership`: model-level membership inference with reference ("shadow") runs;
 - :mod:`.sweeps`: plan, run and cache a comparison sweep, targets × rounds × ε × seeds
   (``privaudit compare``), whose tasks run where :mod:`.executor` puts them (this process or
   a Ray cluster, checked first by :mod:`.cluster`); :mod:`.cache`: cache entries read only

@@ -29,7 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from privaudit.api.pipeline import reconstruct
-from privaudit.attacks.gossip import unroll
+from privaudit.attacks.gossip_algebra import unroll
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.experiments.audit import audit
 from privaudit.scenario.topology import distances

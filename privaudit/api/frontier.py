@@ -5,7 +5,7 @@ defense at its operating point for each ε and attacks the message of its last r
 module adds the two references every frontier is read against, and draws and tabulates the
 frontier:
 
-- **centralised DP-SGD** (opacus, :func:`privaudit.experiments.reference.reference_for`) on the
+- **centralised DP-SGD** (opacus, :func:`privaudit.experiments.centralised.reference_for`) on the
   pooled training data at the same ε, δ and accountant — the best a decentralised algorithm
   at that ε could hope for — and the same run without clip and noise (centralised SGD);
 - **non-private D-PSGD** (``dsgd``) at its own operating point: the decentralised ceiling.
@@ -37,7 +37,7 @@ from privaudit.api.sweeps import (
 from privaudit.core.config import RunConfig
 from privaudit.core.files import atomic_write, digest
 from privaudit.eval.report import eps_text, save_png_pdf, style_axes, summarize, target_style
-from privaudit.experiments.reference import reference_for
+from privaudit.experiments.centralised import reference_for
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -47,7 +47,7 @@ __all__ = [
     "frontier_figure",
     "frontier_markdown",
     "references",
-    "setting",
+    "setting_text",
     "write_frontier",
 ]
 
@@ -67,7 +67,7 @@ class Reference:
     setting: str
 
 
-def setting(cfg: RunConfig) -> str:
+def setting_text(cfg: RunConfig) -> str:
     """A run's operating point in words: model, B, T and its numeric defense parameters."""
     params = "".join(f", {k} {v:g}" for k, v in cfg.params.items() if isinstance(v, float | int))
     return f"{cfg.model}, B = {cfg.batch_size}, T = {cfg.rounds}{params}"
@@ -91,10 +91,10 @@ def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Ref
         res = cache.read_value(path, key)
         if res is None:
             if progress:
-                print(f"reference: {name} at ε = {eps:g} ({setting(cfg)})", flush=True)
+                print(f"reference: {name} at ε = {eps:g} ({setting_text(cfg)})", flush=True)
             res = dataclasses.asdict(reference_for(cfg, eps if private else None))
             cache.write_value(path, key, res)
-        refs.append(Reference(name, eps, res["epsilon"], res["accuracy"], setting(cfg)))
+        refs.append(Reference(name, eps, res["epsilon"], res["accuracy"], setting_text(cfg)))
     ceiling = configure(sweep, CEILING_DEFENSE, None, seed)
     rdir = run_dir(out, ceiling)
     acc = read_accuracy(rdir, ceiling)
@@ -103,7 +103,7 @@ def references(sweep: Sweep, out: str | Path, progress: bool = True) -> list[Ref
         run = Run.create(ceiling, rdir)
         acc = run.test_accuracy(run.train(progress=progress))
         write_accuracy(rdir, ceiling, acc)
-    refs.append(Reference("D-PSGD, non-private", math.inf, math.inf, acc, setting(ceiling)))
+    refs.append(Reference("D-PSGD, non-private", math.inf, math.inf, acc, setting_text(ceiling)))
     return refs
 
 
@@ -244,7 +244,7 @@ def frontier_markdown(
                     "—" if s["psnr"] is None else f"{s['psnr']:.1f}",
                     "—" if s["ssim"] is None else f"{s['ssim']:.3f}",
                     *([_pct(s.get(k)) for k in MEMBERSHIP] if member else []),
-                    setting(
+                    setting_text(
                         configs[(Target.parse(s["target"]).defense.name, s["epsilon_requested"])]
                     ),
                 ]

@@ -22,7 +22,7 @@ x̃ of its members and their neighbours, so g_v^t = (Σ_j w_vj x̃_j^{t-1} − x
 identifiable iff v is heard and, for t ≥ 2, so are all of v's neighbours — the exact case of
 ``observe``, and never a non-neighbour, however many rounds are recorded. El Mrini et al.'s
 D-GD attack goes further by assuming each agent's gradient constant over the rounds
-(``tie=True``, :func:`privaudit.attacks.gossip.tie`): an approximation, first order in the
+(``tie=True``, :func:`privaudit.attacks.gossip_algebra.tie`): an approximation, first order in the
 step size, and only offered for full-batch runs (q = 1: every round's batch is the whole
 shard), since a fresh Poisson batch each round makes it wrong by the batch noise. Gradient
 tracking (``dsgt``) sends two values (θ, γ) per agent and round with one fresh unknown, and
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privaudit.attacks.gossip import (
+from privaudit.attacks.gossip_algebra import (
     STATE,
     Identifiability,
     LinearSystem,
@@ -90,13 +90,13 @@ def observe_beyond(
     round later, and is separated from the next updates a round after that); with ``tie``,
     every round to the run's last. ``tie``: El Mrini et al.'s gradient-similarity
     approximation — every non-member's update is taken to be the same in every round used
-    (:func:`~privaudit.attacks.gossip.tie`, its error stated there), which reaches agents
+    (:func:`~privaudit.attacks.gossip_algebra.tie`, its error stated there), which reaches agents
     beyond the neighbourhood under D-PSGD; refused unless every agent's batch is its whole
     shard (``--sampling full``: full-batch D-GD), ``meta["exact"]`` is then False.
     ``max_error``: after the capture, a victim whose recovered update carries an estimated
-    rounding error (:func:`~privaudit.attacks.gossip.float_error`, from the payloads' float
+    rounding error (:func:`~privaudit.attacks.gossip_algebra.float_error`, from the payloads' float
     type) of at least this fraction of its signal
-    (:func:`~privaudit.attacks.gossip.relative_error`) is refused as lost to rounding,
+    (:func:`~privaudit.attacks.gossip_algebra.relative_error`) is refused as lost to rounding,
     though structurally identifiable; None: never.
 
     Identifiability is decided on the recursion alone, before anything is captured; a
@@ -336,7 +336,7 @@ def _apply(
     (the plan's), k the public x_0 and the coalition's own states. Each row is computed
     around x_0, (y − x_0) − Σ c (k − x_0) − x_0 (Σ c − 1) (every payload is x_0 plus small
     steps: no large, nearly equal numbers are subtracted). Also returns the update's
-    per-coordinate rounding error (:func:`~privaudit.attacks.gossip.float_error`: u of the
+    per-coordinate rounding error (:func:`~privaudit.attacks.gossip_algebra.float_error`: u of the
     payloads' float type, times the weighted RMS of the rounded numbers)."""
     sent: dict[tuple[int, int, str], Tensor] = {}
     for (t, src, _, kind), m in messages.items():
@@ -452,13 +452,13 @@ def coalition_system(
     rec: Recursion, adj: Tensor, members: list[int], first: int, last: int, tie: bool = False
 ) -> LinearSystem:
     """The knowledge system with everything the coalition holds subtracted before solving
-    (``cut``, :func:`~privaudit.attacks.gossip.knowledge`): its own updates and noise draws
+    (``cut``, :func:`~privaudit.attacks.gossip_algebra.knowledge`): its own updates and noise draws
     and its initial states are known variables, and so are its states at every later index
     — the messages it sent —, whose recorded values carry whatever reached it from the
     others (under ``tie``, their real, drifting updates rather than tied ones), as El Mrini
     et al. subtract the attackers' values. Public variables (the shared x_0) are known too.
     ``tie``: every non-member's update is one unknown over the rounds
-    (:func:`~privaudit.attacks.gossip.tie`)."""
+    (:func:`~privaudit.attacks.gossip_algebra.tie`)."""
     rows = _rows(rec, adj, members, first, last)
     inside = set(members)
     others = [k for k in range(rec.n) if k not in inside] if tie else None

@@ -29,7 +29,7 @@ from privaudit.api.cache import code_identity
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import atomic_write, dumps_strict
 from privaudit.core.text import sig
-from privaudit.eval import membership
+from privaudit.eval import membership_scoring
 from privaudit.eval.page import Code, Figure, Page, Section, Table, to_html, to_latex, to_markdown
 from privaudit.eval.style import threat_text, title
 
@@ -262,7 +262,7 @@ def roc_figure(
     if member.all() or not member.any():
         return None
     curves = {
-        f"{k} (AUC {sig(membership.auc(s[member], s[~member]))})": membership.roc(
+        f"{k} (AUC {sig(membership_scoring.auc(s[member], s[~member]))})": membership_scoring.roc(
             s[member], s[~member]
         )
         for k, s in scores.items()
@@ -270,7 +270,7 @@ def roc_figure(
     if bound is not None and not math.isfinite(bound[0]):
         bound = None
     with tempfile.TemporaryDirectory() as tmp:
-        path = membership.plot_roc(curves, Path(tmp) / "roc.png", bound, name)
+        path = membership_scoring.plot_roc(curves, Path(tmp) / "roc.png", bound, name)
         data = path.read_bytes()
     dp = (
         ""

@@ -52,7 +52,7 @@ from privaudit.api.executor import (
     commit_folder,
     remove_stale,
 )
-from privaudit.api.membership import mia
+from privaudit.api.message_membership import mia
 from privaudit.api.pipeline import reconstruct
 from privaudit.core import limits
 from privaudit.core.accounting import noised as sigma_noised
@@ -115,7 +115,7 @@ class Sweep:
     ``audit``: also run the white-box canary audit (:mod:`privaudit.experiments.audit`) of each
     noised target at its largest round, for an empirical ε lower bound.
     ``membership``: also run message-level membership inference and label-count recovery
-    (:func:`privaudit.api.membership.mia`, its defaults) on each target's last
+    (:func:`privaudit.api.message_membership.mia`, its defaults) on each target's last
     :data:`MIA_MESSAGES` rounds up to its largest attacked round, private or not, under
     ``threat`` or else :data:`MIA_THREAT`: the axis on which private and non-private runs
     separate at large batches.

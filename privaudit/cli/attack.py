@@ -19,8 +19,8 @@ from privaudit.cli.options import (
     config_from_args,
     edges_of,
     open_run,
+    option_value,
     run_in_out,
-    setting,
     training_options,
 )
 from privaudit.cli.rules import agent_ids
@@ -123,7 +123,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     if given is not None:
         cfg, edges = given.cfg, given.edges()
     else:
-        agents = setting(a, "agents")
+        agents = option_value(a, "agents")
         rounds = target.rounds_to_train(a.round, agents) if a.rounds is None else a.rounds
         cfg, _ = sampled(a, checked_params(config_from_args(a, target.defense.name, rounds)))
         edges = edges_of(cfg)

@@ -15,8 +15,8 @@ from privaudit.cli.options import (
     config_from_args,
     edges_of,
     open_run,
+    option_value,
     run_in_out,
-    setting,
     training_options,
 )
 from privaudit.cli.rules import agent_ids
@@ -150,7 +150,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
     if given is not None:
         cfg, edges = given.cfg, given.edges()
     else:
-        agents = setting(a, "agents")
+        agents = option_value(a, "agents")
         rounds = a.rounds
         if rounds is None:
             rounds = 3 if final else target.rounds_to_train(a.round, agents, a.span)

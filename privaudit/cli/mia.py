@@ -12,8 +12,8 @@ from privaudit.cli.options import (
     checked_params,
     config_from_args,
     open_run,
+    option_value,
     run_in_out,
-    setting,
     training_options,
 )
 from privaudit.cli.rules import agent_ids
@@ -116,7 +116,8 @@ def add_parser(sub: Any, words: Vocabulary) -> None:
 
 def tpr_text(points: dict[str, dict[str, Any]], fpr: str) -> str:
     """``TPR x % [lo, hi] at f % FPR``, or why the sample cannot measure it: an FPR below 1/n
-    for n non-members is not measured (:class:`privaudit.eval.membership.OperatingPoint`)."""
+    for n non-members is not measured
+    (:class:`privaudit.eval.membership_scoring.OperatingPoint`)."""
     p, at = points[fpr], f"{100 * float(fpr):g} % FPR"
     if not p.get("resolved", True):
         need = round(1 / float(fpr))
@@ -137,7 +138,7 @@ def _tradeoff_line(r: dict[str, Any]) -> str:
 
 
 def cmd_mia(a: argparse.Namespace) -> int:
-    from privaudit.api.membership import mia
+    from privaudit.api.message_membership import mia
     from privaudit.core.errors import PrivauditError
     from privaudit.eval.membership_attacks import MEMBERSHIP_ATTACKS
     from privaudit.sim.targets import Target
@@ -165,7 +166,7 @@ def cmd_mia(a: argparse.Namespace) -> int:
     run, cfg = (open_run(a), None) if a.run else (None, None)
     if run is None:
         last = a.round + a.messages - 1
-        agents = setting(a, "agents")
+        agents = option_value(a, "agents")
         rounds = target.rounds_to_train(last, agents) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
     with run_in_out(out, "mia", run, cfg) as run:
@@ -244,8 +245,8 @@ def _lower_bound_line(r: dict[str, Any], eps: float | None) -> str:
 
 def cmd_model_mia(a: argparse.Namespace) -> int:
     """``privaudit mia --attack loss|lira|rmia``: model-level membership inference
-    (:func:`privaudit.api.references.model_mia`)."""
-    from privaudit.api.references import model_mia
+    (:func:`privaudit.api.model_membership.model_mia`)."""
+    from privaudit.api.model_membership import model_mia
     from privaudit.core.errors import PrivauditError
     from privaudit.eval.membership_attacks import check_references
     from privaudit.sim.targets import Target
@@ -266,7 +267,7 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
     out = check_out(a.out or f"privaudit-out/mia-{a.target}-models", "mia", a.overwrite)
     run, cfg = (open_run(a), None) if a.run else (None, None)
     if run is None:
-        agents = setting(a, "agents")
+        agents = option_value(a, "agents")
         rounds = a.rounds
         if rounds is None:
             rounds = target.rounds_to_train(a.round or 1, agents)

@@ -235,7 +235,7 @@ RUN_FLAGS = {
 }
 
 
-def setting(a: argparse.Namespace, name: str) -> Any:
+def option_value(a: argparse.Namespace, name: str) -> Any:
     """Training flag ``name`` as given, else the run default (:class:`RunConfig`)."""
     value = getattr(a, name, None)
     return getattr(DEFAULTS, name) if value is None else value
@@ -270,7 +270,7 @@ def noise_setting(a: argparse.Namespace) -> tuple[float | None, float | None]:
         )
     if a.sigma is not None:
         return None, a.sigma
-    return setting(a, "epsilon"), None
+    return option_value(a, "epsilon"), None
 
 
 def configured(
@@ -287,19 +287,19 @@ def configured(
     epsilon, sigma = noise_setting(a)
     base = RunConfig(
         defense=defense,
-        agents=setting(a, "agents"),
+        agents=option_value(a, "agents"),
         topology=get_defense(defense).topology_for(a.topology),
-        dataset=setting(a, "dataset"),
+        dataset=option_value(a, "dataset"),
         data_root=a.data_root,
         download=a.download,
         epsilon=epsilon,
-        delta=setting(a, "delta"),
+        delta=option_value(a, "delta"),
         sigma=sigma,
-        accountant=setting(a, "accountant"),
-        seed=setting(a, "seed"),
+        accountant=option_value(a, "accountant"),
+        seed=option_value(a, "seed"),
         device=a.device,
         max_memory=a.max_memory,
-        checkpoint_every=setting(a, "checkpoint_every"),
+        checkpoint_every=option_value(a, "checkpoint_every"),
     )
     return presets.apply(base, a.preset or preset, explicit_settings(a, rounds))
 

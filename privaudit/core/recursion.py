@@ -5,7 +5,7 @@ that in gossip averaging and decentralized gradient descent every message is a *
 linear function — powers and products of the public gossip matrix W — of everyone's
 private quantities (the initial values and every update). This module is the vocabulary
 for that structure: a defense states it (:meth:`privaudit.defenses.base.Defense.recursion`),
-the gossip algebra (:mod:`privaudit.attacks.gossip`) solves it.
+the gossip algebra (:mod:`privaudit.attacks.gossip_algebra`) solves it.
 
 A :class:`Recursion` has per-agent states s_t ∈ R^S (S = n·#components) driven by per-agent
 inputs u_t ∈ R^P (P = n·#kinds),

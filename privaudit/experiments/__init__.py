@@ -9,7 +9,7 @@
   observed: the hidden-state threat model);
 - :mod:`.claims`: the claims ledger (every defense's claim against accounting and audit);
 - :mod:`.ledger_text`: the ledger as text (its Markdown and the terminal table);
-- :mod:`.reference`: centralised DP-SGD and non-private references beside a decentralised run.
+- :mod:`.centralised`: centralised DP-SGD and non-private references beside a decentralised run.
 
 Scoring that needs no engine — metrics, bounds, figures, membership scores — lives in
 :mod:`privaudit.eval`.

@@ -76,7 +76,7 @@ same noise, with and without it (C/B for a clipped Dirac, its full norm/B where 
 clips); the paper rules stated in Δf are evaluated at it.
 
 Where each part lives: this module is the entry point (:func:`audit`: an experiment, every
-upper bound beside it and the verdicts) and still exports every name it always has; the
+upper bound beside it and the verdicts) and re-exports what callers use of its parts; the
 canary where the defense computes its gradients is :mod:`~privaudit.experiments.canary_grads`,
 the audited message :mod:`~privaudit.experiments.audit_setting`, the trials (white box and
 one run) :mod:`~privaudit.experiments.audit_trials`, and the statistics (trial counts, the
@@ -90,7 +90,7 @@ from typing import Any
 
 from privaudit.core.accounting import account, pairwise_epsilon
 from privaudit.core.errors import PrivauditError
-from privaudit.experiments.audit_setting import Setting, setting
+from privaudit.experiments.audit_setting import Setting, audited_message
 from privaudit.experiments.audit_stats import (
     CURVE,
     HELD_OUT,
@@ -117,12 +117,12 @@ __all__ = [
     "Setting",
     "audit",
     "audit_batch",
+    "audited_message",
     "check_trials",
     "gls_direction",
     "one_run",
     "reseed",
     "search_size",
-    "setting",
     "verdict",
     "white_box",
     "white_box_bounds",

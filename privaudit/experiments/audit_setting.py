@@ -1,8 +1,8 @@
 """The audited message: which round, sender and receiver an audit scores, as which adversary.
 
-:func:`setting` takes the message an attack on a target's round observes, by the planner's
-defaults (:func:`privaudit.sim.plan.locate`). Named attackers that receive no copy of the
-victim's message (a victim beyond their neighbourhood) give a ``beyond`` setting instead:
+:func:`audited_message` takes the message an attack on a target's round observes, by the
+planner's defaults (:func:`privaudit.sim.plan.locate`). Named attackers that receive no copy of
+the victim's message (a victim beyond their neighbourhood) give a ``beyond`` setting instead:
 everything the coalition receives is audited, the victim ``distance`` hops away.
 """
 
@@ -45,7 +45,7 @@ class Setting:
         return self.target.kind
 
 
-def setting(
+def audited_message(
     run: Run,
     target: str,
     t: int,

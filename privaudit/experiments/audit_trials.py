@@ -38,7 +38,7 @@ from privaudit.eval.canaries import (
     check_canary,
     make_canaries,
 )
-from privaudit.experiments.audit_setting import Setting, setting
+from privaudit.experiments.audit_setting import Setting, audited_message
 from privaudit.experiments.audit_stats import (
     SearchPlan,
     check_trials,
@@ -242,7 +242,7 @@ def white_box(
     need = check_trials(trials, delta, confidence)
     if isinstance(span, bool) or not isinstance(span, int) or span < 0:
         raise PrivauditError(f"--span must be an integer ≥ 0, got {span!r}")
-    s = setting(run, target, round, threat, link, attackers, victim, span, progress)
+    s = audited_message(run, target, round, threat, link, attackers, victim, span, progress)
     rerun = _Rerun(s, span, seed, progress)
     cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
     cands = make_canaries(cands, run.ctx, rerun.grads.clean, seed)
@@ -384,7 +384,7 @@ def one_run(
     the run's configuration and seed, plus the canaries; the run directory is not touched)."""
     delta = run.cfg.delta
     check_trials(canaries, delta, confidence, "one-run")
-    s = setting(run, target, 1, threat, link, attackers, victim, progress=progress)
+    s = audited_message(run, target, 1, threat, link, attackers, victim, progress=progress)
     if s.beyond:
         raise PrivauditError(
             f"{s.threat.who()} receive no message of agent {s.src}, and the one-run audit "

@@ -18,7 +18,7 @@ reseeds, where its canary goes):
   round by round;
 - the final-model audit (:mod:`privaudit.experiments.final_audit`): the whole run on fixed
   batches, the canary in every round;
-- the membership reference runs (:mod:`privaudit.api.references`): K runs as one copy over
+- the membership reference runs (:mod:`privaudit.api.model_membership`): K runs as one copy over
   the disjoint union of K copies of the graph.
 
 The run itself (:meth:`privaudit.sim.run.Run.simulate`) steps the same loop over the same

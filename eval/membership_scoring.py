@@ -310,7 +310,7 @@ def pair_audit(
 
     ``scores_in[j]`` and ``scores_out[j]`` are pair j's member and non-member, where a fair
     coin, given the pair and independently of the other pairs' coins, decided which of the
-    two is the member: the model-level game (:mod:`privaudit.api.references`) flips it; in
+    two is the member: the model-level game (:mod:`privaudit.api.model_membership`) flips it; in
     a message's Poisson batch matched with as many non-members drawn at random from the rest
     of the shard, every way of picking one per pair is equally likely (the batch's
     probability depends on its size alone).

@@ -19,12 +19,12 @@ defaults: :func:`privaudit.sim.plan.locate`, one per round of ``rounds`` and vic
   (:func:`privaudit.attacks.infer_labels`) against the batch's true counts.
 
 The pooled scores give the ROC, AUC and TPR at low FPR with Clopper–Pearson intervals
-(:mod:`privaudit.eval.membership`): what the attack achieves. The candidates of one message
+(:mod:`privaudit.eval.membership_scoring`): what the attack achieves. The candidates of one message
 share its noise, so they are not independent trials, and the two statistical claims are made
 only where they hold:
 
 - **the ε lower bound** is the one-run analysis of Steinke, Nasr & Jagielski 2023 over
-  member/non-member **pairs** (:func:`privaudit.eval.membership.pair_audit`): each message's
+  member/non-member **pairs** (:func:`privaudit.eval.membership_scoring.pair_audit`): each message's
   members are matched at random with its non-members. Given the pairs, every way of picking
   one member per pair is equally likely, because a Poisson batch's probability depends on its
   size alone and the non-members are drawn uniformly from the rest of the shard. So which
@@ -38,7 +38,7 @@ only where they hold:
   one-release ε where it is formal (the message is one Gaussian release of the batch it
   contains, at sample rate 1), counted over **independent trials only**: one pair per
   message, in an order drawn by a fair coin (:func:`independent_trials`), checked by
-  :func:`privaudit.eval.membership.violations` at the run's ``confidence``.
+  :func:`privaudit.eval.membership_scoring.violations` at the run's ``confidence``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from privaudit.core.accounting import account
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import to_jsonable, write_columns, write_json
 from privaudit.eval import fdp
-from privaudit.eval import membership as M
+from privaudit.eval import membership_scoring as M
 from privaudit.eval.bounds import group_privacy
 from privaudit.eval.labelcounts import count_accuracy, count_tv
 from privaudit.sim.plan import locate
@@ -322,7 +322,7 @@ def pairs_lower_bound(
     sc: Scores, delta: float, confidence: float, seed: int
 ) -> tuple[float | None, dict[str, Any]]:
     """The one-run ε lower bound over every member/non-member pair (Steinke, Nasr &
-    Jagielski 2023; :func:`privaudit.eval.membership.pair_audit`), None without a pair,
+    Jagielski 2023; :func:`privaudit.eval.membership_scoring.pair_audit`), None without a pair,
     and its analysis (the caller adds the ε it is compared with)."""
     p_in, p_out = sc.paired()
     one_run = M.pair_audit(p_in, p_out, delta, confidence, seed=seed)
