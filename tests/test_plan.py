@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from conftest import tiny
 
+from privaudit.api.pipeline import observe
 from privaudit.core.errors import Unobservable
 from privaudit.core.threat import THREATS
+from privaudit.experiments.audit import audit
 from privaudit.sim import plan
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
@@ -123,3 +125,19 @@ def test_only_named_attackers_made_of_agents_reach_past_their_links():
     assert {n for n in THREATS if plan.reaches_beyond(n, [1])} == {
         n for n in THREATS if THREATS[n].uses_attackers
     }
+
+
+def test_a_target_parsed_by_the_command_is_not_parsed_again_below_it(run, monkeypatch):
+    """A command parses ``--target`` once and hands the Target down: the planner, the
+    observation and the audit take it as is (and write its name)."""
+    tgt = Target.parse(TARGET)
+
+    def again(cls: type, name: str) -> Target:
+        raise AssertionError(f"{name} parsed again")
+
+    monkeypatch.setattr(Target, "parse", classmethod(again))
+    ((_, obs),) = plan.locate(run, tgt, 2, progress=False)
+    (seen,) = observe(run, tgt, 2, progress=False)
+    assert obs.meta["target"] == seen.meta["target"] == TARGET
+    result = audit(run, tgt, trials=64, progress=False)
+    assert result["target"] == TARGET and isinstance(result["target"], str)

@@ -67,7 +67,7 @@ from privaudit.sim.targets import Target
 
 def observe_beyond(
     run: Run,
-    target: str,
+    target: str | Target,
     round: int,
     attackers: Sequence[int],
     victims: Sequence[int] | None = None,
@@ -113,7 +113,8 @@ def observe_beyond(
     unit noise on every row would become), ``float_error`` and ``float_error_rel`` (the
     estimated per-coordinate rounding error of the update, absolute and relative to its
     signal; also in ``threat``), ``rounds`` (first and last used) and ``attackers``."""
-    tgt = Target.parse(target)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     tgt.check_run(run, round)
     members, victims, rec = _coalition(run, tgt, target, attackers, victims, tie)
     adj = run.ctx.adj.cpu()

@@ -114,7 +114,7 @@ def independent_trials(
 
 def message_scores(
     run: Run,
-    target: str,
+    target: str | Target,
     rounds: list[int],
     *,
     scorer: str = "decompose",
@@ -181,7 +181,7 @@ def message_scores(
 
 def mia(
     run: Run,
-    target: str,
+    target: str | Target,
     round: int,
     *,
     messages: int = 8,
@@ -198,7 +198,8 @@ def mia(
     """Message-level membership inference on ``target``'s messages of rounds
     ``round .. round + messages − 1`` (module docstring); writes ``result.json`` and
     ``roc.png`` to ``out`` when given. Returns the result."""
-    tgt = Target.parse(target)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     tgt.check_run(run, round)
     n = run.cfg.agents
     rounds = [
@@ -206,7 +207,7 @@ def mia(
     ]
     sc = message_scores(
         run,
-        target,
+        tgt,
         rounds,
         scorer=scorer,
         threat=threat,

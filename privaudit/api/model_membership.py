@@ -567,7 +567,7 @@ def observed_model(
 
 def model_mia(
     run: Run,
-    target: str,
+    target: str | Target,
     *,
     attack: str = "lira",
     references: int = 8,
@@ -592,7 +592,8 @@ def model_mia(
     ``result.json`` and ``roc.png`` to ``out`` when given. Returns the result."""
     need = attacks.declared(attack).references
     attacks.check_references(attack, references)
-    tgt = Target.parse(target)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     on, t = attacked_round(run, tgt, target, on, round)
     flat, v, dst, seen_by = attacked_model(run, tgt, on, t, threat, attackers, victim, progress)
     cands = draw_candidates(run, v, candidates, population, seed)

@@ -31,7 +31,7 @@ from privaudit.sim.targets import Target
 
 def observe(
     run: Run,
-    target: str,
+    target: str | Target,
     round: int,
     links: list[tuple[int, int]] | None = None,
     threat: str | None = None,
@@ -58,6 +58,7 @@ def observe(
     The attacker is told the realised size of each batch behind the message (the usual
     known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
     B): :func:`given_batch_size`."""
+    tgt = Target.of(target)
     if tie:
         if not reaches_beyond(threat, attackers, links):
             raise PrivauditError(
@@ -65,12 +66,12 @@ def observe(
                 "attackers, no links, and a threat model made of agents (neighbor, coalition)"
             )
         return observe_beyond(
-            run, target, round, attackers or [], victims, tie=True, progress=progress
+            run, tgt, round, attackers or [], victims, tie=True, progress=progress
         )
     try:
         found = locate(
             run,
-            target,
+            tgt,
             round,
             threat=threat,
             links=links,
@@ -79,12 +80,12 @@ def observe(
             progress=progress,
         )
     except Unobservable as direct:
-        d = Target.parse(target).defense
+        d = tgt.defense
         linear = d.recursion(run.params, run.ctx.W.cpu(), run.cfg.batch_size) is not None
         if not reaches_beyond(threat, attackers, links) or not linear:
             raise
         try:  # beyond the attackers' own links: what they received over rounds, solved
-            return observe_beyond(run, target, round, attackers, victims, progress=progress)
+            return observe_beyond(run, tgt, round, attackers, victims, progress=progress)
         except Unobservable as beyond:
             raise Unobservable(f"{direct}; nor past its links: {beyond}") from None
     return [given_batch_size(run, obs, round) for _, obs in found]
@@ -172,7 +173,7 @@ class Attempt:
 
 def reconstruct(
     run: Run,
-    target: str,
+    target: str | Target,
     round: int,
     *,
     attack: str | None = None,
@@ -196,9 +197,11 @@ def reconstruct(
     ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG);
     ``tie``: :func:`observe`'s (recorded with them as ``tie``)."""
     attack = attack or DEFAULT_ATTACK
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     t0 = time.perf_counter()
     obs = observe(
-        run, target, round, links, threat, progress, attackers=attackers, victims=victims, tie=tie
+        run, tgt, round, links, threat, progress, attackers=attackers, victims=victims, tie=tie
     )
     kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
     kw.update(options or {})
@@ -212,9 +215,7 @@ def reconstruct(
         for (ti, tl), r in zip(truths, recons, strict=True)
     ]
     summary = aggregate(scores)
-    privacy = run.resolved["kinds"][
-        Target.parse(target).kind
-    ]  # the attacked message kind's ε (worst agent)
+    privacy = run.resolved["kinds"][tgt.kind]  # the attacked message kind's ε (worst agent)
     eps, run_eps = privacy["epsilon"], run.resolved["epsilon"]
     metrics = ("mse", "psnr", "ssim", "lpips", "label_acc")
     result = AttackResult(
@@ -260,7 +261,7 @@ def reconstruct(
 
 def attack(
     run: Run,
-    target: str,
+    target: str | Target,
     round: int,
     *,
     out: str | Path | None = None,

@@ -135,7 +135,7 @@ def cmd_attack(a: argparse.Namespace) -> int:
     with run_in_out(out, "attack", given, cfg) as run:
         result = attack(
             run,
-            a.target,
+            target,
             a.round,
             attack=a.attack,
             links=links,

@@ -163,7 +163,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
     with run_in_out(out, "audit", given, cfg) as run:
         result = (_final if final else audit)(
             run,
-            a.target,
+            target,
             mode=a.mode,
             round=a.round,
             trials=trials,
@@ -201,7 +201,7 @@ def _mode_options(a: argparse.Namespace) -> dict[str, Any]:
     return {"canary_shape": a.canary_shape, "span": a.span} if a.mode == "white-box" else {}
 
 
-def _final(run: Any, target: str, **kw: Any) -> dict[str, Any]:
+def _final(run: Any, target: Any, **kw: Any) -> dict[str, Any]:
     """:func:`~privaudit.experiments.final_audit.final_model_audit` with the white-box
     audit's keywords (those it has no use for are refused by the option rules first)."""
     from privaudit.experiments.final_audit import final_model_audit

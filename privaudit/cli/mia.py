@@ -173,7 +173,7 @@ def cmd_mia(a: argparse.Namespace) -> int:
         n = run.cfg.agents
         result = mia(
             run,
-            a.target,
+            target,
             a.round,
             messages=a.messages,
             scorer=a.scorer,
@@ -277,7 +277,7 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
         victims = agent_ids("--victim", a.victim, n) if a.victim else None
         r = model_mia(
             run,
-            a.target,
+            target,
             attack=a.attack,
             references=a.references,
             round=a.round,

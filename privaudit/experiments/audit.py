@@ -130,7 +130,7 @@ __all__ = [
 
 
 def audit(
-    run: Run, target: str, mode: str = "white-box", round: int = 1, **kw: Any
+    run: Run, target: str | Target, mode: str = "white-box", round: int = 1, **kw: Any
 ) -> dict[str, Any]:
     """The audit of ``mode`` plus every upper bound and a verdict against each. A white-box
     audit's accountant bound is the ε of the releases its Observations combine (``copies``:
@@ -139,16 +139,18 @@ def audit(
     the most severe comparison decides (:func:`white_box`'s bounds hold together)."""
     if mode not in ("white-box", "one-run"):
         raise PrivauditError(f"--mode must be white-box or one-run, got {mode!r}")
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     if mode == "white-box":
-        res = white_box(run, target, round, **kw)
+        res = white_box(run, tgt, round, **kw)
     else:
         for flag, key in (("--span", "span"), ("--canary-shape", "canary_shape")):
             if kw.pop(key, None):
                 raise PrivauditError(f"{flag} is for the white-box audit; drop it or --mode")
         kw["canaries"] = kw.pop("trials", 1000)
-        res = one_run(run, target, **kw)
+        res = one_run(run, tgt, **kw)
     victim, delta = res["victim"], run.cfg.delta
-    privacy = Target.parse(target).privacy(run, victim)
+    privacy = tgt.privacy(run, victim)
     q = run.resolved["agents"][victim]["sample_rate"]
     acc = account(privacy, delta, q, run.cfg.rounds, run.cfg.accountant, res.get("copies", 1))
     rule = privacy.paper_epsilon

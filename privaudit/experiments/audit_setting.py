@@ -47,7 +47,7 @@ class Setting:
 
 def audited_message(
     run: Run,
-    target: str,
+    target: str | Target,
     t: int,
     threat: str | None = None,
     link: tuple[int, int] | None = None,
@@ -60,14 +60,15 @@ def audited_message(
     planner's defaults (:func:`privaudit.sim.plan.locate`), on a run that shows ``span``
     rounds more. ``attackers`` that receive no copy of ``victim``'s message (a victim beyond
     their neighbourhood) give a ``beyond`` setting: what they receive is audited."""
-    tgt = Target.parse(target)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     tgt.check_run(run, t, span)
     far = _beyond(run, tgt, t, threat, link, attackers, victim)
     if far is not None:
         return far
     ((p, _),) = locate(
         run,
-        target,
+        tgt,
         t,
         threat=threat,
         links=[link] if link is not None else None,

@@ -51,6 +51,7 @@ from privaudit.sim.copies import Batch, Copy
 from privaudit.sim.loop import Step
 from privaudit.sim.plan import receiver
 from privaudit.sim.run import Run
+from privaudit.sim.targets import Target
 
 SHIFT_PAIRS = 8  # paired trials that measure a span audit's mean shift (one without a span)
 
@@ -219,7 +220,7 @@ class _Rerun:
 
 def white_box(
     run: Run,
-    target: str,
+    target: str | Target,
     round: int = 1,
     trials: int = 2000,
     confidence: float = 0.95,
@@ -242,7 +243,9 @@ def white_box(
     need = check_trials(trials, delta, confidence)
     if isinstance(span, bool) or not isinstance(span, int) or span < 0:
         raise PrivauditError(f"--span must be an integer ≥ 0, got {span!r}")
-    s = audited_message(run, target, round, threat, link, attackers, victim, span, progress)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
+    s = audited_message(run, tgt, round, threat, link, attackers, victim, span, progress)
     rerun = _Rerun(s, span, seed, progress)
     cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
     cands = make_canaries(cands, run.ctx, rerun.grads.clean, seed)
@@ -368,7 +371,7 @@ def _score(
 
 def one_run(
     run: Run,
-    target: str,
+    target: str | Target,
     canaries: int = 1000,
     confidence: float = 0.95,
     *,
@@ -384,7 +387,9 @@ def one_run(
     the run's configuration and seed, plus the canaries; the run directory is not touched)."""
     delta = run.cfg.delta
     check_trials(canaries, delta, confidence, "one-run")
-    s = audited_message(run, target, 1, threat, link, attackers, victim, progress=progress)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
+    s = audited_message(run, tgt, 1, threat, link, attackers, victim, progress=progress)
     if s.beyond:
         raise PrivauditError(
             f"{s.threat.who()} receive no message of agent {s.src}, and the one-run audit "

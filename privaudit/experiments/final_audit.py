@@ -304,7 +304,7 @@ def _exact(run: Run, privacy: Any, batches: str) -> bool:
 
 def final_model_audit(
     run: Run,
-    target: str,
+    target: str | Target,
     trials: int = 2000,
     confidence: float = 0.95,
     *,
@@ -325,7 +325,8 @@ def final_model_audit(
     check_canary(canary_norm, None)
     if batches not in BATCHES:
         raise PrivauditError(f"--batches must be one of {', '.join(BATCHES)}, got {batches!r}")
-    tgt = Target.parse(target)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     tgt.check_run(run, 1)
     victim, members, d = _members(run, observer, victim, attackers)
     kind = OBSERVERS[observer]

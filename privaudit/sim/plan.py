@@ -120,7 +120,7 @@ def first_observable(target: str, t: int, threats: Sequence[str], attempt: Calla
 
 def locate(
     run: Run,
-    target: str,
+    target: str | Target,
     t: int,
     *,
     threat: str | None = None,
@@ -133,7 +133,8 @@ def locate(
     Observation as the adversary sees it (``obs.meta`` names target, round, link and
     adversary), capturing — or re-simulating from the nearest checkpoint — only the links and
     rounds it needs. The one answer to "which message, which adversary" for every command."""
-    tgt = Target.parse(target)
+    tgt = Target.of(target)
+    target = tgt.name  # the name, in what is written
     tgt.check_run(run, t)
     rounds = [r for r in tgt.rounds_needed(t, run.cfg.agents) if r >= 1]
 

@@ -77,6 +77,12 @@ class Target:
                 + " or train longer"
             )
 
+    @classmethod
+    def of(cls, target: str | Target) -> Target:
+        """``target`` as a Target: one already parsed as is (a command parses ``--target``
+        once and hands the Target down), a name by :meth:`parse`."""
+        return target if isinstance(target, Target) else cls.parse(target)
+
     def privacy(self, run: Run, agent: int | None = None) -> Privacy:
         """The mechanism facts of this kind for ``agent``'s data in ``run``."""
         return self.defense.privacy(run.params, self.kind, run.ctx.W.cpu(), agent)
