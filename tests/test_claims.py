@@ -9,6 +9,9 @@ import sys
 import threading
 
 import pytest
+from ledgers import BOUNDED, CLAIM
+from ledgers import audit_result as _audit
+from ledgers import ledger_row as _row
 
 from privaudit.cli import main
 from privaudit.core.files import from_jsonable
@@ -258,66 +261,9 @@ def test_short_claim_cuts_at_a_clause() -> None:
 
 
 # -- verdicts on constructed audits (no run: seconds) -------------------------------------------
-G = 3.5  # ConstD²P's default gradient bound
-BOUNDED = ("bounded gradients: every per-example gradient norm ≤ G (Assumption 6)", G)
-CLAIM = 0.638  # the paper's count for one release at ε = 1 over the run
-
-
-def _audit(*canaries: tuple[str, float, float], rule: float | None = 0.85) -> dict:
-    """A white-box audit result with searched ``canaries`` (kind, gradient norm, ε lower
-    bound) against ConstD²P's claims (count ``CLAIM``, Prop. 1's ``rule``): the overall bound,
-    the verdicts and the candidates as :func:`privaudit.experiments.audit.audit` gives them."""
-    from privaudit.experiments.audit import verdict
-
-    found = [
-        {"kind": k, "norm": n, "impact": n / 8, "epsilon_lo": lo, "paper": rule}
-        for k, n, lo in canaries
-    ]
-    lo = max(c["epsilon_lo"] for c in found)
-    upper = {"accountant": math.inf, "paper's count": CLAIM}
-    if rule is not None:
-        upper["paper"] = rule
-    return {
-        "epsilon_lo": lo,
-        "upper": upper,
-        "verdicts": {k: verdict(lo, u) for k, u in upper.items()},
-        "search": {"candidates": found},
-    }
-
-
 # the ledger's ConstD²P at ε = 1: a Dirac of norm 1 (≤ G) shows nothing, the Dirac of 100
 # and the mislabeled example (LeNet: gradient norm 27.7) beat the claim
 BEYOND = _audit(("dirac", 1.0, 0.0), ("dirac", 100.0, 25.9), ("example", 27.7, 3.1))
-
-
-def _row(target: str, audit: dict, assumption=None, **kw) -> dict:
-    """A ledger row of ``target`` (a kind with no formal guarantee) on the constructed
-    ``audit``, as :func:`claims.row` makes it."""
-    r = {
-        "target": target,
-        "defense": target.split("-")[0],
-        "kind": target.split("-", 1)[1],
-        "paper": "Prop. 1, the classical Gaussian mechanism",
-        "paper_short": "Prop. 1",
-        "paper_claims": True,
-        "formal": False,
-        "reason": "assumes every per-example gradient norm ≤ G but never clips",
-        "epsilon_claimed": 0.996,
-        "epsilon": math.inf,
-        "error": None,
-        "audit": {
-            "epsilon_lo": audit["epsilon_lo"],
-            "capped": False,
-            "trials": 1000,
-            "trials_asked": 1000,
-            "confidence": 0.95,
-            "screening": None,
-        },
-        "real": None,
-        "claim": claims.claim_verdict(audit, assumption),
-        "accounting": {"epsilon": math.inf, "verdict": "no guarantee"},
-    }
-    return {**r, **kw}
 
 
 def _doc(rows: list[dict]) -> dict:

@@ -4,66 +4,19 @@ every row and note (no run: a constructed ledger)."""
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 
 import pytest
+from ledgers import BOUNDED, ledger_row
+from ledgers import audit_result as _audit
 
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import PrivauditError
 from privaudit.core.files import to_jsonable
 from privaudit.experiments import claims, ledger_text
-from privaudit.experiments.audit import verdict
 
-G = 3.5  # ConstD²P's default gradient bound
-BOUNDED = ("bounded gradients: every per-example gradient norm ≤ G (Assumption 6)", G)
-
-
-def _audit(*canaries: tuple[str, float, float], count: float = 0.638) -> dict:
-    """A white-box audit result with searched ``canaries`` (kind, gradient norm, ε lower
-    bound) against a count of ``count`` and a σ(ε) rule of 0.85, as the audit gives it."""
-    found = [
-        {"kind": k, "norm": n, "impact": n / 8, "epsilon_lo": lo, "paper": 0.85}
-        for k, n, lo in canaries
-    ]
-    lo = max(c["epsilon_lo"] for c in found)
-    upper = {"accountant": math.inf, "paper's count": count, "paper": 0.85}
-    return {
-        "epsilon_lo": lo,
-        "upper": upper,
-        "verdicts": {k: verdict(lo, u) for k, u in upper.items()},
-        "search": {"candidates": found},
-    }
-
-
-def _row(target: str, audit: dict, assumption=None, trials: int = 1000, **kw) -> dict:
-    """A ledger row of ``target`` (no formal guarantee) on the constructed ``audit``."""
-    r = {
-        "target": target,
-        "defense": target.split("-")[0],
-        "kind": target.split("-", 1)[1],
-        "paper": "Prop. 1, the classical Gaussian mechanism",
-        "paper_short": "Prop. 1",
-        "paper_claims": True,
-        "formal": False,
-        "reason": "assumes every per-example gradient norm ≤ G but never clips",
-        "epsilon_claimed": 0.996,
-        "epsilon": math.inf,
-        "error": None,
-        "audit": {
-            "epsilon_lo": audit["epsilon_lo"],
-            "capped": False,
-            "trials": trials,
-            "trials_asked": 1000,
-            "searched": 1,
-            "confidence": 0.95,
-            "screening": None,
-        },
-        "real": None,
-        "claim": claims.claim_verdict(audit, assumption),
-        "accounting": {"epsilon": math.inf, "verdict": "no guarantee"},
-    }
-    return {**r, **kw}
+_row = functools.partial(ledger_row, searched=1)  # the ledger's rows say their search
 
 
 @pytest.fixture
