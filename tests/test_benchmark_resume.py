@@ -23,12 +23,13 @@ def files(folder: Path) -> dict[Path, tuple[int, bytes]]:
 
 def test_audit_benchmark_reruns_from_its_folder(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["--trials", "64", "--epsilons", "4", "--out", str(out)]
+    three = ["--targets", "dp-dpsgd-half-model,clipd2p-half-model,dpdl-cg"]
+    argv = ["--trials", "64", "--epsilons", "4", *three, "--out", str(out)]
     main(argv)
     first, err = capsys.readouterr()
     assert "resuming" not in err
     done = sorted((out / "done").glob("*.json"))
-    assert len(done) == 3  # one per channel
+    assert len(done) == 3  # one per kind
     before = files(out)
 
     main(argv)  # everything is there: nothing is computed or written again
@@ -52,7 +53,7 @@ def test_audit_benchmark_reruns_from_its_folder(tmp_path, capsys):
     assert all(a.rsplit(None, 1)[0] == b.rsplit(None, 1)[0] for a, b in changed)
 
     # other arguments are other pieces: nothing of the first run is read for them
-    main(["--trials", "96", "--epsilons", "4", "--out", str(out)])
+    main(["--trials", "96", "--epsilons", "4", *three, "--out", str(out)])
     _, err = capsys.readouterr()
     assert "resuming" not in err
     assert len(list((out / "done").glob("*.json"))) == 6
