@@ -106,6 +106,8 @@ SAMPLES = {
     "--canary-norm": "1",
     "--canary-shape": "dirac",
     "--audit-seed": "1",
+    "--final-model": None,
+    "--final-model-trials": "64",
     "--messages": "2",
     "--scorer": "lr",
     "--references": "4",
