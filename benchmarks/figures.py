@@ -25,6 +25,7 @@ long it took.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from privaudit.api.cache import code_identity
+from privaudit.api.cache import PACKAGES, code_identity
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "figures"
@@ -138,6 +139,19 @@ JOBS = [
 ]
 
 
+def elsewhere() -> list[str]:
+    """The packages of privaudit this process would import from outside this checkout: an
+    editable install of another checkout maps them there, and a figure made so would mix
+    two versions of the code while its manifest names one."""
+    out = []
+    for package in PACKAGES:
+        spec = importlib.util.find_spec(package)
+        roots = [Path(r).resolve() for r in (spec.submodule_search_locations or [])]
+        if not roots or not all(r.is_relative_to(ROOT) for r in roots):
+            out.append(f"{package} ({', '.join(map(str, roots)) or 'not found'})")
+    return out
+
+
 def shown(argv: list[str]) -> str:
     """A job's command as a user types it: ``privaudit …`` or ``python benchmarks/…``."""
     words = ["privaudit", *argv[3:]] if argv[:3] == PRIVAUDIT else ["python", *argv[1:]]
@@ -203,6 +217,12 @@ def main() -> int:
         for j in JOBS:
             print(f"{j.name}{' (MNIST)' if j.mnist else ''}: {shown(j.argv)}")
         return 0
+    mixed = elsewhere()
+    if mixed:
+        p.error(
+            f"privaudit's code comes from outside {ROOT}: {'; '.join(mixed)}; install this "
+            f"checkout (pip install -e {ROOT}) in the environment that runs it"
+        )
     manifest = json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {}
     for i, job in enumerate(j for j in JOBS if j.name in only):
         if job.mnist and not a.data_root:

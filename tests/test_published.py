@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from figures import BLOCK, DOCS, FIGURES, JOBS, MANIFEST, ROOT  # noqa: E402
+from figures import BLOCK, DOCS, FIGURES, JOBS, MANIFEST, ROOT, elsewhere  # noqa: E402
 
 
 def test_every_generated_block_is_its_file():
@@ -28,6 +28,12 @@ def test_every_generated_block_is_its_file():
             f"{doc.relative_to(ROOT)}: the block of {m['file']} was edited or is stale; "
             "run python benchmarks/figures.py"
         )
+
+
+def test_the_figures_run_on_this_checkouts_code_alone():
+    """Every package of privaudit this process imports is this checkout's (a worktree run
+    through another checkout's editable install would mix two versions of the code)."""
+    assert elsewhere() == []
 
 
 def test_every_figure_belongs_to_a_job_and_the_manifest_holds():
