@@ -35,11 +35,16 @@ PILOT = 0.25  # share of white-box trials the canary search's pilot deals over i
 
 
 def check_trials(
-    trials: int, delta: float, confidence: float = 0.95, mode: str = "white-box"
+    trials: int,
+    delta: float,
+    confidence: float = 0.95,
+    mode: str = "white-box",
+    flag: str = "--trials",
+    audit: str | None = None,
 ) -> int:
     """The fewest trials any bound needs — white box: Clopper–Pearson at 1 − α/2 on the
     held-out half; one run: canaries for Steinke et al.'s bound — and the error for fewer
-    ``trials``."""
+    ``trials``, naming the option ``flag`` and the ``audit`` (default: ``mode``'s)."""
     bounds.check_levels(confidence, delta)
     if mode == "white-box":
         need, what = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT), "trials"
@@ -47,8 +52,8 @@ def check_trials(
         need, what = bounds.one_run_canaries_needed(delta, confidence), "canaries"
     if trials < need:
         raise PrivauditError(
-            f"--trials {trials} is too few for any bound at confidence {confidence} "
-            f"(δ = {delta:g}); the {mode} audit needs at least {need} {what}"
+            f"{flag} {trials} is too few for any bound at confidence {confidence} "
+            f"(δ = {delta:g}); the {audit or mode} audit needs at least {need} {what}"
         )
     return need
 

@@ -64,7 +64,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from privaudit.core import limits
 from privaudit.core.accounting import ADJACENCY, SAMPLING
 from privaudit.core.config import RunConfig
 from privaudit.core.errors import Interrupted as RunStopped
@@ -472,12 +471,7 @@ def final_target(run: Any) -> str:
 def final_setting(trials: int, delta: float, confidence: float, seed: int) -> dict[str, Any]:
     """What every defense's final-model audit is computed on, stated in the output (and in
     each result's cache key); raises the one-line error of ``trials`` too few for any bound."""
-    need = check_trials(max(trials, limits.MAX_TRIALS), delta, confidence)  # any bound needs
-    if trials < need:
-        raise PrivauditError(
-            f"--final-model-trials {trials} is too few for any bound at confidence "
-            f"{confidence:g} (δ = {delta:g}); the final-model audit needs at least {need} trials"
-        )
+    check_trials(trials, delta, confidence, flag="--final-model-trials", audit="final-model")
     return {
         "mode": "final models",
         "rounds": FINAL_ROUNDS,
