@@ -114,7 +114,8 @@ JOBS = [
         [*PRIVAUDIT, "compare", "--preset", "utility", "--dataset", "mnist"]
         + ["--data-root", "{data}", "--out", "{work}", "--figures", "{figures}/frontier"]
         + ["--overwrite", "--no-progress"],
-        ["frontier/frontier.md", "frontier/frontier.png", "frontier/summary.md"]
+        ["frontier/frontier.md", "frontier/accuracy.md", "frontier/frontier.png"]
+        + ["frontier/summary.md"]
         + ["frontier/grid-rlast-eps8.png"],
         mnist=True,
     ),
@@ -124,7 +125,8 @@ JOBS = [
         + ["--targets", "dsgd-half-model,dpdl-cg,dp-dpsgd-half-model", "--epsilons", "1,8,inf"]
         + ["--data-root", "{data}", "--out", "{work}"]
         + ["--figures", "{figures}/frontier-membership", "--overwrite", "--no-progress"],
-        ["frontier-membership/frontier.md", "frontier-membership/frontier.png"],
+        ["frontier-membership/frontier.md", "frontier-membership/accuracy.md"]
+        + ["frontier-membership/frontier.png"],
         mnist=True,
     ),
     Job(

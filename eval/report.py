@@ -40,8 +40,10 @@ __all__ = [
     "write_report",
 ]
 
-__all__ += ["DPI", "MARKERS", "OKABE_ITO", "save_png_pdf", "style_axes", "target_style"]
+__all__ += ["DPI", "MARKERS", "OKABE_ITO", "RECOVERED_DB", "save_png_pdf", "style_axes"]
+__all__ += ["target_style"]
 METRICS = ("psnr", "ssim", "mse")
+RECOVERED_DB = 20.0  # an image counts as recovered at or above this PSNR (dB)
 
 
 def eps_text(v: float | None) -> str:
@@ -86,6 +88,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             # victims whose batch held an image to reconstruct, over every seed
             "scored": sum(_scored(r) for r in rs),
             "spread_over": "seeds" if len(rs) > 1 else "victims",
+            **_recovered(rs),
         }
         for m in METRICS:
             means = [r["metrics"][m] for r in rs]
@@ -102,6 +105,14 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             s[m] = _mean([r.get(m) for r in rs])
         out.append(s)
     return out
+
+
+def _recovered(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Over every seed's attacked images (a cell's ``per_image`` PSNRs): how many there
+    were and how many were recovered at :data:`RECOVERED_DB` dB or more — a count, so that
+    a fraction is never printed finer than its sample (one image in ``images``)."""
+    psnr = [p for r in rows for p in (r.get("per_image") or {}).get("psnr") or [] if p is not None]
+    return {"images": len(psnr), "recovered": sum(p >= RECOVERED_DB for p in psnr)}
 
 
 def _err(spread: float | None) -> float:

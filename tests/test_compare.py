@@ -233,6 +233,31 @@ def test_utility_plan_trains_each_defense_at_its_operating_point_per_eps():
     )
 
 
+def test_recovered_images_are_counted_over_every_seed_at_20_db_or_more():
+    from privaudit.eval.report import summarize
+
+    def row(seed: int, psnr: list[float | None]) -> dict:
+        metric = dict.fromkeys(("psnr", "ssim", "mse", "lpips", "label_acc"), 1.0)
+        return {
+            "target": "dpdl-cg",
+            "round": 5,
+            "epsilon_requested": 1.0,
+            "epsilon": 1.0,
+            "sigma": 1.0,
+            "threat": "local",
+            "seed": seed,
+            "per_observation": [{"psnr": 1.0}],
+            "per_image": {"psnr": psnr, "ssim": [0.0] * len(psnr)},
+            "metrics": metric,
+            "spread": metric,
+            "test_acc": 0.5,
+        }
+
+    # 20.0 counts, 19.99 does not; an image not scored (None) is not in the sample
+    (s,) = summarize([row(0, [25.0, 19.99, 20.0]), row(1, [None, 31.0, 3.0])])
+    assert (s["recovered"], s["images"]) == (3, 5)
+
+
 def test_compare_utility_draws_the_frontier_with_its_references(tmp_path, monkeypatch, capsys):
     from privaudit.scenario import presets
 
@@ -283,5 +308,33 @@ def test_compare_utility_draws_the_frontier_with_its_references(tmp_path, monkey
     # the non-private D-PSGD reference is the dsgd run itself, at its operating point
     dsgd_acc = float(rows["`dsgd-half-model`"].split("|")[5])
     assert float(rows["D-PSGD, non-private"].split("|")[5]) == dsgd_acc
+    # images recovered at >= 20 dB: the count of images.csv's PSNRs at or above it, of all
+    col = table[0].split("|").index(" ≥ 20 dB ")
+    per_image = list(csv.DictReader((out / "images.csv").open()))
+    for c in cells:
+        mine = [
+            float(i["psnr"])
+            for i in per_image
+            if (i["target"], i["epsilon_requested"]) == (c["target"], c["epsilon_requested"])
+        ]
+        row = next(
+            r
+            for r in table[2:]
+            if r.split("|")[1].strip() == f"`{c['target']}`"
+            and r.split("|")[2].strip()
+            == ("∞" if c["epsilon_requested"] == "inf" else c["epsilon_requested"])
+        )
+        want = f"{sum(p >= 20 for p in mine)} of {len(mine)}" if mine else "—"
+        assert row.split("|")[col].strip() == want
+    # the accuracy pivot: the same test accuracies, one column per ε asked
+    pivot = (out / "accuracy.md").read_text().splitlines()
+    assert pivot[0] == "| target | ε = 1 | ε = 8 | ε = ∞ |"
+    dp = next(r for r in pivot if r.startswith("| `dp-dpsgd-half-model`")).split("|")[2:5]
+    accs = {
+        r.split("|")[2].strip(): r.split("|")[5].strip()
+        for r in table[2:]
+        if r.startswith("| `dp-dpsgd-half-model`")
+    }
+    assert [v.strip() for v in dp] == [accs["1"], accs["8"], accs["∞"]]
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(out.glob("grid-rlast-eps*.png"))  # one per ε whose victim's batch is not empty

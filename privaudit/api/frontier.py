@@ -36,7 +36,14 @@ from privaudit.api.sweeps import (
 )
 from privaudit.core.config import RunConfig
 from privaudit.core.files import atomic_write, digest
-from privaudit.eval.report import eps_text, save_png_pdf, style_axes, summarize, target_style
+from privaudit.eval.report import (
+    RECOVERED_DB,
+    eps_text,
+    save_png_pdf,
+    style_axes,
+    summarize,
+    target_style,
+)
 from privaudit.experiments.centralised import reference_for
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
@@ -46,6 +53,7 @@ __all__ = [
     "Reference",
     "frontier_figure",
     "frontier_markdown",
+    "accuracy_markdown",
     "references",
     "setting_text",
     "write_frontier",
@@ -119,8 +127,47 @@ def write_frontier(
     runs, _ = plan(sweep)
     configs = {(d, eps): cfg for (d, eps, seed), cfg in runs.items() if seed == sweep.seeds[0]}
     table = frontier_markdown(summary, refs, configs)
+    pivot = accuracy_markdown(summary, refs)
     atomic_write(out / "frontier.md", lambda tmp: Path(tmp).write_text(table))
-    return table, [out / "frontier.md", *frontier_figure(summary, refs, out / "frontier")]
+    atomic_write(out / "accuracy.md", lambda tmp: Path(tmp).write_text(pivot))
+    figure = frontier_figure(summary, refs, out / "frontier")
+    return table, [out / "frontier.md", out / "accuracy.md", *figure]
+
+
+def _value(s: dict[str, Any], key: str) -> float | None:
+    """A summary row's number for a panel: ``recovered_fraction`` is recovered / images."""
+    if key == "recovered_fraction":
+        return s["recovered"] / s["images"] if s["images"] else None
+    return s.get(key)
+
+
+def accuracy_markdown(summary: Sequence[dict[str, Any]], refs: Sequence[Reference]) -> str:
+    """Test accuracy of the average model, one row per target and reference, one column
+    per requested ε — the frontier at a glance. "(ε ∞)" marks a run calibrated to that ε
+    by its paper's accounting whose accounted ε is ∞ (its guarantee's premise is assumed,
+    not enforced)."""
+    asked = sorted(
+        {math.inf if s["epsilon_requested"] is None else s["epsilon_requested"] for s in summary}
+        | {r.epsilon_requested for r in refs}
+    )
+    head = ["target", *(f"ε = {eps_text(e)}" for e in asked)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(name: str, points: dict[float, str]) -> str:
+        return "| " + " | ".join([name, *(points.get(e, "") for e in asked)]) + " |"
+
+    for t in dict.fromkeys(s["target"] for s in summary):
+        points = {}
+        for s in summary:
+            if s["target"] != t or s["test_acc"] is None:
+                continue
+            e = math.inf if s["epsilon_requested"] is None else s["epsilon_requested"]
+            unbounded = math.isfinite(e) and s["epsilon"] is None
+            points[e] = f"{s['test_acc']:.3f}" + (" (ε ∞)" if unbounded else "")
+        lines.append(row(f"`{t}`", points))
+    for r in refs:
+        lines.append(row(r.name, {r.epsilon_requested: f"{r.accuracy:.3f}"}))
+    return "\n".join(lines) + "\n"
 
 
 MEMBERSHIP = ("mia_tpr", "label_counts_exact")  # the frontier's membership columns
@@ -159,6 +206,7 @@ def frontier_figure(
         ("epsilon", "accounted ε of the message (worst agent, whole run)"),
         ("audit_epsilon_lo", "audited ε lower bound, one release"),
         ("psnr", "reconstruction PSNR (dB), last round"),
+        ("recovered_fraction", f"fraction of the batch recovered at ≥ {RECOVERED_DB:g} dB"),
     ]
     if any(s.get("mia_tpr") is not None for s in summary):
         panels.append(("mia_tpr", "membership: TPR at 1 % FPR (messages)"))
@@ -171,7 +219,7 @@ def frontier_figure(
             if key == "epsilon":
                 xy = [(_x(s["epsilon"], top), s["test_acc"]) for s in pts]
             else:
-                xy = [(s[key], s["test_acc"]) for s in pts if s.get(key) is not None]
+                xy = [(_value(s, key), s["test_acc"]) for s in pts if _value(s, key) is not None]
             xy.sort()
             if xy:  # a line over ε; over the audit and the attack, whose x need not grow
                 xs, ys = zip(*xy, strict=True)  # with ε, points only
@@ -213,10 +261,11 @@ def frontier_markdown(
     configs: Mapping[tuple[str, float | None], RunConfig],
 ) -> str:
     """The frontier as one Markdown table: per target and requested ε, the accounted ε, the
-    audited lower bound, test accuracy, the attack's PSNR/SSIM, the membership inference's
-    TPR at 1 % FPR ("—" where its non-members cannot resolve it) and label counts recovered
-    (where the sweep ran it) and the operating point
-    (``configs``: the run of each (defense, requested ε)); the references below."""
+    audited lower bound, test accuracy, the attack's PSNR/SSIM and how many of the attacked
+    images it recovered at ≥ :data:`~privaudit.eval.report.RECOVERED_DB` dB, the membership
+    inference's TPR at 1 % FPR ("—" where its non-members cannot resolve it) and label
+    counts recovered (where the sweep ran it) and the operating point (``configs``: the
+    run of each (defense, requested ε)); the references below."""
     member = any(s.get("mia_auc") is not None for s in summary)  # membership ran
     head = [
         "target",
@@ -226,6 +275,7 @@ def frontier_markdown(
         "test acc",
         "PSNR dB",
         "SSIM",
+        f"≥ {RECOVERED_DB:g} dB",
         *(["MIA TPR @ 1 % FPR", "label counts exact"] if member else []),
         "operating point",
     ]
@@ -243,6 +293,7 @@ def frontier_markdown(
                     f"{s['test_acc']:.3f}",
                     "—" if s["psnr"] is None else f"{s['psnr']:.1f}",
                     "—" if s["ssim"] is None else f"{s['ssim']:.3f}",
+                    f"{s['recovered']} of {s['images']}" if s["images"] else "—",
                     *([_pct(s.get(k)) for k in MEMBERSHIP] if member else []),
                     setting_text(
                         configs[(Target.parse(s["target"]).defense.name, s["epsilon_requested"])]
@@ -253,6 +304,6 @@ def frontier_markdown(
         )
     for r in refs:
         row = [r.name, eps_text(r.epsilon_requested), eps_text(r.epsilon), "", f"{r.accuracy:.3f}"]
-        row += ["", ""] + (["", ""] if member else [])
+        row += ["", "", ""] + (["", ""] if member else [])
         lines.append("| " + " | ".join(row + [r.setting]) + " |")
     return "\n".join(lines) + "\n"
