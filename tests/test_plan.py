@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny
 
 from privaudit.api.pipeline import observe
-from privaudit.core.errors import Unobservable
+from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.threat import THREATS
 from privaudit.experiments.audit import audit
 from privaudit.sim import plan
@@ -35,27 +35,42 @@ def test_the_default_victim_is_the_first_agent_that_is_not_an_attacker():
 
 
 def test_threat_models_are_tried_weakest_first_unless_named_or_implied():
-    searched = plan.candidate_threats(None, None)
+    Adversary = plan.Adversary
+    searched = Adversary().threats()
     assert searched == ["link", "neighbor", "global"]  # the module's stated order
     assert set(searched) == {n for n in THREATS if THREATS[n].searched}
-    assert plan.candidate_threats(None, [2]) == ["neighbor"]
-    assert plan.candidate_threats(None, [1, 3]) == ["coalition"]
-    assert plan.candidate_threats("global", [1, 3]) == ["global"]  # a named threat wins
+    assert Adversary(attackers=(2,)).threats() == ["neighbor"]
+    assert Adversary(attackers=(1, 3)).threats() == ["coalition"]
+    assert Adversary("global", attackers=(1, 3)).threats() == ["global"]  # a named one wins
+
+
+def test_the_adversary_is_given_once_typed_or_loose():
+    Adversary = plan.Adversary
+    loose = Adversary.of(threat="neighbor", attackers=[2], victims=[1, 3])
+    assert loose == Adversary("neighbor", None, (2,), (1, 3))  # lists become tuples
+    assert Adversary.of(loose) is loose
+    with pytest.raises(PrivauditError, match="give the adversary once"):
+        Adversary.of(loose, threat="global")
+    assert Adversary(victims=(3,)).victim() == 3 and Adversary().victim() is None
+    with pytest.raises(PrivauditError, match="one victim"):
+        Adversary(victims=(1, 3)).victim()
+    assert Adversary(attackers=(0, 1)).victims_of(4) == [2]  # the default victim
 
 
 def test_each_adversary_attacks_a_copy_it_receives(run):
     target = Target.parse(TARGET)
-    (link,) = plan.sightings(run, target, 1, "link")
+    (link,) = plan.sightings(run, target, 1, "link", plan.Adversary())
     assert link.src == 0 and link.dst in ring_neighbours(0)  # the victim's first receiver
     assert link.threat.sees(link.src, link.dst) and link.threat.sees(link.dst, link.src)
     assert not any(link.threat.sees(0, j) for j in ring_neighbours(0) - {link.dst})
 
     # one attacker, victims on either side of it: each victim's copy to agent 2
-    seen = plan.sightings(run, target, 1, "neighbor", attackers=[2], victims=[1, 3])
+    two = plan.Adversary(attackers=(2,), victims=(1, 3))
+    seen = plan.sightings(run, target, 1, "neighbor", two)
     assert [(s.src, s.dst) for s in seen] == [(1, 2), (3, 2)]
 
     # named links: one link adversary per link, as named
-    named = plan.sightings(run, target, 1, "link", links=[(1, 0), (3, 2)])
+    named = plan.sightings(run, target, 1, "link", plan.Adversary(links=((1, 0), (3, 2))))
     assert [(s.src, s.dst) for s in named] == [(1, 0), (3, 2)]
     assert [s.threat.sees(s.src, s.dst) for s in named] == [True, True]
     assert not named[0].threat.sees(3, 2)
@@ -64,9 +79,9 @@ def test_each_adversary_attacks_a_copy_it_receives(run):
 def test_an_adversary_that_receives_nothing_from_the_victim_is_unobservable(run):
     target = Target.parse(TARGET)
     with pytest.raises(Unobservable, match="receive no"):  # agent 2 is not 0's neighbour
-        plan.sightings(run, target, 1, "neighbor", attackers=[2], victims=[0])
+        plan.sightings(run, target, 1, "neighbor", plan.Adversary(attackers=(2,), victims=(0,)))
     with pytest.raises(Unobservable, match="one of the attackers"):
-        plan.sightings(run, target, 1, "neighbor", attackers=[2], victims=[2])
+        plan.sightings(run, target, 1, "neighbor", plan.Adversary(attackers=(2,), victims=(2,)))
 
 
 def test_the_next_threat_model_is_tried_only_after_an_unobservable_message():
@@ -106,6 +121,10 @@ def test_locate_names_each_observation_and_holds_the_message_the_victim_sent(run
     assert s1.threat.name == "neighbor" and (o1.meta["src"], o1.meta["dst"]) == (0, 1)
     both = plan.locate(run, TARGET, 2, attackers=[1, 3], victims=[0, 2], progress=False)
     assert [p.threat.name for p, _ in both] == ["coalition", "coalition"]
+    typed = plan.Adversary(attackers=(1, 3), victims=(0, 2))  # the same, typed
+    assert [(p.src, p.dst) for p, _ in plan.locate(run, TARGET, 2, typed, progress=False)] == [
+        (p.src, p.dst) for p, _ in both
+    ]
     assert all(p.dst in {1, 3} and p.dst in ring_neighbours(p.src) for p, _ in both)
 
     # the same message from two receivers' copies: D-SGD sends one half-model to everyone
@@ -116,13 +135,16 @@ def test_locate_names_each_observation_and_holds_the_message_the_victim_sent(run
 
 
 def test_only_named_attackers_made_of_agents_reach_past_their_links():
-    assert plan.reaches_beyond(None, [2]) and plan.reaches_beyond(None, [1, 3])
-    assert plan.reaches_beyond("coalition", [1, 3]) and plan.reaches_beyond("neighbor", [2])
-    assert not plan.reaches_beyond(None, None) and not plan.reaches_beyond(None, [])
-    assert not plan.reaches_beyond("link", [2]) and not plan.reaches_beyond("global", [2])
-    assert not plan.reaches_beyond(None, [2], links=[(0, 1)])  # named links: those copies
+    def beyond(threat: str | None, attackers, links=None) -> bool:
+        return plan.Adversary.of(threat=threat, attackers=attackers, links=links).reaches_beyond()
+
+    assert beyond(None, [2]) and beyond(None, [1, 3])
+    assert beyond("coalition", [1, 3]) and beyond("neighbor", [2])
+    assert not beyond(None, None) and not beyond(None, [])
+    assert not beyond("link", [2]) and not beyond("global", [2])
+    assert not beyond(None, [2], links=[(0, 1)])  # named links: those copies
     # the threat models' own declaration decides, so a plugin's answers for itself
-    assert {n for n in THREATS if plan.reaches_beyond(n, [1])} == {
+    assert {n for n in THREATS if beyond(n, [1])} == {
         n for n in THREATS if THREATS[n].uses_attackers
     }
 

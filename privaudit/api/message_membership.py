@@ -61,7 +61,7 @@ from privaudit.eval import fdp
 from privaudit.eval import membership_scoring as M
 from privaudit.eval.bounds import group_privacy
 from privaudit.eval.labelcounts import count_accuracy, count_tv
-from privaudit.sim.plan import locate
+from privaudit.sim.plan import Adversary, locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -124,17 +124,19 @@ def message_scores(
     population: int = 256,
     seed: int = 0,
     progress: bool = True,
+    adversary: Adversary | None = None,
 ) -> Scores:
-    """Score the members and non-members of every observed message (module docstring)."""
+    """Score the members and non-members of every message ``adversary`` observes (or
+    ``threat``, ``attackers`` and ``victims``: :meth:`~privaudit.sim.plan.Adversary.of`),
+    module docstring."""
+    adv = Adversary.of(adversary, threat=threat, attackers=attackers, victims=victims)
     gen = torch.Generator().manual_seed(seed)
     data = run.data
     pop = torch.randperm(len(data.test_x), generator=gen)[:population]
     ref = (data.test_x[pop], data.test_y[pop])
     members, nonmembers, pairs, rows = [], [], [], []
     for t in rounds:
-        for sighting, obs in locate(
-            run, target, t, threat=threat, attackers=attackers, victims=victims, progress=progress
-        ):
+        for sighting, obs in locate(run, target, t, adv, progress=progress):
             v = sighting.src
             batch = run.secret_index(t, v).cpu()
             if len(batch) == 0:
@@ -194,10 +196,13 @@ def mia(
     seed: int = 0,
     out: str | Path | None = None,
     progress: bool = True,
+    adversary: Adversary | None = None,
 ) -> dict[str, Any]:
     """Message-level membership inference on ``target``'s messages of rounds
-    ``round .. round + messages − 1`` (module docstring); writes ``result.json`` and
-    ``roc.png`` to ``out`` when given. Returns the result."""
+    ``round .. round + messages − 1`` as ``adversary`` (or ``threat``, ``attackers``,
+    ``victims``) observes them (module docstring); writes ``result.json`` and ``roc.png`` to
+    ``out`` when given. Returns the result."""
+    adv = Adversary.of(adversary, threat=threat, attackers=attackers, victims=victims)
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
     tgt.check_run(run, round)
@@ -210,12 +215,10 @@ def mia(
         tgt,
         rounds,
         scorer=scorer,
-        threat=threat,
-        attackers=attackers,
-        victims=victims,
         population=population,
         seed=seed,
         progress=progress,
+        adversary=adv,
     )
     delta = run.cfg.delta
     victim = sc.messages[0]["victim"]

@@ -88,7 +88,7 @@ from privaudit.eval import membership_attacks as attacks
 from privaudit.eval import membership_scoring as M
 from privaudit.sim.copies import Copy
 from privaudit.sim.loop import calling
-from privaudit.sim.plan import candidate_threats, default_victim, first_observable, sightings
+from privaudit.sim.plan import Adversary, sight
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -540,24 +540,11 @@ def model_scores(
 
 # -- the attack --------------------------------------------------------------------------------
 def observed_model(
-    run: Run,
-    tgt: Target,
-    t: int,
-    *,
-    threat: str | None,
-    attackers: list[int] | None,
-    victim: int | None,
+    run: Run, tgt: Target, t: int, adversary: Adversary
 ) -> tuple[Tensor, int, int, str]:
-    """The victim's ``tgt`` message of round ``t`` as the planner's adversary receives it
-    (:func:`privaudit.sim.plan.sightings`): the flat model, victim, receiver and adversary."""
-    victims = None if victim is None else [victim]
-    plan = first_observable(
-        tgt.name,
-        t,
-        candidate_threats(threat, attackers),
-        lambda name: sightings(run, tgt, t, name, attackers=attackers, victims=victims),
-    )
-    s = plan[0]
+    """The victim's ``tgt`` message of round ``t`` as the planner's ``adversary`` receives it
+    (:func:`privaudit.sim.plan.sight`): the flat model, victim, receiver and adversary."""
+    s = sight(run, tgt, t, adversary)[0]
     key = (t, s.src, s.dst, tgt.kind)
     got = run.messages(CaptureSpec.of(rounds=[t], links=[(s.src, s.dst)], kinds=[tgt.kind]))
     if key not in got:
@@ -582,6 +569,7 @@ def model_mia(
     seed: int = 0,
     out: str | Path | None = None,
     progress: bool = True,
+    adversary: Adversary | None = None,
 ) -> dict[str, Any]:
     """Model-level membership inference on ``run`` (module docstring): ``attack`` is the
     headline, a registered membership attack (:mod:`privaudit.eval.membership_attacks`:
@@ -589,13 +577,17 @@ def model_mia(
     cached, and report the scores of every attack those serve). ``on``: ``message`` (the
     victim's ``target`` message of ``round``, default the last round) or ``final`` (the
     run's final average model; the default where the target's kind is not a model). Writes
-    ``result.json`` and ``roc.png`` to ``out`` when given. Returns the result."""
+    ``result.json`` and ``roc.png`` to ``out`` when given; ``adversary`` (or ``threat``,
+    ``attackers``, ``victim``): who observes the message (one victim). Returns the result."""
+    one = None if victim is None else [victim]
+    adv = Adversary.of(adversary, threat=threat, attackers=attackers, victims=one)
+    adv.victim()  # one victim, or the default
     need = attacks.declared(attack).references
     attacks.check_references(attack, references)
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
     on, t = attacked_round(run, tgt, target, on, round)
-    flat, v, dst, seen_by = attacked_model(run, tgt, on, t, threat, attackers, victim, progress)
+    flat, v, dst, seen_by = attacked_model(run, tgt, on, t, adv, progress)
     cands = draw_candidates(run, v, candidates, population, seed)
     game = draw_game(run, cands, seed)
     kind = tgt.kind if on == "message" else None
@@ -657,14 +649,25 @@ def model_mia(
         "run": str(run.dir.path),
     }
     if out is not None:
-        out = Path(out)
-        # every candidate's scores, whether the victim trained on it, and the game's pairing
-        write_columns(out / "scores.csv", {"member": game.member, **scores})
-        result["scores_file"] = "scores.csv"
-        write_json(out / "result.json", to_jsonable(result))
-        plot_game(result, scores, natural, game.member, cands.member, out / "roc.png")
-        result["figure"] = str(out / "roc.png")
+        _write(Path(out), result, scores, natural, game, cands)
     return result
+
+
+def _write(
+    out: Path,
+    result: dict[str, Any],
+    scores: dict[str, np.ndarray],
+    natural: dict[str, np.ndarray],
+    game: Game,
+    cands: Candidates,
+) -> None:
+    """:func:`model_mia`'s files in ``out``: every candidate's scores, whether the victim
+    trained on it, and the game's pairing (``scores.csv``), ``result.json`` and the ROC."""
+    write_columns(out / "scores.csv", {"member": game.member, **scores})
+    result["scores_file"] = "scores.csv"
+    write_json(out / "result.json", to_jsonable(result))
+    plot_game(result, scores, natural, game.member, cands.member, out / "roc.png")
+    result["figure"] = str(out / "roc.png")
 
 
 def headline(attack: str, scores: dict[str, np.ndarray]) -> str:
@@ -767,21 +770,14 @@ def attacked_round(
 
 
 def attacked_model(
-    run: Run,
-    tgt: Target,
-    on: str,
-    t: int,
-    threat: str | None,
-    attackers: list[int] | None,
-    victim: int | None,
-    progress: bool,
+    run: Run, tgt: Target, on: str, t: int, adversary: Adversary, progress: bool
 ) -> tuple[Tensor, int, int | None, str]:
     """The model attacked (flat), the victim, the receiver of its message (None for the
-    final model) and who sees it: the victim's model message of round ``t`` as the threat
-    sees it (:func:`observed_model`), or the run's final average model."""
+    final model) and who sees it: the victim's model message of round ``t`` as
+    ``adversary`` sees it (:func:`observed_model`), or the run's final average model."""
     if on == "message":
-        return observed_model(run, tgt, t, threat=threat, attackers=attackers, victim=victim)
-    v = default_victim(run.cfg.agents, attackers or []) if victim is None else victim
+        return observed_model(run, tgt, t, adversary)
+    v = adversary.victims_of(run.cfg.agents)[0]
     if not 0 <= v < run.cfg.agents:
         raise PrivauditError(f"--victim {v} is not an agent (0..{run.cfg.agents - 1})")
     flat = run.train(progress=progress)["x"].mean(0).float().cpu()

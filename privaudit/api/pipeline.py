@@ -24,7 +24,7 @@ from privaudit.core.observation import Observation, Reconstruction
 from privaudit.eval.figures import reconstruction_grid
 from privaudit.eval.metrics import aggregate, score
 from privaudit.eval.style import threat_text, title
-from privaudit.sim.plan import given_batch_size, locate, reaches_beyond
+from privaudit.sim.plan import Adversary, given_batch_size, locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -40,12 +40,15 @@ def observe(
     attackers: list[int] | None = None,
     victims: list[int] | None = None,
     tie: bool = False,
+    adversary: Adversary | None = None,
 ) -> list[Observation]:
-    """One Observation per victim of ``target``'s message of ``round``, as the ``threat``
-    adversary sees it, capturing (or re-simulating from the nearest checkpoint) only the
-    links and rounds it needs. ``tie``: every victim by the coalition ``attackers``' gossip
-    algebra under El Mrini et al.'s tied approximation (``observe_beyond(..., tie=True)``:
-    refused on a run whose batches are not full, and for ``links`` or another threat).
+    """One Observation per victim of ``target``'s message of ``round``, as the
+    ``adversary`` sees it (:class:`privaudit.sim.plan.Adversary`; or ``links``, ``threat``,
+    ``attackers`` and ``victims`` as loose arguments), capturing (or re-simulating from the
+    nearest checkpoint) only the links and rounds it needs. ``tie``: every victim by the
+    coalition ``attackers``' gossip algebra under El Mrini et al.'s tied approximation
+    (``observe_beyond(..., tie=True)``: refused on a run whose batches are not full, and
+    for ``links`` or another threat).
 
     Victim, adversary and copy follow the planner's defaults (:mod:`privaudit.sim.plan`).
     A victim the named attackers cannot observe on their links is reached, where the
@@ -58,34 +61,26 @@ def observe(
     The attacker is told the realised size of each batch behind the message (the usual
     known-batch-size assumption of gradient inversion; batches are Poisson, of expected size
     B): :func:`given_batch_size`."""
+    adv = Adversary.of(adversary, threat=threat, links=links, attackers=attackers, victims=victims)
     tgt = Target.of(target)
     if tie:
-        if not reaches_beyond(threat, attackers, links):
+        if not adv.reaches_beyond():
             raise PrivauditError(
                 "tie=True observes named attackers' victims by the gossip algebra; it needs "
                 "attackers, no links, and a threat model made of agents (neighbor, coalition)"
             )
         return observe_beyond(
-            run, tgt, round, attackers or [], victims, tie=True, progress=progress
+            run, tgt, round, adv.attackers or (), adv.victims, tie=True, progress=progress
         )
     try:
-        found = locate(
-            run,
-            tgt,
-            round,
-            threat=threat,
-            links=links,
-            attackers=attackers,
-            victims=victims,
-            progress=progress,
-        )
+        found = locate(run, tgt, round, adv, progress=progress)
     except Unobservable as direct:
         d = tgt.defense
         linear = d.recursion(run.params, run.ctx.W.cpu(), run.cfg.batch_size) is not None
-        if not reaches_beyond(threat, attackers, links) or not linear:
+        if not adv.reaches_beyond() or not linear:
             raise
         try:  # beyond the attackers' own links: what they received over rounds, solved
-            return observe_beyond(run, tgt, round, attackers, victims, progress=progress)
+            return observe_beyond(run, tgt, round, adv.attackers, adv.victims, progress=progress)
         except Unobservable as beyond:
             raise Unobservable(f"{direct}; nor past its links: {beyond}") from None
     return [given_batch_size(run, obs, round) for _, obs in found]
@@ -188,6 +183,7 @@ def reconstruct(
     tie: bool = False,
     lpips: bool = True,
     progress: bool = True,
+    adversary: Adversary | None = None,
 ) -> Attempt:
     """Observe ``target`` at ``round`` (see :func:`observe`), attack every observation as one
     batch (one per run of equal realised batch sizes) and score each against its secret
@@ -195,14 +191,14 @@ def reconstruct(
     ``metrics``).
 
     ``options`` are the attack's own keyword options (e.g. ``{"tv": 1e-3}`` for IG);
-    ``tie``: :func:`observe`'s (recorded with them as ``tie``)."""
+    ``adversary`` (or ``links``, ``threat``, ``attackers``, ``victims``) and ``tie``:
+    :func:`observe`'s (``tie`` recorded with the options)."""
     attack = attack or DEFAULT_ATTACK
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
     t0 = time.perf_counter()
-    obs = observe(
-        run, tgt, round, links, threat, progress, attackers=attackers, victims=victims, tie=tie
-    )
+    adv = Adversary.of(adversary, threat=threat, links=links, attackers=attackers, victims=victims)
+    obs = observe(run, tgt, round, progress=progress, tie=tie, adversary=adv)
     kw = {k: v for k, v in (("iterations", iterations), ("restarts", restarts)) if v is not None}
     kw.update(options or {})
     device = run.ctx.device
@@ -229,7 +225,7 @@ def reconstruct(
         attack_options={**kw, "seed": seed, **({"tie": True} if tie else {})},
         threat=obs[0].meta["threat"].split()[0],
         adversaries=[o.meta["threat"] for o in obs],
-        threat_chosen=threat is None and not attackers,
+        threat_chosen=adv.threat is None and not adv.attackers,
         links=[[o.meta["src"], o.meta["dst"]] for o in obs],
         # the attacked kind's ε over the run (None: ∞, with the reason) and the paper's count
         epsilon=eps if math.isfinite(eps) else None,

@@ -23,7 +23,7 @@ from privaudit.cli.options import (
     run_in_out,
     training_options,
 )
-from privaudit.cli.rules import agent_ids
+from privaudit.cli.rules import adversary_of
 from privaudit.cli.train import full_batch, run_epsilon_line, sampled, sampling_options
 from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
@@ -130,18 +130,14 @@ def cmd_attack(a: argparse.Namespace) -> int:
     if tie:
         check_tie(a, cfg, given is not None)
     links = parse_links(a.link, edges) if a.link else None  # before a run is created
-    attackers = agent_ids("--attacker", a.attacker, cfg.agents) if a.attacker else None
-    victims = agent_ids("--victim", a.victim, cfg.agents) if a.victim else None
+    adversary = adversary_of(a, cfg.agents, links)
     with run_in_out(out, "attack", given, cfg) as run:
         result = attack(
             run,
             target,
             a.round,
             attack=a.attack,
-            links=links,
-            threat=a.threat or ("link" if links else None),
-            attackers=attackers,
-            victims=victims,
+            adversary=adversary,
             out=out,
             iterations=a.iterations,
             restarts=a.restarts,

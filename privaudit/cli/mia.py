@@ -16,7 +16,7 @@ from privaudit.cli.options import (
     run_in_out,
     training_options,
 )
-from privaudit.cli.rules import agent_ids
+from privaudit.cli.rules import adversary_of
 from privaudit.cli.train import run_epsilon_line
 from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core import limits
@@ -170,16 +170,13 @@ def cmd_mia(a: argparse.Namespace) -> int:
         rounds = target.rounds_to_train(last, agents) if a.rounds is None else a.rounds
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
     with run_in_out(out, "mia", run, cfg) as run:
-        n = run.cfg.agents
         result = mia(
             run,
             target,
             a.round,
             messages=a.messages,
             scorer=a.scorer,
-            threat=a.threat,
-            attackers=agent_ids("--attacker", a.attacker, n) if a.attacker else None,
-            victims=agent_ids("--victim", a.victim, n) if a.victim else None,
+            adversary=adversary_of(a, run.cfg.agents),
             population=a.population,
             confidence=a.confidence,
             seed=a.mia_seed,
@@ -273,8 +270,6 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
             rounds = target.rounds_to_train(a.round or 1, agents)
         cfg = checked_params(config_from_args(a, target.defense.name, rounds))
     with run_in_out(out, "mia", run, cfg) as run:
-        n = run.cfg.agents
-        victims = agent_ids("--victim", a.victim, n) if a.victim else None
         r = model_mia(
             run,
             target,
@@ -282,9 +277,7 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
             references=a.references,
             round=a.round,
             on=a.on,
-            threat=a.threat,
-            attackers=agent_ids("--attacker", a.attacker, n) if a.attacker else None,
-            victim=victims[0] if victims else None,
+            adversary=adversary_of(a, run.cfg.agents, victims=1),
             candidates=a.candidates,
             population=a.population,
             confidence=a.confidence,

@@ -246,6 +246,27 @@ def agent_ids(flag: str, text: Any, agents: int | None, source: str = "") -> lis
     return ids
 
 
+def adversary_of(
+    a: argparse.Namespace,
+    agents: int,
+    links: list[tuple[int, int]] | None = None,
+    victims: int | None = None,
+) -> Any:
+    """The :class:`~privaudit.sim.plan.Adversary` the command line names: ``--threat`` (or
+    ``link`` where ``links`` are given and no threat is), ``links``, ``--attacker`` and
+    ``--victim`` (at most its first ``victims`` agents), each agent within 0..``agents``-1.
+    Built once per command and handed down."""
+    from privaudit.sim.plan import Adversary  # the engine: loaded only once a command runs
+
+    named = agent_ids("--victim", a.victim, agents) if a.victim else None
+    return Adversary.of(
+        threat=a.threat or ("link" if links else None),
+        links=links,
+        attackers=agent_ids("--attacker", a.attacker, agents) if a.attacker else None,
+        victims=named if named is None or victims is None else named[:victims],
+    )
+
+
 def link_ids(text: str, agents: int, source: str) -> tuple[int, int]:
     """``--link SRC,DST`` as two agent ids of the run, or one line naming ``--link``."""
     parts = str(text).split(",")

@@ -14,7 +14,7 @@ from typing import Any
 from privaudit.core.errors import Unobservable
 from privaudit.core.threat import victim_threat
 from privaudit.scenario.topology import distances
-from privaudit.sim.plan import candidate_threats, locate, reaches_beyond
+from privaudit.sim.plan import Adversary, locate
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -45,59 +45,62 @@ class Setting:
         return self.target.kind
 
 
-def audited_message(
-    run: Run,
-    target: str | Target,
-    t: int,
+def audited(
+    adversary: Adversary | None,
     threat: str | None = None,
     link: tuple[int, int] | None = None,
     attackers: list[int] | None = None,
     victim: int | None = None,
+) -> Adversary:
+    """The audit's adversary: ``adversary``, else the loose ``threat``, ``link``,
+    ``attackers`` and ``victim`` (:meth:`Adversary.of`); an audit attacks one link and one
+    victim's message."""
+    adv = Adversary.of(
+        adversary,
+        threat=threat,
+        links=None if link is None else [link],
+        attackers=attackers,
+        victims=None if victim is None else [victim],
+    )
+    adv.link(), adv.victim()  # at most one of each
+    return adv
+
+
+def audited_message(
+    run: Run,
+    target: str | Target,
+    t: int,
+    adversary: Adversary | None = None,
     span: int = 0,
     progress: bool = False,
 ) -> Setting:
-    """The audited message: the one an attack on ``target``'s round ``t`` observes, by the
-    planner's defaults (:func:`privaudit.sim.plan.locate`), on a run that shows ``span``
-    rounds more. ``attackers`` that receive no copy of ``victim``'s message (a victim beyond
-    their neighbourhood) give a ``beyond`` setting: what they receive is audited."""
+    """The audited message: the one an attack on ``target``'s round ``t`` by ``adversary``
+    observes, by the planner's defaults (:func:`privaudit.sim.plan.locate`), on a run that
+    shows ``span`` rounds more. Attackers that receive no copy of the victim's message (a
+    victim beyond their neighbourhood) give a ``beyond`` setting: what they receive is
+    audited. ``adversary`` None: the planner's default."""
+    adversary = adversary or Adversary()
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
     tgt.check_run(run, t, span)
-    far = _beyond(run, tgt, t, threat, link, attackers, victim)
+    far = _beyond(run, tgt, t, adversary)
     if far is not None:
         return far
-    ((p, _),) = locate(
-        run,
-        tgt,
-        t,
-        threat=threat,
-        links=[link] if link is not None else None,
-        attackers=attackers,
-        victims=None if victim is None else [victim],
-        progress=progress,
-    )
+    ((p, _),) = locate(run, tgt, t, adversary, progress=progress)
     return Setting(run, tgt, t, p.threat, p.src, p.dst, tgt.privacy(run, p.src))
 
 
-def _beyond(
-    run: Run,
-    tgt: Target,
-    t: int,
-    threat: str | None,
-    link: tuple[int, int] | None,
-    attackers: list[int] | None,
-    victim: int | None,
-) -> Setting | None:
-    """The ``beyond`` setting when named ``attackers`` (a neighbor or a coalition) receive
-    no copy of the named ``victim``'s round-``t`` message; None otherwise (the planner
-    decides, and explains any other failure)."""
-    links = None if link is None else [link]
-    if not reaches_beyond(threat, attackers, links) or victim is None or victim in attackers:
+def _beyond(run: Run, tgt: Target, t: int, adversary: Adversary) -> Setting | None:
+    """The ``beyond`` setting when named attackers (a neighbor or a coalition) receive no
+    copy of the named victim's round-``t`` message; None otherwise (the planner decides,
+    and explains any other failure)."""
+    victim, attackers = adversary.victim(), adversary.attackers or ()
+    if not adversary.reaches_beyond() or victim is None or victim in attackers:
         return None
-    name = candidate_threats(threat, attackers)[0]
+    name = adversary.threats()[0]
     adj = run.ctx.adj.cpu()
     receivers = tgt.defense.receivers(tgt.kind, t, victim, adj)
-    th = victim_threat(name, victim, receivers, attackers)
+    th = victim_threat(name, victim, receivers, list(attackers))
     if any(th.sees(victim, b) for b in receivers):
         return None
     hops = distances(adj)[sorted(th.agents), victim]

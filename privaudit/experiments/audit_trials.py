@@ -38,7 +38,7 @@ from privaudit.eval.canaries import (
     check_canary,
     make_canaries,
 )
-from privaudit.experiments.audit_setting import Setting, audited_message
+from privaudit.experiments.audit_setting import Setting, audited, audited_message
 from privaudit.experiments.audit_stats import (
     SearchPlan,
     check_trials,
@@ -49,7 +49,7 @@ from privaudit.experiments.audit_stats import (
 from privaudit.experiments.canary_grads import CanaryGrads, audit_batch
 from privaudit.sim.copies import Batch, Copy
 from privaudit.sim.loop import Step
-from privaudit.sim.plan import receiver
+from privaudit.sim.plan import Adversary, receiver
 from privaudit.sim.run import Run
 from privaudit.sim.targets import Target
 
@@ -234,18 +234,21 @@ def white_box(
     span: int = 0,
     seed: int = 0,
     progress: bool = True,
+    adversary: Adversary | None = None,
 ) -> dict[str, Any]:
     """Distinguish "canary in" from "canary out" on ``trials`` re-runs of round ``round``
-    (and the ``span`` rounds after it), searching the canary (:func:`candidates`, pilot and
-    final phase as in the module docstring); returns the scores' bounds, every candidate's,
-    and the canary that gave the reported one (see :func:`audit`)."""
+    (and the ``span`` rounds after it) of the message ``adversary`` (or ``threat``,
+    ``link``, ``attackers``, ``victim``) observes, searching the canary (:func:`candidates`,
+    pilot and final phase as in the module docstring); returns the scores' bounds, every
+    candidate's, and the canary that gave the reported one (see :func:`audit`)."""
+    adv = audited(adversary, threat, link, attackers, victim)
     delta = run.cfg.delta
     need = check_trials(trials, delta, confidence)
     if isinstance(span, bool) or not isinstance(span, int) or span < 0:
         raise PrivauditError(f"--span must be an integer ≥ 0, got {span!r}")
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
-    s = audited_message(run, tgt, round, threat, link, attackers, victim, span, progress)
+    s = audited_message(run, tgt, round, adv, span, progress)
     rerun = _Rerun(s, span, seed, progress)
     cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
     cands = make_canaries(cands, run.ctx, rerun.grads.clean, seed)
@@ -382,14 +385,18 @@ def one_run(
     canary_norm: float | None = None,
     seed: int = 0,
     progress: bool = True,
+    adversary: Adversary | None = None,
 ) -> dict[str, Any]:
     """Steinke et al.'s one-run audit over the run's ``rounds`` (a fresh training run with
-    the run's configuration and seed, plus the canaries; the run directory is not touched)."""
+    the run's configuration and seed, plus the canaries; the run directory is not touched)
+    of the messages ``adversary`` (or ``threat``, ``link``, ``attackers``, ``victim``)
+    observes."""
+    adv = audited(adversary, threat, link, attackers, victim)
     delta = run.cfg.delta
     check_trials(canaries, delta, confidence, "one-run")
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
-    s = audited_message(run, tgt, 1, threat, link, attackers, victim, progress=progress)
+    s = audited_message(run, tgt, 1, adv, progress=progress)
     if s.beyond:
         raise PrivauditError(
             f"{s.threat.who()} receive no message of agent {s.src}, and the one-run audit "
