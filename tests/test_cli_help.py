@@ -35,7 +35,7 @@ from privaudit.cli.app import commands
 
 names = [m.__name__.rsplit(".", 1)[1] for m in commands()]
 lines = [["--help"], *([n, "--help"] for n in names)]
-lines += [["targets", "--list", "threats"], ["targets", "--list", "accountants"]]
+lines += [["targets"], *(["targets", "--list", w] for w in ("attacks", "threats", "accountants"))]
 for argv in lines:
     try:
         code = main(argv)
@@ -48,9 +48,9 @@ print(json.dumps(heavy), file=sys.stderr)
 
 
 def test_help_and_the_light_lists_load_neither_torch_nor_the_engine():
-    """``privaudit --help``, every command's ``--help`` and ``targets --list threats`` /
-    ``accountants`` in a fresh process without plugins: no torch, no defense, attack, engine
-    or API module is imported."""
+    """``privaudit --help``, every command's ``--help`` and ``targets`` (each of its lists)
+    in a fresh process without plugins: no torch, no defense, attack, engine or API module is
+    imported."""
     env = {k: v for k, v in os.environ.items() if k != PLUGIN_ENV}
     code = f"HEAVY = {HEAVY!r}\n{LIGHT}"
     proc = subprocess.run(
@@ -71,7 +71,13 @@ def test_the_light_vocabulary_is_the_registries_built_ins():
     assert BUILT_IN.defenses == built_in("defense", DEFENSES)
     assert BUILT_IN.attacks == built_in("attack", ATTACKS)
     assert BUILT_IN.default_attack == DEFAULT_ATTACK
-    assert registered() == BUILT_IN  # no plugin registered here
+    live = registered()  # no plugin registered here
+    fresh = "\n".join(f"    {row!r}," for row in live.targets + live.attack_lines)
+    assert (live.targets, live.attack_lines) == (BUILT_IN.targets, BUILT_IN.attack_lines), (
+        "privaudit/cli/builtin_targets.py is out of date; its rows now (TARGETS, then ATTACKS):\n"
+        + fresh
+    )
+    assert live == BUILT_IN
     assert PLUGIN_GROUPS == tuple(plugins.GROUPS.values())
     assert (claims.TRIALS, claims.CONFIDENCE) == (ledger.TRIALS, ledger.CONFIDENCE)
 

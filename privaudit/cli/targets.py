@@ -10,21 +10,20 @@ from typing import Any
 from privaudit.cli.vocabulary import Vocabulary
 from privaudit.core.files import dumps_strict
 
-# what --list shows, and whether reading it loads the engine: the targets (the defenses'
-# message kinds) and the attacks are registered by torch modules; the threat models and
-# accountants are not, so listing them answers at once
-LISTS = {"targets": True, "attacks": True, "threats": False, "accountants": False}
+LISTS = ("targets", "attacks", "threats", "accountants")  # what --list shows
 
 
 def add_parser(sub: Any, words: Vocabulary) -> None:
-    """Register ``targets`` on the CLI's subparsers."""
+    """Register ``targets`` on the CLI's subparsers; what it lists of the torch-backed
+    registries (targets, attacks) is ``words``' (the built-ins' copy, or the registries
+    themselves once plugins are loaded), so it never loads the engine."""
     t = sub.add_parser(
         "targets", help="list attack targets (<defense>-<message>), or --list what else"
     )
     t.add_argument(
         "--list",
         default="targets",
-        choices=tuple(LISTS),
+        choices=LISTS,
         help="what to list: targets (default), attacks, threats or accountants",
     )
     t.add_argument(
@@ -33,35 +32,26 @@ def add_parser(sub: Any, words: Vocabulary) -> None:
         help='print a JSON list instead of lines: {"target", "message"} per target, '
         '{"name", "summary"} per attack, threat model or accountant',
     )
-    t.set_defaults(func=cmd_targets, loads_engine=loads_engine)
+    t.set_defaults(func=cmd_targets, loads_engine=lambda a: False, words=words)
 
 
-def loads_engine(a: argparse.Namespace) -> bool:
-    """Whether listing ``--list`` needs torch and the engine (:data:`LISTS`)."""
-    return LISTS[a.list]
-
-
-def rows(what: str) -> list[tuple[str, str]]:
+def rows(what: str, words: Vocabulary) -> list[tuple[str, str]]:
     """(name, one line) for everything registered of ``what``, in registry order."""
+    if what == "targets":
+        return list(words.targets)
     if what == "attacks":
-        from privaudit.attacks.registry import SUMMARIES
-
-        return list(SUMMARIES.items())
+        return list(words.attack_lines)
     if what == "threats":
         from privaudit.core.threat import THREATS, threat_names
 
         return [(n, THREATS[n].summary) for n in threat_names()]
-    if what == "accountants":
-        from privaudit.core.accountants import ACCOUNTANTS
+    from privaudit.core.accountants import ACCOUNTANTS
 
-        return [(n, a.summary) for n, a in ACCOUNTANTS.items()]
-    from privaudit.sim.targets import all_targets
-
-    return [(name, text) for name, (_, _, text) in all_targets().items()]
+    return [(n, a.summary) for n, a in ACCOUNTANTS.items()]
 
 
 def cmd_targets(a: argparse.Namespace) -> int:
-    found = rows(a.list)
+    found = rows(a.list, a.words)
     if a.json:
         key = {"targets": ("target", "message")}.get(a.list, ("name", "summary"))
         print(dumps_strict([{key[0]: n, key[1]: t} for n, t in found], sort_keys=False))

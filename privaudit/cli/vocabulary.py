@@ -1,9 +1,10 @@
-"""The names the command line offers for its torch-backed registries — the defenses and the
-attacks — known without loading torch, so that ``privaudit --help`` and each command's
-``--help`` answer at once.
+"""The names the command line offers for its torch-backed registries — the defenses, the
+attacks and the attack targets — known without loading torch, so that ``privaudit --help``,
+each command's ``--help`` and ``privaudit targets`` answer at once.
 
 :data:`BUILT_IN` copies the built-in names in registry order (a test keeps the copy equal to
-the registries; the membership attacks are :mod:`privaudit.eval.membership_attacks`'s);
+the registries; the membership attacks are :mod:`privaudit.eval.membership_attacks`'s; the
+targets' and attacks' lines are :mod:`privaudit.cli.builtin_targets`);
 :func:`registered` reads the registries themselves, plugins' names included,
 for a process that loaded plugins before its parser (:func:`privaudit.cli.app.run`). The threat
 models and accountants need no copy: their registries (:mod:`privaudit.core.threat`,
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from privaudit.cli import builtin_targets
+
 
 @dataclass(frozen=True)
 class Vocabulary:
@@ -26,6 +29,9 @@ class Vocabulary:
     attacks: tuple[str, ...]
     default_attack: str
     membership_attacks: tuple[str, ...]  # mia's model-level attacks (--attack NAME)
+    # (name, its one line) of every target and attack, as ``privaudit targets`` lists them
+    targets: tuple[tuple[str, str], ...] = builtin_targets.TARGETS
+    attack_lines: tuple[tuple[str, str], ...] = builtin_targets.ATTACKS
 
     def defense_help(self) -> str:
         """``a | b | …``: every defense, as ``--defense``'s help lists them."""
@@ -70,7 +76,16 @@ PLUGIN_GROUPS = (
 def registered() -> Vocabulary:
     """The registries' names, plugins' included (loads torch and every defense and attack)."""
     from privaudit.attacks import ATTACKS, DEFAULT_ATTACK
+    from privaudit.attacks.registry import SUMMARIES
     from privaudit.defenses import DEFENSES
     from privaudit.eval.membership_attacks import MEMBERSHIP_ATTACKS
+    from privaudit.sim.targets import all_targets
 
-    return Vocabulary(tuple(DEFENSES), tuple(ATTACKS), DEFAULT_ATTACK, tuple(MEMBERSHIP_ATTACKS))
+    return Vocabulary(
+        tuple(DEFENSES),
+        tuple(ATTACKS),
+        DEFAULT_ATTACK,
+        tuple(MEMBERSHIP_ATTACKS),
+        tuple((name, text) for name, (_, _, text) in all_targets().items()),
+        tuple(SUMMARIES.items()),
+    )
