@@ -42,15 +42,17 @@ for argv in lines:
     except SystemExit as e:
         code = e.code
     assert code in (0, None), (argv, code)
+for command in ("attack", "audit", "mia"):  # an unknown target: its one line, at once
+    assert main([command, "--target", "dpdl-nope", "--round", "1"]) == 2
 heavy = sorted(m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith(HEAVY))
 print(json.dumps(heavy), file=sys.stderr)
 """
 
 
 def test_help_and_the_light_lists_load_neither_torch_nor_the_engine():
-    """``privaudit --help``, every command's ``--help`` and ``targets`` (each of its lists)
-    in a fresh process without plugins: no torch, no defense, attack, engine or API module is
-    imported."""
+    """``privaudit --help``, every command's ``--help``, ``targets`` (each of its lists) and
+    a command given an unknown ``--target`` in a fresh process without plugins: no torch, no
+    defense, attack, engine or API module is imported."""
     env = {k: v for k, v in os.environ.items() if k != PLUGIN_ENV}
     code = f"HEAVY = {HEAVY!r}\n{LIGHT}"
     proc = subprocess.run(
@@ -58,6 +60,8 @@ def test_help_and_the_light_lists_load_neither_torch_nor_the_engine():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: privaudit claims" in proc.stdout and "inbox" not in proc.stdout
+    refused = [e for e in proc.stderr.splitlines() if "unknown target 'dpdl-nope'" in e]
+    assert len(refused) == 3 and all(e.startswith("privaudit: error: ") for e in refused)
     assert json.loads(proc.stderr.strip().splitlines()[-1]) == []
 
 

@@ -21,7 +21,7 @@ from types import ModuleType
 
 from privaudit.cli import console
 from privaudit.cli.vocabulary import BUILT_IN, PLUGIN_GROUPS, Vocabulary, registered
-from privaudit.core.errors import PLUGIN_ENV, PrivauditError
+from privaudit.core.errors import MISSING, PLUGIN_ENV, PrivauditError, unknown
 
 DEBUG_ENV = "PRIVAUDIT_DEBUG"
 INTERNAL = f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback and report it"
@@ -137,6 +137,9 @@ def parse(argv: list[str] | None, interrupts: console.Interrupts) -> argparse.Na
     elif ENGINE.issubset(sys.modules):  # loaded already (the API, a test): what it holds now
         words = registered()
     args = build_parser(words).parse_args(given)
+    target = getattr(args, "target", None)
+    if isinstance(target, str) and target not in dict(words.targets):  # before torch loads
+        raise PrivauditError(f"{unknown('target', target, dict(words.targets))}; {MISSING}")
     needs = getattr(args, "loads_engine", None)
     if needs is None or needs(args):
         load_engine(interrupts)
