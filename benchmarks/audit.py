@@ -90,15 +90,16 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
     fixed = {"canary_shape": first.kind, "canary_norm": first.norm}
     t0 = time.perf_counter()
     r = audit(run, target, trials=trials, progress=False, **fixed)
-    g = r.get("gdp") or {"epsilon_lo": None, "epsilon": None}  # only where exactly Gaussian
+    own = r.details  # the white-box audit's own entries: its bounds, the copies observed
+    g = own.get("gdp") or {"epsilon_lo": None, "epsilon": None}  # only where exactly Gaussian
     return {
         "sigma": sigma,
-        "upper": r["upper"]["accountant"],
-        "copies": r.get("copies", 1),
-        "epsilon_lo": r["epsilon_lo"],
+        "upper": r.upper["accountant"],
+        "copies": own.get("copies", 1),
+        "epsilon_lo": r.epsilon_lo,
         "gdp_lo": g["epsilon_lo"],
         "gdp": g["epsilon"],
-        "cp_lo": r["clopper_pearson"]["epsilon_lo"],
+        "cp_lo": own["clopper_pearson"]["epsilon_lo"],
         "trials": trials,
         "canary": f"{first.kind} {first.norm:g}",
         "wall": time.perf_counter() - t0,

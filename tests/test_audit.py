@@ -125,7 +125,9 @@ def _run(tmp_path, defense: str, **kw) -> Run:
 
 def test_halved_noise_is_reported_violated(tmp_path, broken) -> None:
     torch.manual_seed(0)
-    res = audit(_run(tmp_path, broken), f"{broken}-half-model", trials=1500, progress=False)
+    res = audit(
+        _run(tmp_path, broken), f"{broken}-half-model", trials=1500, progress=False
+    ).to_dict()
     assert res["upper"]["accountant"] == pytest.approx(release_epsilon(2.0, 1e-5))
     assert res["verdict"] == "violated", res["gdp"]
     assert res["gdp"]["mu_lo"] > 0.5  # the accountant's μ = 1/σ; the broken one has 2/σ
@@ -135,7 +137,7 @@ def test_correct_mechanism_is_tight_and_not_violated(tmp_path) -> None:
     """One fixed canary (no search: every trial on it at 1 − α) is tight."""
     run = _run(tmp_path, "dp-dpsgd")
     fixed = dict(canary_norm=1.0, canary_shape="dirac")
-    res = audit(run, "dp-dpsgd-half-model", trials=1500, progress=False, **fixed)
+    res = audit(run, "dp-dpsgd-half-model", trials=1500, progress=False, **fixed).to_dict()
     assert len(res["search"]["candidates"]) == 1 and res["search"]["pilot_trials"] == 0
     up = res["upper"]["accountant"]
     assert res["verdict"] != "violated"
@@ -145,7 +147,7 @@ def test_correct_mechanism_is_tight_and_not_violated(tmp_path) -> None:
 
 def test_flat_clip_audit_exceeds_the_runs_own_accounting(tmp_path) -> None:
     """PDSL's batch clip has sensitivity 2C; the run accounts C: the audit shows it."""
-    res = audit(_run(tmp_path, "pdsl", sigma=4.0), "pdsl-cg", trials=1200, progress=False)
+    res = audit(_run(tmp_path, "pdsl", sigma=4.0), "pdsl-cg", trials=1200, progress=False).to_dict()
     assert res["canary"]["kind"] == "opposite"
     assert res["verdicts"]["paper's count"] == "violated"
     assert res["verdicts"]["accountant"] != "violated"
@@ -153,7 +155,7 @@ def test_flat_clip_audit_exceeds_the_runs_own_accounting(tmp_path) -> None:
 
 def test_one_run_audit_on_a_short_run(tmp_path) -> None:
     run = _run(tmp_path, "dp-dpsgd", rounds=12, sigma=0.2, batch_size=32)
-    res = audit(run, "dp-dpsgd-half-model", mode="one-run", trials=200, progress=False)
+    res = audit(run, "dp-dpsgd-half-model", mode="one-run", trials=200, progress=False).to_dict()
     assert res["observed_rounds"] == 12 and res["trials"] == 200
     assert 0 < res["epsilon_lo"] <= res["upper"]["accountant"]
     assert res["verdict"] != "violated"
@@ -234,7 +236,7 @@ def test_correct_mechanism_is_never_violated_under_any_threat(tmp_path, threat, 
             attackers=attackers,
             seed=seed,
             progress=False,
-        )
+        ).to_dict()
         assert res["copies"] == copies
         assert res["upper"]["accountant"] == pytest.approx(
             release_epsilon(2.0 / math.sqrt(copies), 1e-5)

@@ -77,9 +77,11 @@ def _impact(norm: float, clip: float | None) -> float:
 def test_the_default_search_finds_a_step_that_forgets_to_clip(tmp_path, no_clip) -> None:
     run = _run(tmp_path, "noclip-dpsgd")
     target = "noclip-dpsgd-half-model"
-    fixed = audit(run, target, trials=400, canary_norm=C, canary_shape="dirac", progress=False)
+    fixed = audit(
+        run, target, trials=400, canary_norm=C, canary_shape="dirac", progress=False
+    ).to_dict()
     assert fixed["verdict"] != "violated"  # a canary of norm C cannot tell: C/B either way
-    res = audit(run, target, trials=SEARCH, progress=False)
+    res = audit(run, target, trials=SEARCH, progress=False).to_dict()
     assert res["verdict"] == "violated", res["search"]
     assert res["upper"]["accountant"] == pytest.approx(release_epsilon(1.0, 1e-5))
     found = res["search"]["candidates"]
@@ -108,7 +110,7 @@ def test_the_search_does_not_flag_a_correct_mechanism(tmp_path, defense, target)
     """The same search on mechanisms that clip: every candidate's impact is C/B (past the
     clip every norm is the same canary), and the largest of the K + 1 bounds stays below
     the one-release accounting (all hold together at 95 %)."""
-    res = audit(_run(tmp_path, defense), target, trials=SEARCH, progress=False)
+    res = audit(_run(tmp_path, defense), target, trials=SEARCH, progress=False).to_dict()
     assert res["verdict"] in ("consistent", "loose"), res["search"]
     assert 0 < res["epsilon_lo"] <= res["upper"]["accountant"]
     found = res["search"]["candidates"]
@@ -205,7 +207,7 @@ def test_span_on_dp_dpsgd_is_not_violated_and_composes_its_releases(tmp_path) ->
         canary_norm=C,
         canary_shape="dirac",
         progress=False,
-    )
+    ).to_dict()
     assert res["span"] == 1 and res["copies"] == 2
     assert res["upper"]["accountant"] == pytest.approx(release_epsilon(0.5 / math.sqrt(2), 1e-5))
     assert "gdp" not in res  # the stacked scores are no exact Gaussian shift: CP alone
@@ -227,7 +229,7 @@ def test_span_on_dpdl_cg_measures_the_moved_evaluation_point(tmp_path) -> None:
         norm = None if shape == "example" else C
         res = audit(
             run, "dpdl-cg", trials=64, span=1, canary_norm=norm, canary_shape=shape, progress=False
-        )
+        ).to_dict()
         assert res["copies"] == 2 and res["verdict"] != "violated"
         up = release_epsilon(2.0 / math.sqrt(2), 1e-5)
         assert res["upper"]["accountant"] == pytest.approx(up)

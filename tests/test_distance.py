@@ -49,7 +49,7 @@ def test_distance_audit_of_a_non_neighbour_is_sound_and_its_shift_arrives_on_tim
     with pytest.raises(PrivauditError, match=r"raise --span \(try 1\)") as e:
         audit(run, "dp-dpsgd-half-model", trials=64, **kw)
     assert "\n" not in str(e.value) and "2 hops away" in str(e.value)
-    res = audit(run, "dp-dpsgd-half-model", trials=300, span=1, **kw)
+    res = audit(run, "dp-dpsgd-half-model", trials=300, span=1, **kw).to_dict()
     assert res["beyond"] and res["distance"] == 2 and res["receiver"] is None
     (cand,) = res["search"]["candidates"]
     assert cand["shift"][0] == 0.0 and cand["shift"][1] > 0
@@ -68,7 +68,9 @@ def test_muffliato_reaches_within_the_round_and_is_held_to_its_pairwise_bound(tm
     cfg = tiny("muffliato", agents=6, epsilon=None, sigma=1.0, params={"enforce": True})
     run = Run.create(cfg, tmp_path / "m")
     assert reach_span(run, "muffliato-model", 1, [0], 2) == 0
-    res = audit(run, "muffliato-model", trials=200, attackers=[0], victim=2, progress=False)
+    res = audit(
+        run, "muffliato-model", trials=200, attackers=[0], victim=2, progress=False
+    ).to_dict()
     (cand,) = res["search"]["candidates"]
     assert res["beyond"] and res["span"] == 0 and cand["shift"][0] > 0
     priv = DEFENSES["muffliato"].privacy(run.params, "model", run.ctx.W.cpu(), 2)

@@ -178,7 +178,7 @@ def test_an_interrupted_audit_exits_non_zero_with_the_interrupted_line(
 
     def cut_short(*args, **kw):
         res = real(*args, **kw)
-        res["interrupted"] = True  # as if Ctrl-C had ended the trials here
+        res.details["interrupted"] = True  # as if Ctrl-C had ended the trials here
         return res
 
     monkeypatch.setattr(experiment, "audit", cut_short)

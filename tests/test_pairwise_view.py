@@ -159,7 +159,7 @@ def test_distance_audit_reaches_the_exact_view_and_refutes_the_theorem(tmp_path)
         canary_norm=1.0,
         canary_shape="dirac",
         progress=False,
-    )
+    ).to_dict()
     exact, theorem = res["upper"]["pairwise"], res["upper"]["pairwise, paper's theorem"]
     assert exact == pytest.approx(gdp_epsilon(1.0, 1e-5)) and exact == pytest.approx(4.38, abs=0.01)
     assert theorem == pytest.approx(2.54, abs=0.01)

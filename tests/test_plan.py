@@ -161,5 +161,5 @@ def test_a_target_parsed_by_the_command_is_not_parsed_again_below_it(run, monkey
     ((_, obs),) = plan.locate(run, tgt, 2, progress=False)
     (seen,) = observe(run, tgt, 2, progress=False)
     assert obs.meta["target"] == seen.meta["target"] == TARGET
-    result = audit(run, tgt, trials=64, progress=False)
+    result = audit(run, tgt, trials=64, progress=False).to_dict()
     assert result["target"] == TARGET and isinstance(result["target"], str)

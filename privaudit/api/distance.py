@@ -143,18 +143,18 @@ def distance_sweep(
             progress=progress,
             **audit_kw,
         )
-        cands = res["search"]["candidates"]
-        chosen = cands[res["search"]["chosen"]]
+        search = res.details["search"]  # a white-box audit's canary search
+        chosen = search["candidates"][search["chosen"]]
         point = DistancePoint(
             distance=d,
             victim=v,
             span=span,
-            trials=res["trials"],
-            epsilon_lo=float(res["epsilon_lo"]),
-            upper={k: float(u) for k, u in res["upper"].items()},
-            verdicts=dict(res["verdicts"]),
+            trials=res.trials,
+            epsilon_lo=float(res.epsilon_lo),
+            upper={k: float(u) for k, u in res.upper.items()},
+            verdicts=dict(res.verdicts),
             shift=list(chosen.get("shift", [chosen["impact"]])),
-            extra={"pairwise_share": res["accounting"].get("pairwise_share")},
+            extra={"pairwise_share": res.accounting.get("pairwise_share")},
         )
         if attack is not None:
             point.psnr, point.psnr_note = _psnr(

@@ -497,9 +497,9 @@ def audit_run(
         run = _as_far_as(cfg, rdir, target, r)
         res = audit(run, target, "white-box", r, progress=progress, **kw)
         found = {
-            "epsilon_lo": res["epsilon_lo"],
-            "epsilon_upper": res["upper"]["accountant"],
-            "verdict": res["verdict"],
+            "epsilon_lo": res.epsilon_lo,
+            "epsilon_upper": res.upper["accountant"],
+            "verdict": res.verdict,
         }
         cache.write_value(path, key, found)
 

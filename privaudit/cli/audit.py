@@ -177,6 +177,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
             seed=a.audit_seed,
             progress=not a.no_progress,
         )
+    if not isinstance(result, dict):  # audit()'s AuditResult (the final-model audit: a dict)
+        result = result.to_dict()  # the document audit.json holds, key for key
     write_columns(out / "scores.csv", result.pop("raw"))  # every trial's outcome, to re-plot
     result["scores_file"] = "scores.csv"
     if "tradeoff" in result:

@@ -79,8 +79,11 @@ Where each part lives: this module is the entry point (:func:`audit`: an experim
 upper bound beside it and the verdicts) and re-exports what callers use of its parts; the
 canary where the defense computes its gradients is :mod:`~privaudit.experiments.canary_grads`,
 the audited message :mod:`~privaudit.experiments.audit_setting`, the trials (white box and
-one run) :mod:`~privaudit.experiments.audit_trials`, and the statistics (trial counts, the
-search's plan, bounds, verdicts) :mod:`~privaudit.experiments.audit_stats`.
+one run) :mod:`~privaudit.experiments.audit_trials`, the statistics (trial counts, the
+search's plan, bounds, verdicts) :mod:`~privaudit.experiments.audit_stats`, and the result
+:func:`audit` returns (:class:`~privaudit.experiments.audit_result.AuditResult`: what every
+audit has as named fields, the document ``privaudit audit`` writes as ``to_dict()``)
+:mod:`~privaudit.experiments.audit_result`.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ from typing import Any
 
 from privaudit.core.accounting import account, pairwise_epsilon
 from privaudit.core.errors import PrivauditError
+from privaudit.experiments.audit_result import AuditResult
 from privaudit.experiments.audit_setting import Setting, audited_message
 from privaudit.experiments.audit_stats import (
     CURVE,
@@ -113,6 +117,7 @@ __all__ = [
     "LOOSE",
     "PILOT",
     "SHIFT_PAIRS",
+    "AuditResult",
     "CanaryGrads",
     "Setting",
     "audit",
@@ -131,12 +136,14 @@ __all__ = [
 
 def audit(
     run: Run, target: str | Target, mode: str = "white-box", round: int = 1, **kw: Any
-) -> dict[str, Any]:
-    """The audit of ``mode`` plus every upper bound and a verdict against each. A white-box
-    audit's accountant bound is the ε of the releases its Observations combine (``copies``:
-    one per observed round and copy, composed at sample rate 1: K + 1 releases for a span
-    of K); the paper's Δf-rule, one round's, is evaluated at each candidate's own impact and
-    the most severe comparison decides (:func:`white_box`'s bounds hold together)."""
+) -> AuditResult:
+    """The audit of ``mode`` plus every upper bound and a verdict against each, as an
+    :class:`AuditResult` (its ``to_dict()``: the document ``privaudit audit`` writes). A
+    white-box audit's accountant bound is the ε of the releases its Observations combine
+    (``copies``: one per observed round and copy, composed at sample rate 1: K + 1 releases
+    for a span of K); the paper's Δf-rule, one round's, is evaluated at each candidate's own
+    impact and the most severe comparison decides (:func:`white_box`'s bounds hold
+    together)."""
     if mode not in ("white-box", "one-run"):
         raise PrivauditError(f"--mode must be white-box or one-run, got {mode!r}")
     tgt = Target.of(target)
@@ -188,7 +195,7 @@ def audit(
     res["upper"] = uppers
     res["verdicts"] = verdicts
     res["verdict"] = verdicts["accountant"]
-    return res
+    return AuditResult.from_dict(res)
 
 
 def _severity(pair: tuple[float, float]) -> float:
