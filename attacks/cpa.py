@@ -57,6 +57,12 @@ below a trunk, or a comparison). ``benchmarks/disaggregation.py`` and
 ``benchmarks/cpa_anchor.py`` measure the separation. Below a convolutional trunk the
 sources are ReLU features (sparse, closer to the assumptions); they are then inverted to
 images by the ``fi`` attack's feature inversion, as the paper does (:mod:`.disaggregation`).
+
+**Refinement** (privaudit's, not the paper's; :mod:`.rowspace`). Where the layer is followed
+by a ReLU and a linear layer whose gradient has rank ≥ B (an MLP's first layer), each
+separated input is moved, from ICA's estimate, to where its ReLU features lie in that
+gradient's row space — an exact property of every true input; on McMahan et al.'s 2NN at
+B = 64 it turns ICA's approximate separations into exact ones (``benchmarks/disaggregation.py``).
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ from torch import Tensor
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation, Reconstruction
 
+from . import rowspace
 from .common import as_list
 from .disaggregation import Separated, finish, pick_layer
 from .fi import DEFAULT_ITERATIONS
@@ -207,6 +214,8 @@ def unmix(
         "tol": UNIT_OPEN,
         "lr": POSITIVE,
         "tv": NON_NEGATIVE,
+        "refine": one_of(rowspace.REFINES),
+        "refine_iterations": Rule("an integer in 1..10^5", lambda v: 1 <= v <= 10**5),
     },
 )
 def cpa(
@@ -225,14 +234,19 @@ def cpa(
     lr: float = 0.1,
     tv: float = 5e-2,
     ica_on: str = "auto",
+    refine: str = "auto",
+    refine_iterations: int = rowspace.ITERATIONS,
 ) -> list[Reconstruction]:
     """The Cocktail Party Attack (module docstring) on ``layer`` ("auto": the first linear
     layer) of each observation, observation i with seed ``seed + i`` (FastICA's start).
     Where the layer's input is not the image, ``iterations`` (default 1000) and ``restarts``
     of feature inversion at step ``lr`` with TV weight ``tv`` turn the features into images.
     ``ica_on``: the rows FastICA learns the unmixing on, "values" or "differences" (of
-    pixels; "auto": where the layer takes the image). ``loss`` is 0: ICA has no residual to
-    report (``meta["cpa"]`` says whether it converged and on which rows)."""
+    pixels; "auto": where the layer takes the image). ``refine``: "auto" moves the separated
+    inputs to the next layer's row space (:mod:`.rowspace`, ``refine_iterations`` of L-BFGS)
+    where its gradient has rank ≥ B after a ReLU, "off" keeps ICA's. ``loss`` is 0: ICA has
+    no residual to report (``meta["cpa"]`` says whether it converged, on which rows, and the
+    refinement's residual per example or why it did not run)."""
     out = []
     for i, o in enumerate(as_list(observations)):
         if o.terms:
@@ -251,6 +265,12 @@ def cpa(
             seed=seed + i,
             ica_on=ica_on,
         )
+        if refine == "auto":
+            nxt, why = rowspace.applicable(o, ly)
+            if nxt is None:
+                sep.meta["refine"] = {"skipped": why}
+            else:
+                sep = rowspace.refine(o, ly, nxt, sep, refine_iterations)
         inv = {"iterations": DEFAULT_ITERATIONS if iterations is None else int(iterations)}
         inv.update(restarts=1 if restarts is None else int(restarts), lr=lr, tv=tv)
         rec = finish(o, ly, sep, seed + i, device, progress, inv, "cpa")

@@ -105,14 +105,14 @@ def test_photographs_are_separated_on_their_pixel_differences():
     x, y = data.train_x[idx], data.train_y[idx]
     model = build_model("mlp", (3, 32, 32), 10, 0)
     obs = observe(model, x, y, mean=data.mean, std=data.std)
-    (rec,) = run_attack("cpa", [obs])
-    (values,) = run_attack("cpa", [obs], ica_on="values")
+    (rec,) = run_attack("cpa", [obs], refine="off")  # ICA's separation alone
+    (values,) = run_attack("cpa", [obs], ica_on="values", refine="off")
     assert rec.meta["cpa"]["ica_on"] == "differences" and values.meta["cpa"]["ica_on"] == "values"
     p = psnrs(x, rec)
     assert float((p >= 20).double().mean()) >= 0.75
     assert float(p.mean()) >= float(psnrs(x, values).mean()) + 5
     noisy = observe(model, x, y, mean=data.mean, std=data.std, clip=1e-3, noise=1e-8)
-    (rec2,) = run_attack("cpa", [noisy])
+    (rec2,) = run_attack("cpa", [noisy], refine="off")
     assert float(psnrs(rec.images, rec2).min()) >= 35  # measured 39–55 dB
 
 
