@@ -63,22 +63,22 @@ def row(
     t0 = time.perf_counter()
     run = Run.create(cfg.validate(), work / "run")
     r = mia(run, target, a.round, messages=a.messages, threat=threat, progress=False)
-    pts = r["tpr_at_fpr"]
+    pts, d = r.tpr_at_fpr, r.details  # d: the message-level entries
     return {
         "target": target,
         "eps_asked": eps,
         "eps_run": run.resolved["epsilon"],
-        "threat": r["threat"],
-        "members": r["members"],
-        "auc": r["auc"],
+        "threat": r.threat,
+        "members": r.members,
+        "auc": r.auc,
         # None where the non-members cannot resolve the FPR (fewer than 1/FPR of them)
         "tpr_0.1%": pts["0.001"]["tpr"] if pts["0.001"]["resolved"] else None,
         "tpr_1%": pts["0.01"]["tpr"] if pts["0.01"]["resolved"] else None,
-        "eps_message": r["epsilon_release"],
-        "violations": len(r["violations"]),
-        "eps_lo": r["epsilon_lo"],
-        "labels_exact": r["label_counts_exact"],
-        "label_tv": r["label_tv"],
+        "eps_message": d["epsilon_release"],
+        "violations": len(d["violations"]),
+        "eps_lo": r.epsilon_lo,
+        "labels_exact": d["label_counts_exact"],
+        "label_tv": d["label_tv"],
         "seconds": round(time.perf_counter() - t0, 1),
     }
 

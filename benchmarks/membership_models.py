@@ -81,19 +81,19 @@ def setting(i: int, defense: str, eps: float | None, a: argparse.Namespace, work
             VICTIM,
             cands,
             a.references,
-            until=r["round"],
+            until=r.details["round"],
             kind="half-model" if a.on == "message" else None,
-            receiver=r["receiver"],
+            receiver=r.details["receiver"],
             seed=1,
             batch=1,
         )
         separate = time.perf_counter() - t0
     scores = {
         n: {"auc": v["auc"], "tpr_1%": v["tpr_at_fpr"]["0.01"]["tpr"]}
-        for n, v in r["scores"].items()
+        for n, v in r.details["scores"].items()
     }
-    return dict(defense=defense, eps=eps, acc=acc, scores=scores, epsilon=r["epsilon"],
-                epsilon_lo=r["epsilon_lo"], one=one, batched=r["references"]["seconds"],
+    return dict(defense=defense, eps=eps, acc=acc, scores=scores, epsilon=r.details["epsilon"],
+                epsilon_lo=r.epsilon_lo, one=one, batched=r.details["references"]["seconds"],
                 separate=separate)  # fmt: skip
 
 

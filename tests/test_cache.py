@@ -35,7 +35,7 @@ def fresh(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fresh") / "run"
     cfg = tiny("dsgd", rounds=3, batch_size=4, params={"lr": 0.1})
     result = model_mia(Run.create(cfg, folder), "dsgd-half-model", **MIA)
-    assert result["references"]["trained"] and result["game"]["trained"]
+    assert result.details["references"]["trained"] and result.details["game"]["trained"]
     return cfg, folder, result
 
 
@@ -43,7 +43,9 @@ def _copy(fresh, tmp_path: Path) -> tuple[Run, Path, Path]:
     """The fresh run with its cache, copied; its reference and game entries' folders."""
     cfg, folder, result = fresh
     shutil.copytree(folder, tmp_path / "run")
-    refs, game = (Path(result[k]["path"]).relative_to(folder) for k in ("references", "game"))
+    refs, game = (
+        Path(result.details[k]["path"]).relative_to(folder) for k in ("references", "game")
+    )
     return Run.create(cfg, tmp_path / "run"), tmp_path / "run" / refs, tmp_path / "run" / game
 
 
@@ -89,13 +91,13 @@ def test_a_damaged_reference_cache_is_recomputed_with_one_line(fresh, tmp_path, 
     assert len(lines) == 1 and str(folder) in lines[0], lines
     assert "does not match its SHA-256" in lines[0] or "bytes where" in lines[0]
     assert (
-        again[entry]["trained"]
-        and not again["game" if entry == "references" else "references"]["trained"]
+        again.details[entry]["trained"]
+        and not again.details["game" if entry == "references" else "references"]["trained"]
     )
-    assert again["auc"] == fresh[2]["auc"] and again["scores"] == fresh[2]["scores"]
+    assert again.auc == fresh[2].auc and again.details["scores"] == fresh[2].details["scores"]
     # the recomputed entry is whole again: a third call reads it, silently
     third = model_mia(run, "dsgd-half-model", **MIA)
-    assert not third[entry]["trained"] and _lines(capsys.readouterr().err) == []
+    assert not third.details[entry]["trained"] and _lines(capsys.readouterr().err) == []
 
 
 def test_another_code_identity_recomputes_every_entry(fresh, tmp_path, capsys, monkeypatch):
@@ -107,10 +109,10 @@ def test_another_code_identity_recomputes_every_entry(fresh, tmp_path, capsys, m
     capsys.readouterr()
     again = model_mia(run, "dsgd-half-model", **MIA)
     lines = _lines(capsys.readouterr().err)
-    assert again["references"]["trained"] and again["game"]["trained"]
+    assert again.details["references"]["trained"] and again.details["game"]["trained"]
     assert len(lines) == 2 and all("privaudit 9.9 (source 0123)" in ln for ln in lines), lines
     assert all(now in ln and "code differs" in ln for ln in lines)
-    assert again["scores"] == fresh[2]["scores"]
+    assert again.details["scores"] == fresh[2].details["scores"]
 
     value = tmp_path / "value.json"
     cache.write_value(value, {"k": 1}, {"x": 1.5})

@@ -158,16 +158,17 @@ def test_a_train_test_shift_is_natural_not_a_violation(tmp_path, one_thread):
     run = _shifted_run(tmp_path)
     kw = dict(attack="loss", on="final", population=16, progress=False)
     r = model_mia(run, "dp-dpsgd-half-model", **kw)
-    assert r["epsilon"] is not None and r["epsilon"] < 0.2
-    assert r["epsilon_lo"] == 0.0 and abs(r["auc"] - 0.5) < 0.1
-    assert r["refuted"] is False and r["natural"]["auc"] > 0.75
-    assert "one-run" in r["epsilon_lo_analysis"]["method"]
-    assert r["epsilon_lo_analysis"]["trials"] == r["members"] == len(r["game"]["pairs"])
-    shard = set(run.ctx.parts[r["victim"]].tolist())
-    members = set(r["game"]["members"])
+    d = r.details
+    assert d["epsilon"] is not None and d["epsilon"] < 0.2
+    assert r.epsilon_lo == 0.0 and abs(r.auc - 0.5) < 0.1
+    assert r.refuted is False and d["natural"]["auc"] > 0.75
+    assert "one-run" in r.epsilon_lo_analysis["method"]
+    assert r.epsilon_lo_analysis["trials"] == r.members == len(d["game"]["pairs"])
+    shard = set(run.ctx.parts[d["victim"]].tolist())
+    members = set(d["game"]["members"])
     assert 0 < len(members & shard) < len(members)  # the game's members come from both
-    assert r["game"]["trained"]
-    again = model_mia(run, "dp-dpsgd-half-model", **kw)
-    assert not again["game"]["trained"] and again["game"]["path"] == r["game"]["path"]
-    other = model_mia(run, "dp-dpsgd-half-model", seed=1, **kw)
-    assert other["game"]["trained"] and other["game"]["path"] != r["game"]["path"]
+    assert d["game"]["trained"]
+    again = model_mia(run, "dp-dpsgd-half-model", **kw).details
+    assert not again["game"]["trained"] and again["game"]["path"] == d["game"]["path"]
+    other = model_mia(run, "dp-dpsgd-half-model", seed=1, **kw).details
+    assert other["game"]["trained"] and other["game"]["path"] != d["game"]["path"]

@@ -196,14 +196,16 @@ def test_the_plugin_runs_through_the_api(tmp_path, one_thread, plugin):
     run = Run.create(cfg, tmp_path / "run")
     args = dict(victim=1, candidates=8, population=8, progress=False)
     r = model_mia(run, "dsgd-half-model", attack="negative-loss-squared", **args)
-    assert r["score"] == "negative-loss-squared" and r["references"] is None
-    assert list(r["scores"]) == ["loss", "negative-loss-squared"]
-    assert r["auc"] == r["scores"]["loss"]["auc"]
-    assert r["natural"]["auc"] == r["natural"]["scores"]["loss"]["auc"]
+    d = r.details
+    assert d["score"] == "negative-loss-squared" and d["references"] is None
+    assert list(d["scores"]) == ["loss", "negative-loss-squared"]
+    assert r.auc == d["scores"]["loss"]["auc"]
+    assert d["natural"]["auc"] == d["natural"]["scores"]["loss"]["auc"]
     r = model_mia(run, "dsgd-half-model", attack="calibrated-loss", references=2, **args)
-    assert r["score"] == "calibrated-loss" and r["references"]["count"] == 2
+    d = r.details
+    assert d["score"] == "calibrated-loss" and d["references"]["count"] == 2
     built_in = ["loss", "lira-online", "lira-offline", "rmia"]
-    assert list(r["scores"]) == [*built_in, "negative-loss-squared", "calibrated-loss"]
+    assert list(d["scores"]) == [*built_in, "negative-loss-squared", "calibrated-loss"]
     with pytest.raises(PrivauditError, match="--references 3: .*even number"):
         model_mia(run, "dsgd-half-model", attack="calibrated-loss", references=3, **args)
 

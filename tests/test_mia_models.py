@@ -101,29 +101,30 @@ def test_scorers_separate_members_of_an_overfit_model_and_cache(tmp_path, one_th
     run = _overfit(tmp_path)
     args = dict(references=4, victim=VICTIM, population=16, progress=False)
     r = model_mia(run, "dsgd-half-model", attack="lira", out=tmp_path / "out", **args)
-    auc = {name: s["auc"] for name, s in r["scores"].items()}
-    assert r["members"] == 10 and min(auc.values()) > 0.55, auc
+    d = r.details
+    auc = {name: s["auc"] for name, s in d["scores"].items()}
+    assert r.members == 10 and min(auc.values()) > 0.55, auc
     assert min(auc["loss"], auc["lira-online"], auc["rmia"]) > 0.7, auc
-    assert r["references"]["trained"] and r["epsilon"] is None  # dsgd: no DP claim
+    assert d["references"]["trained"] and d["epsilon"] is None  # dsgd: no DP claim
     assert (tmp_path / "out" / "roc.png").exists()
     saved = json.loads((tmp_path / "out" / "result.json").read_text())
-    assert saved["split"]["members"] == r["split"]["members"]
+    assert saved["split"]["members"] == d["split"]["members"]
     # the raw scores of every candidate: each attack's AUC recomputed from scores.csv
     head, *rows = (tmp_path / "out" / saved["scores_file"]).read_text().splitlines()
     values = np.array([row.split(",") for row in rows], float).T
     cols = dict(zip(head.split(","), values, strict=True))
     m = cols["member"] == 1
-    assert m.sum() == r["members"]
+    assert m.sum() == r.members
     assert membership_auc(cols["loss"][m], cols["loss"][~m]) == pytest.approx(auc["loss"])
     files = sorted(p for p in (tmp_path / "run" / "references").rglob("*") if p.is_file())
     stamps = [p.stat().st_mtime_ns for p in files]
-    again = model_mia(run, "dsgd-half-model", attack="rmia", **args)
+    again = model_mia(run, "dsgd-half-model", attack="rmia", **args).details
     assert not again["references"]["trained"]
     assert [p.stat().st_mtime_ns for p in files] == stamps
-    assert again["scores"]["rmia"] == r["scores"]["rmia"]
+    assert again["scores"]["rmia"] == d["scores"]["rmia"]
     cands = draw_candidates(run, VICTIM, None, 16)
     refs = reference_models(
-        run, VICTIM, cands, 4, until=run.cfg.rounds, kind="half-model", receiver=r["receiver"]
+        run, VICTIM, cands, 4, until=run.cfg.rounds, kind="half-model", receiver=d["receiver"]
     )
     assert not refs.trained and refs.models.shape[0] == 4
 
@@ -136,9 +137,10 @@ def test_final_model_and_dp_bound(tmp_path, one_thread):
     r = model_mia(
         run, "dp-dpsgd-half-model", attack="loss", on="final", victim=VICTIM, progress=False
     )
-    assert r["on"] == "final" and r["references"] is None
-    assert r["epsilon"] is not None and r["epsilon"] > 0 and r["refuted"] is False
-    assert r["epsilon_lo"] <= r["epsilon"]
+    d = r.details
+    assert d["on"] == "final" and d["references"] is None
+    assert d["epsilon"] is not None and d["epsilon"] > 0 and r.refuted is False
+    assert r.epsilon_lo <= d["epsilon"]
     with pytest.raises(PrivauditError, match="--on final"):
         model_mia(run, "dp-dpsgd-half-model", on="final", round=3, progress=False)
 

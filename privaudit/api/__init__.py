@@ -7,6 +7,7 @@ on its own (this package imports none of them).
   graph distance (audit bounds and attack PSNR hop by hop);
 - :mod:`.message_membership`: membership and label leakage of the messages (``privaudit mia``);
   :mod:`.model_membership`: model-level membership inference with reference ("shadow") runs;
+  both return a :class:`.membership_result.MembershipResult`;
 - :mod:`.sweeps`: plan, run and cache a comparison sweep, targets × rounds × ε × seeds
   (``privaudit compare``), whose tasks run where :mod:`.executor` puts them (this process or
   a Ray cluster, checked first by :mod:`.cluster`); :mod:`.cache`: cache entries read only

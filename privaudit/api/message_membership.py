@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privaudit.api.membership_result import MembershipResult
 from privaudit.attacks import infer_labels
 from privaudit.attacks.membership import score_candidates
 from privaudit.core.accounting import account
@@ -197,11 +198,11 @@ def mia(
     out: str | Path | None = None,
     progress: bool = True,
     adversary: Adversary | None = None,
-) -> dict[str, Any]:
+) -> MembershipResult:
     """Message-level membership inference on ``target``'s messages of rounds
     ``round .. round + messages − 1`` as ``adversary`` (or ``threat``, ``attackers``,
     ``victims``) observes them (module docstring); writes ``result.json`` and ``roc.png`` to
-    ``out`` when given. Returns the result."""
+    ``out`` when given. Returns the result (its message-level entries in ``details``)."""
     adv = Adversary.of(adversary, threat=threat, attackers=attackers, victims=victims)
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
@@ -266,7 +267,7 @@ def mia(
     }
     if out is not None:
         _write_outputs(Path(out), result, sc, (fpr, tpr), bound if finite else None)
-    return result
+    return MembershipResult.from_dict(result)
 
 
 def _write_outputs(

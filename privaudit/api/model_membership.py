@@ -77,6 +77,7 @@ from torch.func import functional_call
 
 from privaudit.api import cache
 from privaudit.api.executor import commit_folder
+from privaudit.api.membership_result import MembershipResult
 from privaudit.api.message_membership import tradeoff
 from privaudit.core import text
 from privaudit.core.accounting import account
@@ -570,7 +571,7 @@ def model_mia(
     out: str | Path | None = None,
     progress: bool = True,
     adversary: Adversary | None = None,
-) -> dict[str, Any]:
+) -> MembershipResult:
     """Model-level membership inference on ``run`` (module docstring): ``attack`` is the
     headline, a registered membership attack (:mod:`privaudit.eval.membership_attacks`:
     ``loss`` needs no reference runs; ``lira`` and ``rmia`` train ``references`` of them,
@@ -650,7 +651,7 @@ def model_mia(
     }
     if out is not None:
         _write(Path(out), result, scores, natural, game, cands)
-    return result
+    return MembershipResult.from_dict(result)
 
 
 def _write(

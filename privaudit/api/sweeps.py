@@ -532,12 +532,15 @@ def membership_run(
             found["error"] = str(e)
         else:
             found.update(
-                {k: res[k] for k in ("auc", "epsilon_lo", "label_counts_exact", "label_tv")},
+                auc=res.auc,
+                epsilon_lo=res.epsilon_lo,
+                label_counts_exact=res.details["label_counts_exact"],
+                label_tv=res.details["label_tv"],
                 # None where the non-members cannot resolve the FPR (fewer than 1/FPR)
-                tpr_at_1pct=_resolved_tpr(res["tpr_at_fpr"]["0.01"]),
-                tpr_at_01pct=_resolved_tpr(res["tpr_at_fpr"]["0.001"]),
-                violations=len(res["violations"]),
-                members=res["members"],
+                tpr_at_1pct=_resolved_tpr(res.tpr_at_fpr["0.01"]),
+                tpr_at_01pct=_resolved_tpr(res.tpr_at_fpr["0.001"]),
+                violations=len(res.details["violations"]),
+                members=res.members,
             )
         cache.write_value(path, key, found)
 

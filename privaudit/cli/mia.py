@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privaudit.cli.options import (
     add_overwrite,
@@ -23,6 +23,9 @@ from privaudit.core import limits
 from privaudit.core.files import dumps_strict
 from privaudit.core.text import sig
 from privaudit.core.threat import threat_help
+
+if TYPE_CHECKING:
+    from privaudit.api.membership_result import MembershipResult
 
 SCORERS = ("decompose", "lr", "lr-iso", "inner", "cosine")
 
@@ -128,11 +131,11 @@ def tpr_text(points: dict[str, dict[str, Any]], fpr: str) -> str:
     return f"TPR {100 * p['tpr']:.1f} % [{100 * p['tpr_lo']:.1f}, {100 * p['tpr_hi']:.1f}] at {at}"
 
 
-def _tradeoff_line(r: dict[str, Any]) -> str:
-    t = r["tradeoff"]
+def _tradeoff_line(r: MembershipResult) -> str:
+    t = r.tradeoff
     return (
         f"trade-off curve ({len(t['curve']['threshold'])} thresholds, FPR/FNR band at "
-        f"{r['confidence']:g}): no μ-GDP mechanism of μ < {sig(t['mu_lo'])} separates these "
+        f"{r.confidence:g}): no μ-GDP mechanism of μ < {sig(t['mu_lo'])} separates these "
         "scores so"
     )
 
@@ -184,58 +187,58 @@ def cmd_mia(a: argparse.Namespace) -> int:
             progress=not a.no_progress,
         )
     if a.json:
-        print(dumps_strict(result, sort_keys=False))
+        print(dumps_strict(result.to_dict(), sort_keys=False))
         return 0
     print(run_epsilon_line(run.resolved))
-    r = result
-    pts = r["tpr_at_fpr"]
+    r, d = result, result.details  # d: the message-level entries
+    pts = r.tpr_at_fpr
     print(
-        f"{a.target} rounds {r['rounds'][0]}–{r['rounds'][-1]} under {r['threat']}, "
-        f"{r['scorer']}: {r['members']} members vs {r['nonmembers']} non-members of the "
-        f"victim's shard: AUC {r['auc']:.3f}; {tpr_text(pts, '0.001')}, "
-        f"{tpr_text(pts, '0.01')} ({100 * r['confidence']:g} % intervals)"
+        f"{a.target} rounds {d['rounds'][0]}–{d['rounds'][-1]} under {r.threat}, "
+        f"{d['scorer']}: {r.members} members vs {r.nonmembers} non-members of the "
+        f"victim's shard: AUC {r.auc:.3f}; {tpr_text(pts, '0.001')}, "
+        f"{tpr_text(pts, '0.01')} ({100 * r.confidence:g} % intervals)"
     )
     print(_tradeoff_line(r))
-    eps = r["epsilon_release"]
+    eps = d["epsilon_release"]
     if eps is None:
-        print(f"DP bound: none ({r['epsilon_release_reason']})")
+        print(f"DP bound: none ({d['epsilon_release_reason']})")
     else:
-        va = r["violations_analysis"]
+        va = d["violations_analysis"]
         swap = va["region"]
         verdict = (
-            f"{len(r['violations'])} ROC point(s) above it: the messages leak more than "
+            f"{len(d['violations'])} ROC point(s) above it: the messages leak more than "
             "their stated ε"
-            if r["violations"]
+            if d["violations"]
             else "no ROC point above it"
         )
         print(
-            f"DP bound of one message: ε = {eps:.3g}, δ = {r['delta']:g}; a swap's region "
+            f"DP bound of one message: ε = {eps:.3g}, δ = {r.delta:g}; a swap's region "
             f"(ε = {swap['epsilon']:.3g}, δ = {swap['delta']:.3g}) over {va['trials']} "
             f"independent trials (one pair per message): {verdict}"
         )
-    print(_lower_bound_line(r, r["epsilon_lo_analysis"]["epsilon_stated"]))
+    print(_lower_bound_line(r, r.epsilon_lo_analysis["epsilon_stated"]))
     print(
-        f"label counts exact {100 * r['label_counts_exact']:.1f} %, TV to the batch's label "
-        f"histogram {r['label_tv']:.3f}"
+        f"label counts exact {100 * d['label_counts_exact']:.1f} %, TV to the batch's label "
+        f"histogram {d['label_tv']:.3f}"
     )
-    print(f"wrote {out / 'result.json'} and {r['figure']}")
+    print(f"wrote {out / 'result.json'} and {d['figure']}")
     return 0
 
 
-def _lower_bound_line(r: dict[str, Any], eps: float | None) -> str:
+def _lower_bound_line(r: MembershipResult, eps: float | None) -> str:
     """The ε lower bound, the analysis it used and the independent trials it rests on, and
     whether it refutes the stated ε."""
-    lo, how = r["epsilon_lo"], r["epsilon_lo_analysis"]
+    lo, how = r.epsilon_lo, r.epsilon_lo_analysis
     if lo is None:
         return f"ε lower bound: none ({how['reason']})"
     guessed = f", {how['correct']} of {how['guesses']} guesses right" if how["guesses"] else ""
     line = (
-        f"ε lower bound from these examples at {100 * r['confidence']:g} %: {lo:.3g} "
+        f"ε lower bound from these examples at {100 * r.confidence:g} %: {lo:.3g} "
         f"[{how['method']}; {how['trials']} independent coins{guessed}]"
     )
     if eps is None:
         return line
-    if r["refuted"]:
+    if r.refuted:
         return f"{line} > {eps:.3g} stated: the stated ε is refuted"
     return f"{line} ≤ {eps:.3g} stated"
 
@@ -286,16 +289,17 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
             progress=not a.no_progress,
         )
     if a.json:
-        print(dumps_strict(r, sort_keys=False))
+        print(dumps_strict(r.to_dict(), sort_keys=False))
         return 0
     print(run_epsilon_line(run.resolved))
+    d = r.details  # the model-level entries
     what = (
-        f"agent {r['victim']}'s {a.target} message of round {r['round']} as agent "
-        f"{r['receiver']} receives it"
-        if r["on"] == "message"
-        else f"the final average model (round {r['round']})"
+        f"agent {d['victim']}'s {a.target} message of round {d['round']} as agent "
+        f"{d['receiver']} receives it"
+        if d["on"] == "message"
+        else f"the final average model (round {d['round']})"
     )
-    refs = r["references"]
+    refs = d["references"]
     drawn = (
         "no reference runs"
         if refs is None
@@ -303,31 +307,31 @@ def cmd_model_mia(a: argparse.Namespace) -> int:
         + ("read from the cache" if not refs["trained"] else f"trained in {refs['seconds']:.1f} s")
         + ")"
     )
-    game = r["game"]
+    game = d["game"]
     played = "read from the cache" if not game["trained"] else f"{game['seconds']:.1f} s"
-    pts = r["tpr_at_fpr"]
+    pts = r.tpr_at_fpr
     others = ", ".join(
-        f"{name} {s['auc']:.3f}" for name, s in r["scores"].items() if name != r["score"]
+        f"{name} {s['auc']:.3f}" for name, s in d["scores"].items() if name != d["score"]
     )
     print(
-        f"{r['score']} on {what}, replayed as the membership game ({r['members']} pairs of "
-        f"agent {r['victim']}'s shard and the test split, a fair coin per pair picks the "
-        f"member; {played}), {drawn}: AUC {r['auc']:.3f}; {tpr_text(pts, '0.001')}, "
-        f"{tpr_text(pts, '0.01')} ({100 * r['confidence']:g} % intervals)"
+        f"{d['score']} on {what}, replayed as the membership game ({r.members} pairs of "
+        f"agent {d['victim']}'s shard and the test split, a fair coin per pair picks the "
+        f"member; {played}), {drawn}: AUC {r.auc:.3f}; {tpr_text(pts, '0.001')}, "
+        f"{tpr_text(pts, '0.01')} ({100 * r.confidence:g} % intervals)"
         + (f"; AUC of {others}" if others else "")
     )
     print(_tradeoff_line(r))
-    nat = r["natural"]
+    nat = d["natural"]
     print(
         f"natural split (the run's own model, {nat['members']} shard members vs "
         f"{nat['nonmembers']} test-split non-members; a train/test shift shows here too, no "
         f"bound): AUC {nat['auc']:.3f}, {tpr_text(nat['tpr_at_fpr'], '0.01')}"
     )
-    eps = r["epsilon"]
+    eps = d["epsilon"]
     if eps is None:
-        print(f"DP bound: none ({r['epsilon_reason']})")
+        print(f"DP bound: none ({d['epsilon_reason']})")
     else:
-        print(f"DP bound over {r['epsilon_rounds']} rounds: ε = {eps:.3g}, δ = {r['delta']:g}")
+        print(f"DP bound over {d['epsilon_rounds']} rounds: ε = {eps:.3g}, δ = {r.delta:g}")
     print(_lower_bound_line(r, eps))
-    print(f"wrote {out / 'result.json'} and {r['figure']}")
+    print(f"wrote {out / 'result.json'} and {d['figure']}")
     return 0
