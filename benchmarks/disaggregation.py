@@ -26,6 +26,9 @@ Usage::
         [--batch-sizes 16,64,256] [--sigmas 0] [--clip 1.0] [--batches 1]
         [--samples 131072] [--fi-iterations 200] [--data-root DIR] [--threads 2]
         [--json PATH]
+
+``--attacks cpa:refine=off,cpa`` sets the Cocktail Party Attack without and with its
+row-space refinement side by side (an attack's options after its name).
 """
 
 from __future__ import annotations
@@ -104,12 +107,13 @@ def one(
     model = build_model(model_name, data.input_shape, data.num_classes, seed)
     obs = observe(model, x, y, data, sigma, args.clip)
     row: dict[str, Any] = {"identifiability": identifiability(obs).sentence()}
-    kw: dict[str, Any] = {"iterations": args.fi_iterations}
-    if attack == "spear":
+    name, options = attack_options(attack)
+    kw: dict[str, Any] = {"iterations": args.fi_iterations, **options}
+    if name == "spear":
         kw["samples"] = args.samples
     t0 = time.perf_counter()
     try:
-        (rec,) = run_attack(attack, [obs], seed=seed, **kw)
+        (rec,) = run_attack(name, [obs], seed=seed, **kw)
     except PrivauditError as e:
         return {**row, "refused": str(e), "wall_s": time.perf_counter() - t0}
     row["wall_s"] = time.perf_counter() - t0
@@ -121,9 +125,26 @@ def one(
         psnr=float(p.clamp(max=100).mean()),
         labels=float((rec.labels[perm] == y).double().mean()),
         separated=int(rec.meta.get("recovered", b)),
-        how=(rec.meta.get(attack) or {}).get("how", ""),
+        how=(rec.meta.get(name) or {}).get("how", ""),
     )
     return row
+
+
+def attack_options(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name[:key=value[:key=value…]]`` (e.g. ``cpa:refine=off``) -> the attack and its
+    options (values as numbers where they read as one)."""
+    name, *pairs = spec.split(":")
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            try:
+                options[key] = float(value)
+            except ValueError:
+                options[key] = value
+    return name, options
 
 
 def verdict(model: str, b: int, sigma: float, rows: list[dict[str, Any]]) -> str:
@@ -147,7 +168,9 @@ def verdict(model: str, b: int, sigma: float, rows: list[dict[str, Any]]) -> str
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="mlp,fedavg-cnn")
-    ap.add_argument("--attacks", default="spear,cpa")
+    ap.add_argument(
+        "--attacks", default="spear,cpa", help="name[:option=value…], e.g. cpa:refine=off"
+    )
     ap.add_argument("--batch-sizes", default="16,64,256")
     ap.add_argument("--sigmas", default="0", help="noise multipliers σ (0: no clip, no noise)")
     ap.add_argument("--clip", type=float, default=1.0)
@@ -178,7 +201,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 def report(model: str, b: int, sigma: float, attack: str, rows: list[dict[str, Any]]) -> dict:
     """Print one row (means over the batches) and return it."""
-    head = f"{model:10s} B={b:<4d} σ={sigma:<6g} {attack:6s}"
+    head = f"{model:10s} B={b:<4d} σ={sigma:<6g} {attack:15s}"
     refused = [r for r in rows if "refused" in r]
     if refused:
         print(f"{head} refused: {refused[0]['refused']}")
