@@ -26,8 +26,10 @@ Exact closed forms first, optimisation where the maths leaves no closed form:
 Before 3 and 4, a batch (B > 1) goes to ``spear`` (:mod:`.spear`; Dimitrov et al. 2024)
 where its first linear layer is followed by a ReLU and its gradient has rank B, the message
 is noise-free and B ≤ ``spear.AUTO_MAX_B`` (the search is exponential in B): the batch is
-then separated exactly. The Cocktail Party Attack (:mod:`.cpa`) is never picked: its ICA
-separation of photographs and digits is approximate (``benchmarks/disaggregation.py``).
+then separated exactly. Past that B, the Cocktail Party Attack (:mod:`.cpa`) where its
+first linear layer takes the image with a gradient of rank B and the next layer's row space
+pins every example (:func:`.cpa.applies`): ICA's approximate separation, made exact for most
+of the batch by the row-space refinement (:mod:`.rowspace`; ``benchmarks/disaggregation.py``).
 
 ``meta["attack"]`` names the attack whose answer is returned, ``meta["auto"]`` why.
 """
@@ -45,6 +47,8 @@ from privaudit.core.observation import Observation, Reconstruction
 from .analytic import analytic, first_linear
 from .chain import Unsupported, linear_chain
 from .common import as_list
+from .cpa import applies as cpa_applies
+from .cpa import cpa
 from .features import Features, batch_features
 from .fi import fi_from
 from .ig import ig
@@ -58,11 +62,12 @@ FI_RESIDUAL = 1e-2
 
 def choose(obs: Observation) -> tuple[str, str]:
     """``(attack, reason)`` for one observation before anything runs: "analytic", "rgap"
-    (subject to its rank condition, see :func:`auto`), "spear" or "ig"."""
+    (subject to its rank condition, see :func:`auto`), "spear", "cpa" or "ig"."""
     if obs.batch_size != 1:
-        why = spear_applies(obs)
-        if why is not None:
-            return "spear", why
+        for name, applies in (("spear", spear_applies), ("cpa", cpa_applies)):
+            why = applies(obs)
+            if why is not None:
+                return name, why
         return "ig", f"B = {obs.batch_size}: the closed forms invert one example"
     if obs.terms:
         return "ig", "a sum of gradient terms: the closed forms invert one gradient"
@@ -85,7 +90,7 @@ def choose(obs: Observation) -> tuple[str, str]:
 
 @register_attack(
     "auto",
-    summary="picks analytic, R-GAP, SPEAR, fi or IG per observation by what is exactly solvable",
+    summary="picks analytic, R-GAP, SPEAR, CPA, fi or IG per observation by what is solvable",
     rules={
         "lr": POSITIVE,
         "tv": NON_NEGATIVE,
@@ -141,6 +146,8 @@ def auto(
             (rec,) = analytic(o, **common)
         elif attack == "spear":
             (rec,) = spear(o, seed=seed + i, device=device, progress=progress, **opt)
+        elif attack == "cpa":
+            (rec,) = cpa(o, seed=seed + i, device=device, progress=progress)
         elif attack == "rgap":
             (rec,) = rgap(o, seed=seed + i, rcond=rcond, **common, **opt)
             if rec.meta["fallback"] is not None:

@@ -79,7 +79,14 @@ from . import rowspace
 from .common import as_list
 from .disaggregation import Separated, finish, pick_layer
 from .fi import DEFAULT_ITERATIONS
-from .identifiability import LinearLayer, layer_gradient, numerical_rank
+from .identifiability import (
+    LinearLayer,
+    layer_gradient,
+    linear_layers,
+    noise_edge,
+    numerical_rank,
+    top_singular,
+)
 from .registry import NON_NEGATIVE, POSITIVE, UNIT_OPEN, Rule, one_of, register_attack
 
 ICA_ITERATIONS = 1000
@@ -201,6 +208,30 @@ def unmix(
     meta = {"ica_iterations": its, "converged": its < iterations, "scale": how}
     meta["ica_on"] = "differences" if images else "values"
     return Separated(src / t[:, None], mix * t, torch.ones(b, dtype=torch.bool), meta)
+
+
+def applies(obs: Observation) -> str | None:
+    """Why :mod:`.auto` should run CPA on ``obs``, or None: a single gradient of B > 1 whose
+    first linear layer takes the example, carries B components above its noise, and is
+    followed by a ReLU and a layer wide enough for the row-space refinement
+    (:func:`.rowspace.applicable`) — where the refinement makes ICA's separation exact."""
+    b = int(obs.batch_size)
+    if obs.terms or b <= 1:
+        return None
+    layers = [ly for ly in linear_layers(obs.model) if ly.weight in obs.target]
+    if not layers or not layers[0].takes_input:
+        return None
+    g, _ = layer_gradient(obs, layers[0])
+    _, s, _ = top_singular(g, b)
+    if numerical_rank(s, noise_edge(obs, tuple(g.shape))) < b:
+        return None
+    nxt, _ = rowspace.applicable(obs, layers[0])
+    if nxt is None:
+        return None
+    return (
+        f"B = {b}: {layers[0].module} takes the image and its gradient has rank B, and "
+        f"{nxt.module}'s row space pins every example (ICA, then the row-space refinement)"
+    )
 
 
 @register_attack(

@@ -125,9 +125,17 @@ def one(
         psnr=float(p.clamp(max=100).mean()),
         labels=float((rec.labels[perm] == y).double().mean()),
         separated=int(rec.meta.get("recovered", b)),
-        how=(rec.meta.get(name) or {}).get("how", ""),
+        how=_how(rec.meta, name),
     )
     return row
+
+
+def _how(meta: dict[str, Any], name: str) -> str:
+    """What the attack reports of how it separated (``auto``: the attack it picked)."""
+    own = meta.get(name)
+    if isinstance(own, dict):
+        return str(own.get("how", ""))
+    return f"{meta.get('attack', '')}: {own}" if own else ""
 
 
 def attack_options(spec: str) -> tuple[str, dict[str, Any]]:

@@ -84,3 +84,16 @@ def test_cpa_with_the_refinement_recovers_more_of_the_batch_than_ica_alone():
     assert float((p_both >= 30).double().mean()) >= 0.9
     labels = [(r.labels[match(x, r.images)] == y).double().mean() for r in (ica, both)]
     assert float(labels[1]) >= float(labels[0])
+
+
+def test_auto_picks_cpa_where_the_refinement_pins_the_batch():
+    """Past SPEAR's reach (B > 16) on ``mlp``: CPA, and its answer is ``auto``'s."""
+    from privaudit.attacks.auto import choose
+
+    _, _, obs = batch(32)
+    attack, why = choose(obs)
+    assert attack == "cpa" and "body.3's row space" in why
+    data = photos()
+    cnn = observe(build_model("fedavg-cnn", data.input_shape, 10, 0), data.train_x[:32],
+                  data.train_y[:32], mean=data.mean, std=data.std)  # fmt: skip
+    assert choose(cnn)[0] == "ig"  # its first layer is a convolution
