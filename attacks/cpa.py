@@ -83,9 +83,8 @@ from .identifiability import (
     LinearLayer,
     layer_gradient,
     linear_layers,
-    noise_edge,
     numerical_rank,
-    top_singular,
+    rank_above_noise,
 )
 from .registry import NON_NEGATIVE, POSITIVE, UNIT_OPEN, Rule, one_of, register_attack
 
@@ -221,9 +220,7 @@ def applies(obs: Observation) -> str | None:
     layers = [ly for ly in linear_layers(obs.model) if ly.weight in obs.target]
     if not layers or not layers[0].takes_input:
         return None
-    g, _ = layer_gradient(obs, layers[0])
-    _, s, _ = top_singular(g, b)
-    if numerical_rank(s, noise_edge(obs, tuple(g.shape))) < b:
+    if rank_above_noise(obs, layers[0]) < b:
         return None
     nxt, _ = rowspace.applicable(obs, layers[0])
     if nxt is None:

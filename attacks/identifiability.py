@@ -116,6 +116,13 @@ def numerical_rank(singular: Tensor, edge: float = 0.0, rtol: float = RTOL) -> i
     return int((singular > max(rtol * float(singular[0]), edge)).sum())
 
 
+def rank_above_noise(obs: Observation, layer: LinearLayer) -> int:
+    """The numerical rank of ``layer``'s gradient above its noise (:func:`noise_edge`,
+    :data:`RTOL`): how many examples it can hold apart."""
+    g, _ = layer_gradient(obs, layer)
+    return numerical_rank(top_singular(g, 0)[1], noise_edge(obs, tuple(g.shape)))
+
+
 @dataclass(frozen=True)
 class LayerRank:
     """One linear layer's gradient: its shape, numerical rank and what it can separate."""

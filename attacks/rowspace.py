@@ -49,8 +49,7 @@ from .identifiability import (
     LinearLayer,
     layer_gradient,
     linear_layers,
-    noise_edge,
-    numerical_rank,
+    rank_above_noise,
     top_singular,
 )
 
@@ -77,10 +76,8 @@ def applicable(obs: Observation, layer: LinearLayer) -> tuple[LinearLayer | None
     nxt = next_layer(obs, layer)
     if nxt is None:
         return None, f"{layer.module} is not followed by ReLU and a linear layer in the message"
-    g2, _ = layer_gradient(obs, nxt)
     b = int(obs.batch_size)
-    _, s, _ = top_singular(g2, b)
-    rank = numerical_rank(s, noise_edge(obs, tuple(g2.shape)))
+    rank = rank_above_noise(obs, nxt)
     if rank < b:
         return None, f"{nxt.module}'s gradient has rank {rank} above its noise, below B = {b}"
     return nxt, ""
