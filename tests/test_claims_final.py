@@ -23,7 +23,7 @@ from privaudit.cli import main
 from privaudit.core.config import RunConfig
 from privaudit.core.files import from_jsonable
 from privaudit.core.text import sig
-from privaudit.experiments import claims, ledger_text
+from privaudit.experiments import claims, claims_final, ledger_text
 from privaudit.experiments.final_audit import final_model_audit
 
 ARGS = [
@@ -127,7 +127,7 @@ def test_a_resumed_ledger_reads_the_final_model_audits_back(ledger, monkeypatch)
     def recomputed(*a, **k):
         raise AssertionError("a cached result was recomputed")
 
-    monkeypatch.setattr(claims, "final_model_audit", recomputed)
+    monkeypatch.setattr(claims_final, "final_model_audit", recomputed)
     monkeypatch.setattr(claims, "row", recomputed)
     code, stdout, err = _cli(*ARGS, *FINAL, "--out", str(out), "--json")
     assert code == 0, err
@@ -149,7 +149,7 @@ def test_ctrl_c_keeps_the_final_model_audits_done(tmp_path, monkeypatch) -> None
             raise KeyboardInterrupt
         return final_model_audit(run, target, *a, **k)
 
-    monkeypatch.setattr(claims, "final_model_audit", cut)
+    monkeypatch.setattr(claims_final, "final_model_audit", cut)
     out = tmp_path / "c"
     code, _, err = _cli(*ARGS, "--final-model", "--final-model-trials", "32", "--out", str(out))
     assert code == 2 and "interrupted: 2 rows done" in err
@@ -176,7 +176,7 @@ def test_another_final_setting_is_another_key(ledger, monkeypatch, tmp_path) -> 
         calls.append(trials)
         return final_model_audit(run, target, trials, *a, **k)
 
-    monkeypatch.setattr(claims, "final_model_audit", counted)
+    monkeypatch.setattr(claims_final, "final_model_audit", counted)
     args = [*ARGS, "--final-model", "--final-model-trials", "40", "--out", str(out)]
     code, _, err = _cli(*args, "--json")
     assert code == 0, err

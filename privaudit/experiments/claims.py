@@ -356,9 +356,9 @@ class _Study:
     def final(self, name: str, cfg: RunConfig, interrupted: InterruptNote) -> None:
         """Put defense ``name``'s final-model audit on its run of ``cfg`` in the ledger
         (:meth:`FinalModels.result`: read from ``OUT/final-models`` or computed and kept
-        there), the audit run being the one this module names (:func:`final_model_audit`)."""
+        there)."""
         setting = self.doc.setting["final_model"]
-        finals = FinalModels(setting, self.out, self.kept, self.progress, final_model_audit)
+        finals = FinalModels(setting, self.out, self.kept, self.progress)
         if self.doc.final_model is None:
             self.doc.final_model = {}
         self.doc.final_model[name] = finals.result(name, cfg, interrupted)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +80,12 @@ def final_result(
     confidence: float = CONFIDENCE,
     seed: int = 0,
     progress: bool = False,
-    audit: Callable[..., dict[str, Any]] = final_model_audit,
 ) -> dict[str, Any]:
     """The final-model audit of ``run``'s defense (:func:`final_target`) on ``trials``
     re-simulations of the run, as the ledger shows it: the ε lower bound, the accounted ε of
     the mechanism it ran (the canary in every round, sample rate 1: ``upper``) and the
     verdict (``violated`` also where the trade-off curve's μ bound beats the accounted μ),
-    or ``error`` set where it cannot be made. A Ctrl-C between trials raises. ``audit``:
-    the audit that is run (:func:`~privaudit.experiments.final_audit.final_model_audit`, or
-    what the ledger passes in its place: :class:`FinalModels`)."""
+    or ``error`` set where it cannot be made. A Ctrl-C between trials raises."""
     target = final_target(run)
     out: dict[str, Any] = {
         "defense": run.defense.name,
@@ -99,7 +95,7 @@ def final_result(
         "error": None,
     }
     try:
-        res = audit(
+        res = final_model_audit(
             run,
             target,
             trials,
@@ -148,15 +144,12 @@ def final_result(
 class FinalModels:
     """A ledger's final-model audits: on its ``setting`` (:func:`final_setting`), each on a
     run in ``OUT/runs`` (``out``), kept in ``OUT/final-models`` (``kept``), the audit's own
-    bar drawn where ``progress`` is asked on a terminal. ``audit`` is the final-model audit
-    run (:func:`final_result`): the ledger passes the one it names, so that a test that
-    replaces the ledger's ``final_model_audit`` replaces what runs."""
+    bar drawn where ``progress`` is asked on a terminal."""
 
     setting: dict[str, Any]
     out: Path
     kept: Kept
     progress: bool
-    audit: Callable[..., dict[str, Any]] = final_model_audit
 
     def result(self, name: str, cfg: RunConfig, interrupted: InterruptNote) -> dict[str, Any]:
         """Defense ``name``'s final-model audit (:func:`final_result`) on its run of ``cfg``:
@@ -181,7 +174,7 @@ class FinalModels:
         if r is not None:
             return {**r, "cached": True}
         inner = self.progress and sys.stdout.isatty()
-        r = final_result(run, f["trials"], f["confidence"], f["seed"], inner, self.audit)
+        r = final_result(run, f["trials"], f["confidence"], f["seed"], inner)
         if interrupted.seen:
             raise KeyboardInterrupt
         self.kept.keep(path, key, r)
