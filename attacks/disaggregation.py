@@ -101,13 +101,26 @@ def labels_from_directions(
     return cos.argmax(1)
 
 
-def images_from_inputs(obs: Observation, rows: Tensor) -> Tensor:
-    """Normalised, flattened examples (b, d) as images (b, *input_shape) in [0, 1], float64."""
+def _normalisation(obs: Observation) -> tuple[Tensor, Tensor]:
+    """The observation's per-channel mean and std, float64, shaped to broadcast over a
+    batch of images (b, *input_shape)."""
     shape = tuple(obs.input_shape)
     view = (1, -1, *([1] * (len(shape) - 1))) if len(shape) > 1 else (1, -1)
     mean = torch.as_tensor(obs.mean, dtype=torch.float64).reshape(view)
-    std = torch.as_tensor(obs.std, dtype=torch.float64).reshape(view)
-    return (rows.double().reshape(-1, *shape) * std + mean).clamp(0, 1)
+    return mean, torch.as_tensor(obs.std, dtype=torch.float64).reshape(view)
+
+
+def images_from_inputs(obs: Observation, rows: Tensor) -> Tensor:
+    """Normalised, flattened examples (b, d) as images (b, *input_shape) in [0, 1], float64."""
+    mean, std = _normalisation(obs)
+    return (rows.double().reshape(-1, *obs.input_shape) * std + mean).clamp(0, 1)
+
+
+def inputs_from_images(obs: Observation, images: Tensor) -> Tensor:
+    """Images (b, *input_shape) as the normalised, flattened examples (b, d) the model's first
+    layer takes, float64: :func:`images_from_inputs`' inverse (before its clamp)."""
+    mean, std = _normalisation(obs)
+    return ((images.double() - mean) / std).flatten(1)
 
 
 def invert_layer_inputs(

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from privaudit.core.observation import Observation
 
-from .disaggregation import Separated, images_from_inputs, layer_params
+from .disaggregation import Separated, images_from_inputs, inputs_from_images, layer_params
 from .identifiability import (
     LinearLayer,
     layer_gradient,
@@ -109,7 +109,7 @@ def refine(
 
     start = sep.h.double()
     if layer.takes_input:  # ICA's images clipped to [0, 1] pixels: a better start
-        start = (images_from_inputs(obs, start).flatten(1) - _mean(obs)) / _std(obs)
+        start = inputs_from_images(obs, images_from_inputs(obs, start))
     a = (start @ v.T).clone().requires_grad_(True)
     before = residual(a).detach()
     opt = torch.optim.LBFGS(
@@ -157,23 +157,3 @@ def _duplicates(h: Tensor, start: Tensor, close: float = 1e-6) -> Tensor:
         if not out[i]:
             out |= near[i]
     return out
-
-
-def _mean(obs: Observation) -> Tensor:
-    """The normalisation's per-pixel mean, flattened like the inputs."""
-    per = _pixels(obs)
-    return torch.as_tensor(obs.mean, dtype=torch.float64).repeat_interleave(per)
-
-
-def _std(obs: Observation) -> Tensor:
-    """The normalisation's per-pixel standard deviation, flattened like the inputs."""
-    per = _pixels(obs)
-    return torch.as_tensor(obs.std, dtype=torch.float64).repeat_interleave(per)
-
-
-def _pixels(obs: Observation) -> int:
-    """Pixels per channel of the observation's inputs."""
-    n = 1
-    for d in obs.input_shape:
-        n *= int(d)
-    return n // len(obs.mean)

@@ -62,7 +62,8 @@ def audited(
         attackers=attackers,
         victims=None if victim is None else [victim],
     )
-    adv.link(), adv.victim()  # at most one of each
+    adv.link()  # refuses more than one link
+    adv.victim()  # refuses more than one victim
     return adv
 
 
