@@ -25,7 +25,7 @@ Usage::
     python benchmarks/disaggregation.py [--models mlp,fedavg-cnn] [--attacks spear,cpa]
         [--batch-sizes 16,64,256] [--sigmas 0] [--clip 1.0] [--batches 1]
         [--samples 131072] [--fi-iterations 200] [--data-root DIR] [--threads 2]
-        [--json PATH]
+        [--json PATH] [--markdown PATH]
 
 ``--attacks cpa:refine=off,cpa`` sets the Cocktail Party Attack without and with its
 row-space refinement side by side (an attack's options after its name).
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None, help="write the rows as a Markdown table")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = dataset(args.data_root)
@@ -204,7 +205,31 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     out.append(report(model, b, sigma, attack, rows))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(markdown(out, data.name, args.batches))
     return out
+
+
+def markdown(rows: list[dict[str, Any]], data_name: str, batches: int) -> str:
+    """One line per (model, B, σ, attack): the means over the batches, as printed, and the
+    goal the row is measured against."""
+    head = [f"{data_name}, the mean over {batches} batch(es) per row; s: the attack's wall "
+            "time per batch on this machine", "",
+            "| model | B | σ | attack | ≥ 30 dB | ≥ 20 dB | PSNR dB | labels | s | goal |",
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = []
+    for r in rows:
+        cells = [f"`{r['model']}`", str(r["B"]), f"{r['sigma']:g}", f"`{r['attack']}`"]
+        if "at30" in r:
+            cells += [f"{r['at30']:.1%}", f"{r['at20']:.1%}", f"{r['psnr']:.1f}",
+                      f"{r['labels']:.2f}", f"{r['wall_s']:.1f}"]  # fmt: skip
+        else:
+            why = next(x["refused"] for x in r["rows"] if "refused" in x)
+            cells += [f"refused: {why}", "", "", "", ""]
+        cells.append(verdict(r["model"], r["B"], r["sigma"], r["rows"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(head + lines) + "\n"
 
 
 def report(model: str, b: int, sigma: float, attack: str, rows: list[dict[str, Any]]) -> dict:

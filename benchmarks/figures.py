@@ -130,9 +130,42 @@ JOBS = [
         mnist=True,
     ),
     Job(
+        "disaggregation",
+        [*BENCH, "benchmarks/disaggregation.py", "--models", "mlp", "--attacks"]
+        + ["spear,cpa:refine=off,cpa", "--batch-sizes", "16,64,128,256", "--batches", "5"]
+        + ["--threads", "1", "--data-root", "{data}"]
+        + ["--markdown", "{figures}/disaggregation/batches.md"],
+        ["disaggregation/batches.md"],
+        mnist=True,
+    ),
+    Job(
+        "disaggregation-cnn",
+        [*BENCH, "benchmarks/disaggregation.py", "--models", "fedavg-cnn", "--attacks"]
+        + ["spear,cpa", "--batch-sizes", "8,64", "--batches", "2", "--threads", "1"]
+        + ["--data-root", "{data}", "--markdown", "{figures}/disaggregation/cnn.md"],
+        ["disaggregation/cnn.md"],
+        mnist=True,
+    ),
+    Job(
+        "disaggregation-noise",
+        [*BENCH, "benchmarks/disaggregation_noise.py", "--data-root", "{data}"]
+        + ["--figures", "{figures}/disaggregation"],
+        ["disaggregation/sigma.md", "disaggregation/sigma.png"],
+        mnist=True,
+    ),
+    Job(
+        "frontier-mlp",
+        [*PRIVAUDIT, "compare", "--preset", "utility", "--dataset", "mnist", "--model", "mlp"]
+        + ["--targets", "dsgd-half-model,dpdl-cg,dp-dpsgd-half-model", "--epsilons", "1,8,inf"]
+        + ["--attack", "auto", "--data-root", "{data}", "--out", "{work}"]
+        + ["--figures", "{figures}/frontier-mlp", "--overwrite", "--no-progress"],
+        ["frontier-mlp/frontier.md", "frontier-mlp/accuracy.md", "frontier-mlp/frontier.png"],
+        mnist=True,
+    ),
+    Job(
         "dpdl-table3",
         [*PRIVAUDIT, "reproduce", "dpdl-table3", "--data-root", "{data}"]
-        + ["--agents", "10,20,30", "--rounds", "20", "--batch-size", "1", "--victims", "2"]
+        + ["--agents", "10,20,30", "--rounds", "20", "--batch-size", "1", "--victims", "4"]
         + ["--iterations", "500", "--out", "{work}", "--overwrite", "--no-progress"],
         ["dpdl-table3.md"],
         mnist=True,

@@ -196,6 +196,25 @@ def test_table3_against_the_paper_numbers():
     assert "PSNR" in flipped[0]["differs"]  # ND now carries DPDL's numbers: far from the paper
 
 
+def test_table3_row_without_a_scored_victim_is_not_measured():
+    """Every victim's batch empty (Poisson, B = 1): the row says it was not measured, never
+    'within tolerance', and the DPDL row beside it has no direction to count."""
+    scen = {"ND-CG": "nd-cg", "DPDL-CG": "dpdl-cg"}
+    rows = [_row("ring", 10, t, PAPER_TABLE3[("ring", 10, sc)]) for sc, t in scen.items()]
+    for r in rows:
+        r["per_observation"] = [dict(r["metrics"]), dict(r["metrics"])]
+    empty = {m: None for m in rows[0]["metrics"]}
+    rows[0] = {**rows[0], "metrics": empty, "per_observation": [None, None]}
+    table = table3_rows(rows)
+    nd, dpdl = table
+    assert nd["differs"].startswith("not measured") and nd["ours"]["scored"] == 0
+    assert dpdl["differs"] == "within tolerance" and dpdl["ours"]["scored"] == 2
+    assert dpdl["direction"] is None
+    text = format_table3(table)
+    assert "ours 0/0 comparisons agree" in text
+    assert "1/1 measured rows within tolerance" in text and "1 not measured" in text
+
+
 # -- the privacy–utility frontier (--preset utility) -------------------------------------------
 
 

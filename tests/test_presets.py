@@ -61,6 +61,23 @@ def test_an_explicit_flag_wins_over_the_preset(point):
     assert cfg.params == {"lr": 0.1, "clip": 2.0, "momentum": 0.9}
 
 
+def test_the_operating_point_of_the_model_asked_for(point, monkeypatch):
+    """Several models per (defense, dataset): the first listed is the default, --model picks
+    its own point, and a model without one falls back to the attack preset, saying so."""
+    mlp = dataclasses.replace(POINT, model="mlp", rounds=77, params={"lr": 0.3})
+    monkeypatch.setitem(presets.OPERATING_POINTS, ("dpdl", "photos"), (POINT, mlp))
+    assert presets.operating_point("utility", "dpdl", "photos", 1.0) == POINT
+    assert presets.operating_point("utility", "dpdl", "photos", 1.0, "mlp") == mlp
+    assert presets.operating_point("utility", "dpdl", "photos", 1.0, "fedavg-cnn") is None
+    a = args("train", "--model", "mlp", "--dataset", "photos")
+    cfg, line = configured(a, "dpdl", None, preset="utility")
+    assert (cfg.model, cfg.rounds, cfg.params) == ("mlp", 77, {"lr": 0.3})
+    a = args("train", "--model", "fedavg-cnn", "--dataset", "photos")
+    cfg, line = configured(a, "dpdl", None, preset="utility")
+    assert cfg.model == "fedavg-cnn" and cfg.rounds == presets.ATTACK.rounds
+    assert "no operating point for dpdl on photos with --model fedavg-cnn" in line
+
+
 def test_attack_preset_is_the_inversion_setting(point):
     a = args("train", "--preset", "attack")
     cfg, line = configured(a, "dpdl", None, preset="utility")
@@ -138,7 +155,7 @@ def test_shipped_operating_points_are_valid_runs():
     from privaudit.scenario.models import MODELS
 
     for (defense, dataset), points in presets.OPERATING_POINTS.items():
-        assert points and len({p.epsilon for p in points}) == len(points)
+        assert points and len({(p.model, p.epsilon) for p in points}) == len(points)
         for p in points:
             assert p.model in MODELS and p.searched
             cfg = RunConfig(defense=defense, dataset=dataset)

@@ -37,6 +37,7 @@ SLOW: frozenset[str] = frozenset(
         "test_audit_search.py::test_span_on_dpdl_cg_measures_the_moved_evaluation_point",
         "test_audit_search.py::test_the_search_does_not_flag_a_correct_mechanism",
         "test_benchmark_resume.py",
+        "test_disaggregation_noise.py",
         "test_benchmarks.py::test_attack_search_scores_every_grid_point_on_the_train_split",
         "test_benchmarks.py::test_attack_search_sets_the_refinement_step_of_fi",
         "test_benchmarks.py::test_noised_cross_gradients_carry_exactly_the_documented_noise",

@@ -251,11 +251,13 @@ def cmd_compare(a: argparse.Namespace) -> int:
         horizon=a.horizon,
     ).validate()
     if frontier:
+        model = sweep.explicit.get("model")
+        where = f"{sweep.base.dataset} with --model {model}" if model else sweep.base.dataset
         for name in dict.fromkeys(Target.parse(t).defense.name for t in targets):
-            if presets.operating_point("utility", name, sweep.base.dataset) is None:
+            if presets.operating_point("utility", name, sweep.base.dataset, None, model) is None:
                 print(
-                    f"{name}: no operating point on {sweep.base.dataset} yet; it runs at the "
-                    "attack preset's settings",
+                    f"{name}: no operating point on {where} yet; it runs at the attack "
+                    "preset's settings",
                     file=sys.stderr,
                 )
     t0 = time.perf_counter()

@@ -63,39 +63,56 @@ ATTACK = OperatingPoint(
     searched="the attack setting: not searched",
 )
 
-# (defense, dataset) -> its operating points, one per searched ε: benchmarks/tune.py's output
+# (defense, dataset) -> its operating points, one per searched (model, ε): benchmarks/tune.py's
+# output. The first model listed is the dataset's default; another is chosen with --model.
 # MNIST (t10k split 8,000/2,000 when only the test files are present), 10 agents on a ring:
-# tanh-cnn, B = 64, near-IID shards (α = 100: with Dirichlet(0.5) the smallest shard holds
-# 289 examples, so its q = B/n_i — which sets the run's ε — is 2.6× the others' and σ 2×)
-_TUNE = "benchmarks/tune.py --dataset mnist --model tanh-cnn --batch-size 64 --dirichlet-alpha 100"
+# B = 64, near-IID shards (α = 100: with Dirichlet(0.5) the smallest shard holds 289
+# examples, so its q = B/n_i — which sets the run's ε — is 2.6× the others' and σ 2×);
+# tanh-cnn, and McMahan et al.'s 2NN (mlp) for the defenses the batch attacks are measured on
+_TUNE = "benchmarks/tune.py --dataset mnist --model {model} --batch-size 64 --dirichlet-alpha 100"
 
 
 def _mnist(
-    defense: str, epsilon: float | None, rounds: int, lr: float, grid: str, validation: float
+    defense: str,
+    epsilon: float | None,
+    rounds: int,
+    lr: float,
+    grid: str,
+    validation: float,
+    model: str = "tanh-cnn",
 ) -> OperatingPoint:
-    """A searched MNIST point: tanh-cnn, B = 64, α = 100, and the search that chose it."""
+    """A searched MNIST point: ``model``, B = 64, α = 100, and the search that chose it."""
     eps = "inf" if epsilon is None else f"{epsilon:g}"
     return OperatingPoint(
-        model="tanh-cnn",
+        model=model,
         batch_size=64,
         dirichlet_alpha=100.0,
         rounds=rounds,
         params={"lr": lr},
         epsilon=epsilon,
-        searched=f"{_TUNE} --defense {defense} {grid} --epsilons {eps}: "
+        searched=f"{_TUNE.format(model=model)} --defense {defense} {grid} --epsilons {eps}: "
         f"validation {validation:.3f}",
     )
 
 
 OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
-    ("dsgd", "mnist"): (_mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.978),),
+    ("dsgd", "mnist"): (
+        _mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.978),
+        _mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.1,0.5,1", 0.948, "mlp"),
+    ),
     ("dp-dpsgd", "mnist"): (
         _mnist("dp-dpsgd", 1.0, 100, 0.5, "--grid rounds=50,100 --grid lr=0.25,0.5,1", 0.694),
         _mnist("dp-dpsgd", 8.0, 300, 1.0, "--grid rounds=100,300 --grid lr=0.5,1,2", 0.929),
+        _mnist("dp-dpsgd", 1.0, 50, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=50,100", 0.714, "mlp"),
+        _mnist(
+            "dp-dpsgd", 8.0, 300, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=100,300", 0.875, "mlp"
+        ),
     ),
     ("dpdl", "mnist"): (
         _mnist("dpdl", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.839),
         _mnist("dpdl", 8.0, 300, 1.0, "--grid lr=0.5,1 --grid rounds=100,300", 0.946),
+        _mnist("dpdl", 1.0, 50, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=50,100", 0.797, "mlp"),
+        _mnist("dpdl", 8.0, 300, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=100,300", 0.902, "mlp"),
     ),
     ("clipd2p", "mnist"): (
         _mnist("clipd2p", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.688),
@@ -129,16 +146,25 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
 
 
 def operating_point(
-    preset: str, defense: str, dataset: str, epsilon: float | None = None
+    preset: str,
+    defense: str,
+    dataset: str,
+    epsilon: float | None = None,
+    model: str | None = None,
 ) -> OperatingPoint | None:
     """The settings ``preset`` gives ``defense`` on ``dataset`` at ``epsilon`` (the point
-    searched at the nearest ε on a log scale; None: the largest); None when ``utility`` has
-    no searched point there (the caller says so and falls back to :data:`ATTACK`)."""
+    searched at the nearest ε on a log scale; None: the largest) for ``model`` (None: the
+    dataset's default, the first model listed); None when ``utility`` has no searched point
+    there (the caller says so and falls back to :data:`ATTACK`)."""
     if preset not in PRESETS:
         raise unknown("preset", preset, PRESETS)
     if preset == "attack":
         return ATTACK
     points = OPERATING_POINTS.get((defense, dataset), ())
+    if not points:
+        return None
+    model = points[0].model if model is None else model
+    points = tuple(p for p in points if p.model == model)
     if not points:
         return None
 
@@ -157,12 +183,14 @@ def apply(cfg: RunConfig, preset: str, explicit: Mapping[str, Any]) -> tuple[Run
     ones (flags the user gave: RunConfig fields, and ``params`` merged key by key on top of
     the preset's). Returns the config and one line naming where the settings came from."""
     epsilon = None if cfg.sigma is not None else cfg.epsilon  # --sigma overrides ε
-    point = operating_point(preset, cfg.defense, cfg.dataset, epsilon)
+    model = explicit.get("model")
+    point = operating_point(preset, cfg.defense, cfg.dataset, epsilon, model)
     note = f"{preset} preset"
     if point is None:
         point = ATTACK
+        where = f"{cfg.dataset} with --model {model}" if model else cfg.dataset
         note = (
-            f"no operating point for {cfg.defense} on {cfg.dataset} yet; using the attack "
+            f"no operating point for {cfg.defense} on {where} yet; using the attack "
             "preset's settings (pass --model/--batch-size/--lr to choose)"
         )
     values = point.fields()
