@@ -68,8 +68,10 @@ ATTACK = OperatingPoint(
 # MNIST (t10k split 8,000/2,000 when only the test files are present), 10 agents on a ring:
 # B = 64, near-IID shards (α = 100: with Dirichlet(0.5) the smallest shard holds 289
 # examples, so its q = B/n_i — which sets the run's ε — is 2.6× the others' and σ 2×);
-# tanh-cnn, and McMahan et al.'s 2NN (mlp) for the defenses the batch attacks are measured on
+# tanh-cnn, and McMahan et al.'s 2NN (mlp) and CNN (fedavg-cnn) for the defenses the batch
+# attacks are measured on
 _TUNE = "benchmarks/tune.py --dataset mnist --model {model} --batch-size 64 --dirichlet-alpha 100"
+_CNN = "fedavg-cnn"
 
 
 def _mnist(
@@ -99,6 +101,7 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
     ("dsgd", "mnist"): (
         _mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1,2", 0.978),
         _mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.1,0.5,1", 0.948, "mlp"),
+        _mnist("dsgd", None, 300, 0.5, "--rounds 300 --grid lr=0.5,1", 0.975, _CNN),
     ),
     ("dp-dpsgd", "mnist"): (
         _mnist("dp-dpsgd", 1.0, 100, 0.5, "--grid rounds=50,100 --grid lr=0.25,0.5,1", 0.694),
@@ -107,12 +110,16 @@ OPERATING_POINTS: dict[tuple[str, str], tuple[OperatingPoint, ...]] = {
         _mnist(
             "dp-dpsgd", 8.0, 300, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=100,300", 0.875, "mlp"
         ),
+        _mnist("dp-dpsgd", 1.0, 50, 0.5, "--grid lr=0.5,1 --grid rounds=50,100", 0.662, _CNN),
+        _mnist("dp-dpsgd", 8.0, 300, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.905, _CNN),
     ),
     ("dpdl", "mnist"): (
         _mnist("dpdl", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.839),
         _mnist("dpdl", 8.0, 300, 1.0, "--grid lr=0.5,1 --grid rounds=100,300", 0.946),
         _mnist("dpdl", 1.0, 50, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=50,100", 0.797, "mlp"),
         _mnist("dpdl", 8.0, 300, 0.5, "--grid lr=0.1,0.5,1 --grid rounds=100,300", 0.902, "mlp"),
+        _mnist("dpdl", 1.0, 50, 0.5, "--grid lr=0.5,1 --grid rounds=50,100", 0.809, _CNN),
+        _mnist("dpdl", 8.0, 300, 0.5, "--rounds 300 --grid lr=0.5", 0.905, _CNN),
     ),
     ("clipd2p", "mnist"): (
         _mnist("clipd2p", 1.0, 100, 0.5, "--grid lr=0.5,1 --grid rounds=100,300", 0.688),
