@@ -117,8 +117,7 @@ def one(
     except PrivauditError as e:
         return {**row, "refused": str(e), "wall_s": time.perf_counter() - t0}
     row["wall_s"] = time.perf_counter() - t0
-    perm = match(x, rec.images)
-    p = torch.tensor(psnr(x, rec.images[perm].float(), "none"))
+    perm, p = matched_psnr(x, rec.images)
     row.update(
         at30=float((p >= 30).double().mean()),
         at20=float((p >= 20).double().mean()),
@@ -128,6 +127,13 @@ def one(
         how=_how(rec.meta, name),
     )
     return row
+
+
+def matched_psnr(x: torch.Tensor, images: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The reconstructions matched one-to-one to the truth ``x`` (Hungarian on PSNR) and
+    each true image's PSNR against its match."""
+    perm = match(x, images)
+    return perm, torch.tensor(psnr(x, images[perm].float(), "none"))
 
 
 def _how(meta: dict[str, Any], name: str) -> str:

@@ -40,11 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from disaggregation import dataset, one  # noqa: E402 - a sibling script, not a package
+from disaggregation import dataset, matched_psnr, one  # noqa: E402 - a sibling script, not a package
 
 from privaudit.api.pipeline import reconstruct
 from privaudit.core.config import RunConfig
-from privaudit.eval.metrics import match, psnr
 from privaudit.eval.style import num, save, series_style, style_axes
 from privaudit.scenario.presets import operating_point
 from privaudit.sim.run import Run
@@ -56,7 +55,7 @@ ATTACK = "cpa"
 
 def counts(x: torch.Tensor, images: torch.Tensor) -> dict[str, Any]:
     """Per-image PSNR of ``images`` matched to the truth ``x`` -> counts at 20 and 30 dB."""
-    p = torch.tensor(psnr(x, images[match(x, images)].float(), "none")).clamp(max=100)
+    p = matched_psnr(x, images)[1].clamp(max=100)
     return {"n": len(p), "at20": int((p >= 20).sum()), "at30": int((p >= 30).sum()),
             "psnr_sum": float(p.sum())}  # fmt: skip
 
