@@ -61,8 +61,11 @@ images by the ``fi`` attack's feature inversion, as the paper does (:mod:`.disag
 **Refinement** (privaudit's, not the paper's; :mod:`.rowspace`). Where the layer is followed
 by a ReLU and a linear layer whose gradient has rank ≥ B (an MLP's first layer), each
 separated input is moved, from ICA's estimate, to where its ReLU features lie in that
-gradient's row space — an exact property of every true input; on McMahan et al.'s 2NN at
-B = 64 it turns ICA's approximate separations into exact ones (``benchmarks/disaggregation.py``).
+gradient's row space — an exact property of every true input. **Completion** (privaudit's;
+:mod:`.completion`): on a noise-free gradient each refined input is polished to the exact
+fixed point of its ReLU pattern where it has one, and the examples left are found by SPEAR's
+search at the rank the exact ones leave — on McMahan et al.'s 2NN at B = 64 the two turn
+ICA's approximate separations into exact ones (``benchmarks/disaggregation.py``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ from torch import Tensor
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation, Reconstruction
 
-from . import rowspace
+from . import completion, rowspace
 from .common import as_list
 from .disaggregation import Separated, finish, pick_layer
 from .fi import DEFAULT_ITERATIONS
@@ -93,6 +96,7 @@ TOL = 1e-7
 CONTRAST = 1.0  # a in G(u) = log cosh(a u) / a (FastICA's usual 1 ≤ a ≤ 2)
 SCALES = ("auto", "bias", "prior")
 ICA_ON = ("auto", "values", "differences")
+COMPLETES = ("auto", "off")
 
 
 def differences(g: Tensor, shape: Sequence[int]) -> tuple[Tensor, float]:
@@ -244,6 +248,8 @@ def applies(obs: Observation) -> str | None:
         "tv": NON_NEGATIVE,
         "refine": one_of(rowspace.REFINES),
         "refine_iterations": Rule("an integer in 1..10^5", lambda v: 1 <= v <= 10**5),
+        "complete": one_of(COMPLETES),
+        "complete_samples": Rule("an integer in 1..10^9", lambda v: 1 <= v <= 10**9),
     },
 )
 def cpa(
@@ -264,6 +270,8 @@ def cpa(
     ica_on: str = "auto",
     refine: str = "auto",
     refine_iterations: int = rowspace.ITERATIONS,
+    complete: str = "auto",
+    complete_samples: int = completion.SAMPLES,
 ) -> list[Reconstruction]:
     """The Cocktail Party Attack (module docstring) on ``layer`` ("auto": the first linear
     layer) of each observation, observation i with seed ``seed + i`` (FastICA's start).
@@ -272,9 +280,13 @@ def cpa(
     ``ica_on``: the rows FastICA learns the unmixing on, "values" or "differences" (of
     pixels; "auto": where the layer takes the image). ``refine``: "auto" moves the separated
     inputs to the next layer's row space (:mod:`.rowspace`, ``refine_iterations`` of L-BFGS)
-    where its gradient has rank ≥ B after a ReLU, "off" keeps ICA's. ``loss`` is 0: ICA has
-    no residual to report (``meta["cpa"]`` says whether it converged, on which rows, and the
-    refinement's residual per example or why it did not run)."""
+    where its gradient has rank ≥ B after a ReLU, "off" keeps ICA's. ``complete``: "auto",
+    after the refinement on a noise-free gradient, polishes every example to exactness where
+    it can and finds the rest by SPEAR's search at the rank they leave
+    (:mod:`.completion`, ``complete_samples`` draws); "off" stops at the refinement.
+    ``loss`` is 0: ICA has no residual to report (``meta["cpa"]`` says whether it converged,
+    on which rows, the refinement's residual per example or why it did not run, and how
+    many examples the completion made exact and found)."""
     out = []
     for i, o in enumerate(as_list(observations)):
         if o.terms:
@@ -299,6 +311,8 @@ def cpa(
                 sep.meta["refine"] = {"skipped": why}
             else:
                 sep = rowspace.refine(o, ly, nxt, sep, refine_iterations)
+                if complete == "auto":
+                    sep = completion.complete(o, ly, sep, samples=complete_samples, seed=seed + i)
         inv = {"iterations": DEFAULT_ITERATIONS if iterations is None else int(iterations)}
         inv.update(restarts=1 if restarts is None else int(restarts), lr=lr, tv=tv)
         rec = finish(o, ly, sep, seed + i, device, progress, inv, "cpa")

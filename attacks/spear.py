@@ -340,15 +340,21 @@ def search(
     match: float,
     gen: torch.Generator,
     advance: Callable[[], None],
+    known: Tensor | None = None,
 ) -> Found:
     """Steps 1–2 in rounds of ``ROUND`` samples; each candidate whose ReLU pattern the next
     layer confirms (agreement at least ``match``) is an example, solved exactly, and the
-    search deflates past it (:func:`deflate`)."""
+    search deflates past it (:func:`deflate`). ``known`` (k, b): examples already solved
+    (``x_i = Rᵀ p_i``), deflated before the first sample, so the search starts at rank
+    b − k; only the new ones are returned."""
     m, b = ly.L.shape
-    found_p, found_g = [], []
+    known = torch.zeros(0, b, dtype=torch.float64) if known is None else known
+    found_p: list[Tensor] = []
+    found_g: list[Tensor] = []
     extra = torch.zeros(m, 0, dtype=torch.float64)
-    cur, left, stale = ly, samples, 0
-    while left > 0 and len(found_p) < b:
+    cur = deflate(ly, known) if len(known) else ly
+    left, stale, b_left = samples, 0, b - len(known)
+    while left > 0 and len(found_p) < b_left:
         n = min(ROUND, left)
         left -= n
         cands = candidates(cur, n, tau, gen, advance)
@@ -358,18 +364,19 @@ def search(
         p, agree = solve_patterns(ly, proj, ~cur.zeros(cols))
         new = []
         for i in torch.nonzero(agree >= match).flatten().tolist():
-            if len(found_p) < b and all(
-                float((p[i] - q).norm() / q.norm().clamp_min(1e-300)) > 1e-6 for q in found_p
+            if len(found_p) < b_left and all(
+                float((p[i] - q).norm() / q.norm().clamp_min(1e-300)) > 1e-6
+                for q in [*known, *found_p]
             ):
                 found_p.append(p[i])
                 found_g.append(cols[:, i])
                 new.append(i)
         extra = cols[:, [i for i in range(cols.shape[1]) if i not in new]]
         stale = 0 if new else stale + 1
-        if stale >= 2 and len(found_p) + extra.shape[1] >= b:
+        if stale >= 2 and len(found_p) + extra.shape[1] >= b_left:
             break  # the rest are seen but not confirmed: left to the paper's selection
-        if new and len(found_p) < b:
-            cur = deflate(ly, torch.stack(found_p))
+        if new and len(found_p) < b_left:
+            cur = deflate(ly, torch.cat([known, torch.stack(found_p)]))
     if not found_p:
         return Found(torch.zeros(0, b, dtype=torch.float64), extra[:, :0], extra, samples - left)
     return Found(torch.stack(found_p), torch.stack(found_g, 1), extra, samples - left)
