@@ -27,7 +27,10 @@ exact examples are projected out of the row side, ``∂W (I − Π_X) = L (I −
 B − k. A uniform (B − k − 1)-row sample of L hits an example with probability ≈ 2^−(B−k−1)
 instead of 2^−(B−1): at B = 64 with 50 examples exact, ≈ 1e-4 instead of 1e-19, so
 ``samples`` draws find what ICA missed, each solved exactly from the next layer and deflated
-in turn (:func:`.spear.search`).
+in turn (:func:`.spear.search`). A zero there is an entry at most ``zero_tol`` (1e-5) of its
+column's largest: the polished examples are exact to ≈ 5e-6 (relative), and what of them
+the deflation leaves in the columns would hide the zeros from SPEAR's own 1e-6
+(docs/attacks.md gives the measurement).
 
 **Output gradients.** An exact example's ``∂z_i`` is zero on its inactive units: its
 direction is the least right singular vector of L restricted to those rows (SPEAR's
@@ -51,6 +54,7 @@ from .identifiability import LinearLayer
 ROUNDS = 10  # pattern → solve → pattern rounds of the polish
 EXACT = 1e-8  # a fixed point with ‖N r‖² / ‖r‖² at most this is an example
 SAMPLES = 1 << 16  # SPEAR's draws at the rank left
+ZERO_TOL = 1e-5  # a zero of the search's columns, of their largest entry (module docstring)
 SAME = 1e-4  # two solutions within this relative distance are one example
 
 
@@ -92,6 +96,7 @@ def complete(
     *,
     samples: int = SAMPLES,
     exact: float = EXACT,
+    zero_tol: float = ZERO_TOL,
     seed: int = 0,
 ) -> Separated:
     """``sep`` (the layer's inputs as estimated, e.g. by :func:`.cpa.unmix` and
@@ -102,7 +107,7 @@ def complete(
     b = int(obs.batch_size)
     if obs.noise_std:
         return _skipped(sep, "the gradient is noised: exactness cannot be checked")
-    ly = spear.factor(obs, layer, b, spear.ZERO_TOL, spear.ZERO_SIGMAS)
+    ly = spear.factor(obs, layer, b, zero_tol, spear.ZERO_SIGMAS)
     proj = spear.next_layer_projector(obs, layer, b)
     if proj is None:
         return _skipped(sep, "the next layer does not pin the examples (rank or width below B)")
@@ -123,13 +128,16 @@ def complete(
     rest = [i for i in range(b) if i not in known]
     for k, slot in enumerate(_nearest(h[rest], found.p @ ly.R)):  # a find takes the estimate
         h[rest[slot]], g[:, rest[slot]] = found.p[k] @ ly.R, found.g[:, k]  # nearest to it
+    searched = int(found.p.shape[0])
     meta = {
         **sep.meta,
+        "how": f"{len(known)} exact after the polish, {searched} found by SPEAR's search at "
+        f"rank {b - len(known)}, {b - len(known) - searched} left at the estimate",
         "complete": {
             "exact": len(known),
-            "searched": int(found.p.shape[0]),
+            "searched": searched,
             "samples": found.used,
-            "left": b - len(known) - int(found.p.shape[0]),
+            "left": b - len(known) - searched,
             "residual": [float(v) for v in res],
         },
     }

@@ -231,7 +231,8 @@ def applies(obs: Observation) -> str | None:
         return None
     return (
         f"B = {b}: {layers[0].module} takes the image and its gradient has rank B, and "
-        f"{nxt.module}'s row space pins every example (ICA, then the row-space refinement)"
+        f"{nxt.module}'s row space pins every example (ICA, the row-space refinement, then "
+        "the completion)"
     )
 
 

@@ -27,8 +27,9 @@ Usage::
         [--samples 131072] [--fi-iterations 200] [--data-root DIR] [--threads 2]
         [--json PATH] [--markdown PATH]
 
-``--attacks cpa:refine=off,cpa`` sets the Cocktail Party Attack without and with its
-row-space refinement side by side (an attack's options after its name).
+``--attacks cpa:refine=off,cpa:complete=off,cpa`` sets the Cocktail Party Attack side by side
+as ICA alone, with its row-space refinement, and with the completion after it (the default;
+an attack's options after its name).
 """
 
 from __future__ import annotations

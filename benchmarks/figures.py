@@ -132,8 +132,8 @@ JOBS = [
     Job(
         "disaggregation",
         [*BENCH, "benchmarks/disaggregation.py", "--models", "mlp", "--attacks"]
-        + ["spear,cpa:refine=off,cpa", "--batch-sizes", "16,64,128,256", "--batches", "5"]
-        + ["--threads", "1", "--data-root", "{data}"]
+        + ["spear,cpa:refine=off,cpa:complete=off,cpa", "--batch-sizes", "16,64,128,256"]
+        + ["--batches", "5", "--threads", "1", "--data-root", "{data}"]
         + ["--markdown", "{figures}/disaggregation/batches.md"],
         ["disaggregation/batches.md"],
         mnist=True,
