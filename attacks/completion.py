@@ -18,8 +18,7 @@ pattern nearly right; re-solving from the pattern, recomputing the pattern from 
 and repeating (``rounds`` times) reaches the fixed point where the pattern and the solution
 agree. An example is **exact** where that fixed point's relative residual
 ``‖N r‖² / ‖r‖²`` is at most ``exact`` — ≈ 1e-13 for a true example of a float32 gradient, 1e-2
-and above for a blend that happens to be a fixed point (``benchmarks/disaggregation.py``
-measures both).
+and above for a blend that happens to be a fixed point (docs/attacks.md).
 
 **Search at the rank left** (SPEAR's steps 1–2, Dimitrov et al., NeurIPS 2024, §4). The k
 exact examples are projected out of the row side, ``∂W (I − Π_X) = L (I − Π_P) R``
@@ -36,8 +35,9 @@ the deflation leaves in the columns would hide the zeros from SPEAR's own 1e-6
 direction is the least right singular vector of L restricted to those rows (SPEAR's
 re-solve) — what its label is read from (:func:`.disaggregation.labels_from_directions`).
 
-It needs a noise-free gradient: the exactness test has no meaning once noise moves both row
-spaces (the refinement, which tolerates noise, is then what the attack returns).
+It needs a noise-free gradient: once noise moves both row spaces the exactness test has no
+meaning and the pattern solve fits the noise (docs/attacks.md measures it making estimates
+worse); the refinement, which tolerates noise, is then what the attack returns.
 """
 
 from __future__ import annotations
