@@ -61,12 +61,12 @@ ATTACKS: tuple[tuple[str, str], ...] = (
     ("analytic", "closed-form recovery of the first linear layer's input (B = 1 or exact cases)"),
     ("ig", "Inverting Gradients: cosine matching + TV, Adam (Geiping et al. 2020)"),
     ("fi", "feature inversion: the last layer's input solved in closed form, then inverted"),
+    ("spear", "SPEAR: exact batch from a ReLU linear layer's low-rank, sparse gradient"),
     ("cpa", "Cocktail Party Attack: FastICA separates a linear layer's gradient into the batch"),
     (
         "rgap",
         "R-GAP: layer-wise linear systems, recursive (Zhu & Blaschko 2021); IG where not exact",
     ),
-    ("spear", "SPEAR: exact batch from a ReLU linear layer's low-rank, sparse gradient"),
     ("auto", "picks analytic, R-GAP, SPEAR, CPA, fi or IG per observation by what is solvable"),
     ("dlg", "DLG: images and soft labels by L2 gradient matching, L-BFGS (Zhu et al. 2019)"),
     ("idlg", "iDLG: DLG with the labels inferred first (Zhao et al. 2020)"),

@@ -58,7 +58,7 @@ BUILT_IN = Vocabulary(
         "lppa",
         "dp-dsgt",
     ),
-    attacks=("analytic", "ig", "fi", "cpa", "rgap", "spear", "auto", "dlg", "idlg", "hybrid"),
+    attacks=("analytic", "ig", "fi", "spear", "cpa", "rgap", "auto", "dlg", "idlg", "hybrid"),
     default_attack="ig",
     membership_attacks=("loss", "lira", "rmia"),
 )
