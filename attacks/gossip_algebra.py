@@ -548,6 +548,23 @@ def tie(system: LinearSystem, agents: Collection[int], kind: str | None = None) 
     )
 
 
+def drift_shift(untied: LinearSystem, drift: Mapping[Key, Any]) -> np.ndarray:
+    """K o (R × d): what the updates' drift from their tied value puts in the rows,
+    o_(k,t) = g_k^t − g_k^1 for each unknown update key of ``untied`` (the system before
+    :func:`tie`) that ``drift`` maps to a d-vector, 0 for the others. Subtracted from the
+    observed rows, it leaves exactly K_tied ḡ where the drift is right, so it removes
+    :func:`tie`'s first-order error Σ (rᵀ K)_(k,t) δ_k^t to the extent a prediction of
+    δ is right — e.g. the run re-simulated from the first pass's recovered examples
+    (``benchmarks/anchor.py``, docs/threat-models.md). (R, 1) zeros where ``drift`` holds
+    none of the unknowns."""
+    keys = [k for k in untied.unknowns if k in drift]
+    if not keys:
+        return np.zeros((len(untied.rows), 1))
+    cols = [untied.index(k) for k in keys]
+    values = np.stack([_array(drift[k]).reshape(-1) for k in keys])
+    return np.asarray(untied.K[:, cols] @ values)
+
+
 def state_functional(system: LinearSystem, t: int, agent: int, component: str = "x") -> dict:
     """The coefficients {key: c} of state s_t[component, agent] over the variables: a target
     for :func:`estimate` (e.g. x^k_{t-1}, the point an update's Observation is taken at)."""

@@ -19,7 +19,9 @@ solved two ways —
 - ``ours`` (privaudit's default): the float identifiability (row-scaled QR rank at the
   rounding of K itself, leverage), the solve of every identifiable victim around x_0, and
   each victim's estimated rounding error (a victim whose error reaches its own size is
-  ``hidden``); the gradient inverted by the reliable-rows rule
+  ``hidden``); up to three more solves with the drift forecast subtracted (:class:`Forecast`:
+  the run re-simulated from the recovered gradients, kept only while it explains the
+  messages better); the gradient inverted by the reliable-rows rule
   (:func:`attacks.analytic.combine`);
 - ``lstsq``: the anchor's solver, the min-norm least squares of the same tied system
   (NumPy ``lstsq``, default cut-off), which returns a value for every victim, inverted by
@@ -60,6 +62,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -70,11 +73,13 @@ from torch import Tensor, nn  # noqa: E402
 from privaudit.attacks.analytic import recover  # noqa: E402
 from privaudit.attacks.gossip_algebra import (  # noqa: E402
     dpsgd,
+    drift_shift,
     gossip_messages,
     identifiability,
     knowledge,
     relative_error,
     solve,
+    tie,
 )
 from privaudit.core.observation import Observation  # noqa: E402
 from privaudit.scenario.data import load_dataset  # noqa: E402
@@ -148,6 +153,9 @@ def dgd(
     return sent.numpy(), grads.numpy()
 
 
+DRIFT_PASSES = 3  # re-solves with the drift forecast from the previous pass (ours)
+
+
 def attack(
     sent: np.ndarray,
     adj: Tensor,
@@ -158,6 +166,8 @@ def attack(
     rtol: float | None = None,
     max_error: float | None = 1.0,
     report: dict[int, float] | None = None,
+    drift: Forecast | None = None,
+    passes: int = DRIFT_PASSES,
 ) -> dict[int, np.ndarray]:
     """Each non-member's round-1 gradient from the coalition's recorded messages, on the tied
     system with the coalition's own values subtracted (``cut``: one unknown gradient per
@@ -165,23 +175,23 @@ def attack(
     only (row-scaled QR rank at ``rtol``, None: :func:`~privaudit.attacks.gossip_algebra.
     default_rtol`), solved around x_0; a victim whose estimated rounding error
     (:func:`~privaudit.attacks.gossip_algebra.float_error`) is at least ``max_error`` times its RMS
-    is left out as lost to rounding (None: kept). ``report``: filled with each returned
-    victim's relative rounding error. ``lstsq``: min-norm least squares of the same system,
-    every victim (the anchor's ``np.linalg.lstsq``)."""
+    is left out as lost to rounding (None: kept). With a ``drift`` :class:`Forecast`,
+    ``passes`` re-solves with the drift it forecasts from the previous pass's gradients
+    subtracted (:func:`~privaudit.attacks.gossip_algebra.drift_shift`): of its forecasts (one
+    per ``trusts``), the one whose tied system explains the messages best (least-squares
+    misfit), and only while that misfit falls — a forecast that explains the run worse than
+    the tie alone is never used. ``report``: filled
+    with each returned victim's relative rounding error. ``lstsq``: min-norm least squares
+    of the same system, every victim (the anchor's ``np.linalg.lstsq``)."""
     T, n = sent.shape[0] - 1, sent.shape[1]
     rec = dpsgd(W, lr)
     inside = set(members)
     others = [k for k in range(n) if k not in inside]
     rows = gossip_messages(adj, members, range(1, T + 1), own=("x",))
-    system = knowledge(
-        rec,
-        members,
-        rows,
-        rounds=T,
-        known=lambda k: k[0] in rec.public or k[1] in inside,
-        tied=others,
-        cut=True,
+    untied = knowledge(
+        rec, members, rows, rounds=T, known=lambda k: k[0] in rec.public or k[1] in inside, cut=True
     )
+    system = tie(untied, others)
     x0 = sent[0, 0]
     observed = system.observed(sent)
     known = system.known_from(sent, lambda key: x0)
@@ -195,16 +205,103 @@ def attack(
     keys = [("g", v, 1) for v in others if analysis.status(("g", v, 1)) == "identifiable"]
     if not keys:
         return {}
-    out = solve(system, observed, known, analysis=analysis, keys=keys, reference=x0)
-    assert out.float_error is not None
-    rel = relative_error(out.values, out.float_error)
-    got = {}
-    for i, key in enumerate(out.keys):
-        if max_error is None or rel[i] < max_error:
-            got[key[1]] = out.values[i]
-            if report is not None:
-                report[key[1]] = float(rel[i])
+    got: dict[int, np.ndarray] = {}
+    shift = np.zeros((len(system.rows), 1))
+    dense = system.K.toarray()
+    fit = np.inf  # how well the accepted pass explains the messages
+
+    def misfit(shift: np.ndarray) -> float:
+        y = system.rhs(observed - shift, known, reference=x0)
+        return float(np.linalg.norm(y - dense @ np.linalg.lstsq(dense, y, rcond=None)[0]))
+
+    for _ in range(1 + (passes if drift is not None else 0)):
+        if got and drift is not None:
+            shifts = []
+            for trust in drift.trusts:
+                g = drift.gradients(got, trust)
+                o = {("g", k, t): g[t - 1, k] - g[0, k] for k in got for t in range(2, T + 1)}
+                shifts.append(drift_shift(untied, o))
+            shift = min(shifts, key=misfit)
+        miss = misfit(shift)
+        if miss >= fit:
+            break  # no forecast explains the messages better: the previous pass stands
+        fit = miss
+        out = solve(system, observed - shift, known, analysis=analysis, keys=keys, reference=x0)
+        assert out.float_error is not None
+        rel = relative_error(out.values, out.float_error)
+        got = {}
+        for i, key in enumerate(out.keys):
+            if max_error is None or rel[i] < max_error:
+                got[key[1]] = out.values[i]
+                if report is not None:
+                    report[key[1]] = float(rel[i])
     return got
+
+
+TRUSTS = (1e-3, 1.0)  # rank-one residuals up to which a victim's own drift is forecast
+
+
+@dataclass
+class Forecast:
+    """What the coalition predicts of the others' gradients from those it recovered, in the
+    anchor's setting (:func:`linear_model`, one example per agent, D-GD from x_0): the run
+    re-simulated with every non-member's recovered gradient held at its tied value, except
+    that an agent the coalition can forecast — a member (its own example) or a victim whose
+    recovered gradient is within a ``trust`` of one example's (:func:`rank_one`; its image by
+    :func:`invert`, its label the negative entry of ∂b) — computes its gradient afresh at its
+    simulated model each round. Its drift then comes from its own example and the models
+    the recovered gradients imply, never from another victim's inversion."""
+
+    model: nn.Module
+    images: Tensor  # only the members' rows are read
+    labels: Tensor
+    members: list[int]
+    W: np.ndarray
+    lr: float
+    rounds: int
+    trusts: tuple[float, ...] = TRUSTS
+
+    def gradients(self, got: dict[int, np.ndarray], trust: float) -> np.ndarray:
+        """Every agent's gradient in every round (T, n, d) as forecast at ``trust`` (class
+        docstring); an agent neither forecast nor in ``got`` keeps a zero gradient."""
+        layer = self.model[1]
+        C, D = layer.out_features, layer.in_features
+        shape = tuple(self.images.shape[1:])
+        x0 = flat(self.model)
+        n = len(self.images)
+        x = torch.zeros(n, D, dtype=torch.float64)
+        y = torch.zeros_like(self.labels)
+        fixed = torch.zeros(n, x0.numel(), dtype=torch.float64)
+        fresh = list(self.members)
+        for k in self.members:
+            x[k], y[k] = self.images[k].double().reshape(-1), self.labels[k]
+        for v, g in got.items():
+            fixed[v] = torch.from_numpy(np.ascontiguousarray(g))
+            if rank_one(g, C) <= trust:
+                x[v] = invert(self.model, x0.numpy(), g, shape).reshape(-1)
+                y[v] = int(np.argmin(g[C * D :]))
+                fresh.append(v)
+        Wt = torch.from_numpy(self.W)
+        out = torch.empty(self.rounds, n, x0.numel(), dtype=torch.float64)
+        state = x0.expand(n, -1)
+        for t in range(self.rounds):
+            at = (x0.expand(n, -1) if t == 0 else Wt @ state).clone().requires_grad_(True)
+            logits = torch.bmm(at[:, : C * D].view(n, C, D), x[:, :, None])[:, :, 0]
+            loss = nn.functional.cross_entropy(logits + at[:, C * D :], y, reduction="none")
+            (g,) = torch.autograd.grad(loss[fresh].sum(), at)
+            out[t] = fixed
+            out[t, fresh] = g[fresh]
+            state = at.detach() - self.lr * out[t]
+        return out.numpy()
+
+
+def rank_one(g: np.ndarray, classes: int) -> float:
+    """How far a recovered gradient of :func:`linear_model` is from one example's:
+    ‖∂W − ∂b xᵀ‖² / ‖∂W‖² at the best x (0 for a true one: ∂W = ∂b xᵀ)."""
+    db = g[-classes:]
+    dw = g[:-classes].reshape(classes, -1)
+    x = db @ dw / max(float(db @ db), 1e-300)
+    return float(((dw - np.outer(db, x)) ** 2).sum() / max(float((dw**2).sum()), 1e-300))
 
 
 def psnr(a: Tensor, b: Tensor) -> float:
@@ -254,8 +351,9 @@ def setting(
     sent, grads = dgd(model, images, labels, W, lr, T)
     hops = distances(adj)[members].min(0).values.tolist()
     row: dict[str, Any] = dict(graph=f"{graph} {n}", attackers=members, lr=lr, rounds=T)
+    drift = Forecast(model, images, labels, members, W, lr, T)
     for solver in ("ours", "lstsq"):
-        got = attack(sent, adj, W, lr, members, solver, rtol)
+        got = attack(sent, adj, W, lr, members, solver, rtol, drift=drift)
         per: dict[int, list[float]] = {}
         errs: dict[int, list[float]] = {}
         for v in range(n):
@@ -493,7 +591,8 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
                 sim["anchor"] += secs[i]
                 ours = anchor_messages(sent, adj, perm, len(members))
                 worst = max(worst, float(np.abs(ours - msgs[i]).max() / np.abs(msgs[i]).max()))
-                got = attack(sent, adj, W, lr, members)
+                drift = Forecast(model, images, labels, members, W, lr, T)
+                got = attack(sent, adj, W, lr, members, drift=drift)
                 c = counts.setdefault((name, lr), [0, 0, 0])
                 hidden[(name, lr)] = hidden.get((name, lr), 0) + (n - len(members) - len(got))
                 for v, im in imgs[i].items():

@@ -28,6 +28,7 @@ from privaudit.sim.run import Run
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from anchor import (  # noqa: E402
+    Forecast,
     anchor_messages,
     attack,
     data,
@@ -75,6 +76,36 @@ def test_tied_dgd_recovers_a_non_neighbour_and_its_error_grows_with_the_step(lin
     assert gossip_algebra.identifiability(exact).status(("g", 3, 1)) == "hidden"
 
 
+def test_subtracting_the_true_drift_makes_the_tie_exact_at_any_step(line):
+    """drift_shift: with each tied gradient's drift from its round-1 value subtracted from
+    the rows, the tied system is the run's own equations: at η = 0.5, where the tie alone is
+    far off, every non-member's round-1 gradient comes back to float rounding."""
+    adj, W, images, labels = line
+    lr = 0.5
+    model = linear_model((2, 2, 2), 3, seed=0)
+    sent, grads = dgd(model, images, labels, W, lr, rounds=5)
+    rec = gossip_algebra.dpsgd(W, lr)
+    rows = gossip_algebra.gossip_messages(adj, [0], range(1, 6), own=("x",))
+    untied = gossip_algebra.knowledge(
+        rec, [0], rows, rounds=5, known=lambda k: k[0] in rec.public or k[1] == 0, cut=True
+    )
+    tied = gossip_algebra.tie(untied, range(1, 5))
+    drift = {("g", k, t): grads[t - 1, k] - grads[0, k] for k in range(1, 5) for t in range(2, 6)}
+    known = tied.known_from(sent, lambda key: sent[0, 0])
+    keys = [("g", 3, 1), ("g", 4, 1)]
+    observed = tied.observed(sent)
+    plain = gossip_algebra.solve(tied, observed, known, keys=keys, reference=sent[0, 0])
+    shifted = gossip_algebra.solve(
+        tied, observed - gossip_algebra.drift_shift(untied, drift), known, keys=keys,
+        reference=sent[0, 0],
+    )  # fmt: skip
+    for i, (_, v, _) in enumerate(keys):
+        truth = grads[0, v]
+        assert np.linalg.norm(plain.values[i] - truth) > 1e-2 * np.linalg.norm(truth)
+        np.testing.assert_allclose(shifted.values[i], truth, atol=1e-9 * np.abs(truth).max())
+    assert gossip_algebra.drift_shift(untied, {}).shape == (len(tied.rows), 1)
+
+
 def test_tied_system_aliases_every_round_and_agrees_with_the_exact_analysis(line):
     adj, W, _, _ = line
     rec = gossip_algebra.dpsgd(W, 0.1)
@@ -107,8 +138,8 @@ def line35() -> dict:
     adj = build_topology("line", n)
     W = gossip_matrix(adj, "laplacian")
     model = linear_model((3, 32, 32), int(labels.max()) + 1, seed=100)
-    runs = {lr: dgd(model, images, labels, W, lr, n) for lr in (1e-5, 1e-7)}
-    return dict(n=n, images=images, adj=adj, W=W, model=model, runs=runs)
+    runs = {lr: dgd(model, images, labels, W, lr, n) for lr in (1e-4, 1e-5, 1e-7)}
+    return dict(n=n, images=images, labels=labels, adj=adj, W=W, model=model, runs=runs)
 
 
 def test_the_coalition_knows_its_own_updates_and_states(line):
@@ -167,6 +198,44 @@ def test_far_victims_are_recovered_and_subtracting_around_x0_lowers_their_error(
         return sum(np.linalg.norm(out.values[i] - grads[0, k[1]]) for i, k in enumerate(keys))
 
     assert err(centred) < 0.8 * err(raw)
+
+
+def test_the_drift_forecast_recovers_the_line_at_a_larger_step(line35):
+    """η = 1e-4: the tie's own error hides some far victims of the line below 20 dB; the
+    coalition's forecast of the drift (the run re-simulated from the recovered gradients,
+    each forecast victim's drift from its own inversion) brings back every victim, and none
+    of the truth enters it — the forecast reads only the members' rows of the images."""
+    n, adj, W, model, images = (line35[k] for k in ("n", "adj", "W", "model", "images"))
+    labels = line35["labels"]
+    sent, _ = line35["runs"][1e-4]
+    shape = (3, 32, 32)
+
+    def count(got: dict) -> int:
+        return sum(
+            psnr(invert(model, sent[0, 0], g, shape), images[v]) >= 20 for v, g in got.items()
+        )
+
+    first = attack(sent, adj, W, 1e-4, [0])
+    blind, blind_labels = images.clone(), labels.clone()
+    blind[1:] = torch.rand(blind[1:].shape, generator=torch.Generator().manual_seed(1))
+    blind_labels[1:] = (labels[1:] + 1) % (int(labels.max()) + 1)
+    predict = Forecast(model, blind, blind_labels, [0], W, 1e-4, n)
+    predict_true = Forecast(model, images, labels, [0], W, 1e-4, n)
+    for trust in predict.trusts:  # the members' rows only
+        np.testing.assert_array_equal(
+            predict.gradients(first, trust), predict_true.gradients(first, trust)
+        )
+    corrected = attack(sent, adj, W, 1e-4, [0], drift=predict)
+    assert count(first) < count(corrected) == n - 1
+
+    class Wrong(Forecast):  # a forecast that explains the messages worse is never used
+        def gradients(self, got: dict, trust: float) -> np.ndarray:
+            g = super().gradients(got, trust)
+            return g + np.random.default_rng(0).normal(size=g.shape) * np.abs(g).max()
+
+    kept = attack(sent, adj, W, 1e-4, [0], drift=Wrong(model, images, labels, [0], W, 1e-4, n))
+    assert kept.keys() == first.keys()
+    assert all(np.array_equal(kept[v], first[v]) for v in first)
 
 
 def test_the_rounding_error_is_estimated_and_victims_lost_to_it_are_not_claimed(line35):
