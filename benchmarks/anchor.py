@@ -119,7 +119,13 @@ def unflat(model: nn.Module, v: Tensor) -> dict[str, Tensor]:
 
 
 def dgd(
-    model: nn.Module, images: Tensor, labels: Tensor, W: np.ndarray, lr: float, rounds: int
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    W: np.ndarray,
+    lr: float,
+    rounds: int,
+    hold: dict[int, Tensor] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run D-GD, adapt-then-combine, every agent from the model's x_0 on its one example:
     x̃_1 = x_0 − η g_1, x̃_t = W x̃_{t-1} − η g_t with g^k_t = ∇ CE(x^k_{t-1}; example k) at
@@ -130,7 +136,9 @@ def dgd(
     round, every agent's logits are one batched product with its own weights (n × C × D
     against n × D) and every agent's gradient one backward pass of the summed losses — each
     agent's loss depends on its own parameters only, so the sum's gradient is each agent's
-    own (autograd, no hand-derived formula); the states are one (T + 1, n, d) buffer."""
+    own (autograd, no hand-derived formula); the states are one (T + 1, n, d) buffer.
+    ``hold``: agents whose gradient is the given vector in every round instead (their
+    example is not read)."""
     layer = model[1]
     if not isinstance(layer, nn.Linear) or len(model) != 2:
         raise ValueError("dgd simulates the anchor's model: Flatten, then one Linear layer")
@@ -148,6 +156,8 @@ def dgd(
         logits = torch.bmm(weight, X[:, :, None])[:, :, 0] + bias
         loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
         (grads[t - 1],) = torch.autograd.grad(loss, at)
+        for k, g in (hold or {}).items():
+            grads[t - 1, k] = g
         with torch.no_grad():
             torch.sub(at, grads[t - 1], alpha=lr, out=sent[t])
     return sent.numpy(), grads.numpy()
@@ -207,25 +217,24 @@ def attack(
         return {}
     got: dict[int, np.ndarray] = {}
     shift = np.zeros((len(system.rows), 1))
-    dense = system.K.toarray()
-    fit = np.inf  # how well the accepted pass explains the messages
+    fit = np.inf  # how well the accepted pass explains the messages (with a forecast)
+    dense = system.K.toarray() if drift is not None else None
 
     def misfit(shift: np.ndarray) -> float:
         y = system.rhs(observed - shift, known, reference=x0)
         return float(np.linalg.norm(y - dense @ np.linalg.lstsq(dense, y, rcond=None)[0]))
 
     for _ in range(1 + (passes if drift is not None else 0)):
-        if got and drift is not None:
-            shifts = []
-            for trust in drift.trusts:
-                g = drift.gradients(got, trust)
-                o = {("g", k, t): g[t - 1, k] - g[0, k] for k in got for t in range(2, T + 1)}
-                shifts.append(drift_shift(untied, o))
-            shift = min(shifts, key=misfit)
-        miss = misfit(shift)
-        if miss >= fit:
-            break  # no forecast explains the messages better: the previous pass stands
-        fit = miss
+        if drift is not None:
+            shifts = (
+                [drift_shift(untied, drift.offsets(got, u)) for u in drift.trusts]
+                if got
+                else [shift]
+            )
+            miss, shift = min(((misfit(s), s) for s in shifts), key=lambda c: c[0])
+            if miss >= fit:
+                break  # no forecast explains the messages better: the previous pass stands
+            fit = miss
         out = solve(system, observed - shift, known, analysis=analysis, keys=keys, reference=x0)
         assert out.float_error is not None
         rel = relative_error(out.values, out.float_error)
@@ -264,35 +273,28 @@ class Forecast:
     def gradients(self, got: dict[int, np.ndarray], trust: float) -> np.ndarray:
         """Every agent's gradient in every round (T, n, d) as forecast at ``trust`` (class
         docstring); an agent neither forecast nor in ``got`` keeps a zero gradient."""
-        layer = self.model[1]
-        C, D = layer.out_features, layer.in_features
+        C = self.model[1].out_features
         shape = tuple(self.images.shape[1:])
         x0 = flat(self.model)
-        n = len(self.images)
-        x = torch.zeros(n, D, dtype=torch.float64)
+        x = torch.zeros_like(self.images, dtype=torch.float64)
         y = torch.zeros_like(self.labels)
-        fixed = torch.zeros(n, x0.numel(), dtype=torch.float64)
-        fresh = list(self.members)
         for k in self.members:
-            x[k], y[k] = self.images[k].double().reshape(-1), self.labels[k]
+            x[k], y[k] = self.images[k].double(), self.labels[k]
+        hold = {k: torch.zeros_like(x0) for k in range(len(x)) if k not in self.members}
         for v, g in got.items():
-            fixed[v] = torch.from_numpy(np.ascontiguousarray(g))
             if rank_one(g, C) <= trust:
-                x[v] = invert(self.model, x0.numpy(), g, shape).reshape(-1)
-                y[v] = int(np.argmin(g[C * D :]))
-                fresh.append(v)
-        Wt = torch.from_numpy(self.W)
-        out = torch.empty(self.rounds, n, x0.numel(), dtype=torch.float64)
-        state = x0.expand(n, -1)
-        for t in range(self.rounds):
-            at = (x0.expand(n, -1) if t == 0 else Wt @ state).clone().requires_grad_(True)
-            logits = torch.bmm(at[:, : C * D].view(n, C, D), x[:, :, None])[:, :, 0]
-            loss = nn.functional.cross_entropy(logits + at[:, C * D :], y, reduction="none")
-            (g,) = torch.autograd.grad(loss[fresh].sum(), at)
-            out[t] = fixed
-            out[t, fresh] = g[fresh]
-            state = at.detach() - self.lr * out[t]
-        return out.numpy()
+                x[v] = invert(self.model, x0.numpy(), g, shape).reshape(shape)
+                y[v] = int(np.argmin(g[-C:]))
+                del hold[v]
+            else:
+                hold[v] = torch.from_numpy(np.ascontiguousarray(g))
+        return dgd(self.model, x, y, self.W, self.lr, self.rounds, hold)[1]
+
+    def offsets(self, got: dict[int, np.ndarray], trust: float) -> dict[tuple, np.ndarray]:
+        """The forecast drift o_(k,t) = g_k^t − g_k^1 of every recovered victim, keyed as the
+        untied system's unknowns (:func:`~privaudit.attacks.gossip_algebra.drift_shift`)."""
+        g = self.gradients(got, trust)
+        return {("g", k, t): g[t - 1, k] - g[0, k] for k in got for t in range(2, self.rounds + 1)}
 
 
 def rank_one(g: np.ndarray, classes: int) -> float:
