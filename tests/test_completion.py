@@ -9,15 +9,18 @@ completion recovers at least what it does without.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 import torch
+from conftest import run_cli
 from test_attacks import observe
 from test_cpa import psnrs
 from test_rowspace import batch
 
 from privaudit.attacks import run_attack
+from privaudit.cli.attack import how_lines
 from privaudit.eval.metrics import match, psnr
 from privaudit.scenario.data import photos
 from privaudit.scenario.models import build_model
@@ -94,3 +97,47 @@ def test_cpa_with_the_completion_recovers_the_whole_batch():
     p_off, p_on = psnrs(x, off), psnrs(x, on)
     assert int((p_on >= 30).sum()) >= int((p_off >= 30).sum())
     assert int((p_on >= 30).sum()) == 32
+
+
+def test_the_attacks_own_meta_reaches_result_json_and_the_summary(tmp_path, capsys):
+    """``privaudit train`` then ``privaudit attack --attack cpa`` on a noise-free ``mlp``
+    message: result.json's ``attack_meta`` holds, per observation, what CPA recorded — the
+    completion made every example of the realised batch exact and searched for none, and
+    ``how`` says so, as does a line of the summary — without the observation's provenance
+    (already in ``links``)."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    quiet = ["--no-progress"]
+    code, _, err = run_cli(capsys, "train", "--defense", "dsgd", "--model", "mlp",
+                           "--batch-size", "8", "--rounds", "1", "--agents", "4",
+                           "--out", str(run), *quiet)  # fmt: skip
+    assert code == 0, err
+    code, stdout, err = run_cli(capsys, "attack", "--target", "dsgd-half-model", "--run",
+                                str(run), "--round", "1", "--attack", "cpa", "--out",
+                                str(out), "--no-lpips", *quiet)  # fmt: skip
+    assert code == 0, err
+    result = json.loads((out / "result.json").read_text())
+    (b,) = result["batch_sizes"]
+    (meta,) = result["attack_meta"]
+    assert b > 1 and meta["attack"] == "cpa" and meta["recovered"] == b
+    done = meta["cpa"]["complete"]
+    assert (done["exact"], done["searched"], done["left"]) == (b, 0, 0)
+    assert len(done["residual"]) == b and max(done["residual"]) <= completion.EXACT
+    how = meta["cpa"]["how"]
+    assert how.startswith(f"{b} exact after the polish") and "SPEAR's search" in how
+    assert "observation" not in meta and f"cpa: {how}" in stdout.splitlines()
+    assert result["metrics"]["label_acc"] == 1.0
+
+
+def test_the_summary_says_how_each_victim_was_solved_and_why_a_completion_was_skipped():
+    """The lines :func:`how_lines` prints from ``attack_meta``: the attack's ``how`` and a
+    skipped completion's reason, naming the victim where several were attacked; nothing
+    for an attack that records neither, or for an empty batch."""
+    skipped = {"attack": "cpa", "cpa": {"complete": {"skipped": "the gradient is noised"}}}
+    spear_ = {"attack": "spear", "spear": {"how": "all B directions"}}
+    empty = {"empty": "the victim's batch has no example: nothing to reconstruct"}
+    assert how_lines([skipped], [[0, 1]]) == [
+        "cpa: the completion was skipped: the gradient is noised"
+    ]
+    assert how_lines([spear_, {"attack": "ig"}, empty], [[0, 1], [2, 1], [3, 1]]) == [
+        "spear, victim 0: all B directions"
+    ]

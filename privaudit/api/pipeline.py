@@ -145,6 +145,10 @@ class AttackResult:
     # the numbers it carries vs the batch's unknowns, each linear layer's gradient rank, and
     # the sentence ("at most k of B examples are determined by this message")
     identifiability: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # per observation: what the attack itself recorded about how it solved it (its
+    # Reconstruction's meta, less the copy of the observation's own provenance; plain JSON,
+    # see attack_meta), e.g. CPA's {"attack": "cpa", "cpa": {"how": ..., "complete": ...}}
+    attack_meta: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     figure: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,8 +255,46 @@ def reconstruct(
         wall_s=float(f"{wall:.3f}"),
         run=str(run.dir.path),
         identifiability=bounds,
+        attack_meta=[attack_meta(r, o) for r, o in zip(recons, obs, strict=True)],
     )
     return Attempt(result, truths, recons, scores)
+
+
+def attack_meta(rec: Reconstruction, obs: Observation) -> dict[str, Any]:
+    """What the attack recorded about how it solved ``obs`` (``rec.meta``) as plain JSON,
+    for ``result.json``'s ``attack_meta``: the attacks copy the observation's provenance
+    into their meta (``meta["observation"]``), which ``links`` and ``adversaries`` already
+    report, so every such copy is left out; tensors and numpy values become numbers and
+    lists, and a value JSON cannot hold (a plugin's object) its ``str``, so that an
+    attack's meta never stops the result from being written."""
+    return _plain(_without_provenance(rec.meta, obs.meta))
+
+
+def _without_provenance(value: Any, provenance: dict[str, Any]) -> Any:
+    """``value`` with every ``"observation"`` entry that is a copy of ``provenance`` left
+    out, at any depth (R-GAP nests IG's meta, which has its own)."""
+    if isinstance(value, dict):
+        return {
+            k: _without_provenance(v, provenance)
+            for k, v in value.items()
+            if not (k == "observation" and isinstance(v, dict) and v == provenance)
+        }
+    if isinstance(value, list | tuple):
+        return [_without_provenance(v, provenance) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as :func:`~privaudit.core.files.to_jsonable` writes it, a leaf it cannot
+    write as its ``str``."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    try:
+        return to_jsonable(value)
+    except TypeError:
+        return str(value)
 
 
 def attack(

@@ -186,10 +186,33 @@ def cmd_attack(a: argparse.Namespace) -> int:
     )
     for why in sorted({w for w in result.fallback if w}):
         print(f"{a.attack}: {why}; Inverting Gradients produced the reconstruction")
+    for line in how_lines(result.attack_meta, result.links):
+        print(line)
     if result.lpips_note:
         print(result.lpips_note)
     print(f"wrote {out / 'result.json'} and {result.figure}")
     return 0
+
+
+def how_lines(metas: list[dict[str, Any]], links: list[list[int | None]]) -> list[str]:
+    """The lines saying how the attack solved each observation, from what it recorded
+    (``result.json``'s ``attack_meta``): its ``how`` (e.g. CPA's completion: "10 exact
+    after the polish, ...") and why a completion was skipped (a noised gradient), each
+    naming the attack, and the victim where several were attacked; none where the attack
+    recorded neither (IG, DLG)."""
+    lines = []
+    for meta, (src, _) in zip(metas, links, strict=True):
+        name = meta.get("attack")
+        own = meta.get(name) if isinstance(name, str) else None
+        own = own if isinstance(own, dict) else meta
+        who = f"{name}, victim {src}" if len(metas) > 1 else f"{name}"
+        how = own.get("how")
+        if isinstance(how, str):
+            lines.append(f"{who}: {how}")
+        complete = own.get("complete")
+        if isinstance(complete, dict) and isinstance(complete.get("skipped"), str):
+            lines.append(f"{who}: the completion was skipped: {complete['skipped']}")
+    return list(dict.fromkeys(lines))
 
 
 def empty_line(a: argparse.Namespace, result: Any) -> str | None:
