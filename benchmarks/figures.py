@@ -94,6 +94,12 @@ JOBS = [
         ["audit.md"],
     ),
     Job(
+        "audit-beyond",
+        [*BENCH, "benchmarks/audit_beyond.py", "--markdown", "{figures}/audit-beyond.md"]
+        + ["--out", "{work}"],
+        ["audit-beyond.md"],
+    ),
+    Job(
         "distance",
         [*BENCH, "benchmarks/distance.py", "--figures", "{figures}/distance"]
         + ["--markdown", "{figures}/distance/distance.md", "--out", "{work}"],

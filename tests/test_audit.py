@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from privaudit.defenses import DEFENSES, get_defense
 from privaudit.defenses.dp_dpsgd import DPDPSGD
 from privaudit.eval import bounds
 from privaudit.experiments.audit import audit, verdict
+from privaudit.plugins import load_plugins
 from privaudit.scenario.topology import build_topology, metropolis_hastings
 from privaudit.sim.run import Run
 
@@ -164,6 +166,50 @@ def test_one_run_audit_on_a_short_run(tmp_path) -> None:
     assert f["canaries"] == 200 and 0 <= f["epsilon_lo"] <= res["upper"]["accountant"]
 
 
+PLUGIN = Path(__file__).resolve().parents[1] / "examples/plugin/privaudit_example/defense.py"
+
+
+def _full_batch_run(tmp_path, defense: str, rounds: int = 3) -> Run:
+    """Full batches (q = 1): the run is exactly its Gaussian releases, μ = √rounds/σ."""
+    return _run(tmp_path, defense, rounds=rounds, sigma=4.0, examples_per_agent=8, batch_size=8)
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_one_run_catches_the_halved_noise(tmp_path, broken, registries, plugin) -> None:
+    """An under-noised twin (σ/2 on the wire, σ accounted: this file's, and the example
+    plugin's ``cta-dpsgd-halfnoise``) is violated in one run of 9 rounds on each of 3 audit
+    seeds: the f-DP μ test rejects the accounted μ = 3/σ. (The plugin's round-t model
+    crosses in round t + 1, so its last release is never seen: 8 of the 9 releases the
+    accounting counts. The ε tests alone need a bound above 1/2 of the true ε, which one run
+    does not always reach.)"""
+    if plugin:
+        load_plugins([PLUGIN])
+    defense = "cta-dpsgd-halfnoise" if plugin else broken
+    run = _full_batch_run(tmp_path, defense, rounds=9)
+    target = f"{defense}-model" if plugin else f"{broken}-half-model"
+    for seed in range(3):
+        res = audit(run, target, mode="one-run", trials=10_000, threat="coalition", seed=seed,
+                    progress=False).to_dict()  # fmt: skip
+        assert res["observed_rounds"] == (8 if plugin else 9)
+        assert res["mu"]["upper"] == pytest.approx(3 / 4.0)
+        assert res["mu"]["lower"] > res["mu"]["upper"] and res["verdict"] == "violated"
+
+
+def test_one_run_never_flags_the_correct_mechanism(tmp_path) -> None:
+    """The correct mechanism over 6 audit seeds: both tests (each at 1 − α/2) and Steinke et
+    al.'s bound beside stay below the accounted ε and μ, and the f-DP analysis has power
+    (μ ≥ 0.2 of the true 0.43)."""
+    run = _full_batch_run(tmp_path, "dp-dpsgd")
+    for seed in range(6):
+        res = audit(run, "dp-dpsgd-half-model", mode="one-run", trials=10_000,
+                    threat="coalition", seed=seed, progress=False).to_dict()  # fmt: skip
+        up = res["upper"]["accountant"]
+        assert res["one_run"]["epsilon"] <= up and res["one_run_fdp"]["epsilon_lo"] <= up
+        assert res["epsilon_lo"] == res["one_run_fdp"]["epsilon_lo"]
+        assert 0.2 < res["mu"]["lower"] <= res["mu"]["upper"] and res["verdict"] != "violated"
+        assert res["level"] == pytest.approx(1 - 0.05 / 2)
+
+
 # -- the command line ---------------------------------------------------------------------------
 TINY = ["--agents", "4", "--no-progress"]
 
@@ -174,7 +220,7 @@ TINY = ["--agents", "4", "--no-progress"]
         (["--delta", "2"], "--delta must be a finite number in [1e-30, 1)"),
         (["--confidence", "1.5"], "--confidence must be a finite number in (0, 1)"),
         (["--trials", "5"], "needs at least 32 trials"),
-        (["--mode", "one-run", "--trials", "3"], "needs at least 8 canaries"),
+        (["--mode", "one-run", "--trials", "3"], "needs at least 16 canaries"),
         (["--mode", "blind"], "--mode must be white-box or one-run"),
     ],
 )

@@ -63,6 +63,7 @@ ONE_RUN = [
     "observed_rounds",
     "trials",
     "epsilon_lo",
+    "level",
     "one_run",
     "one_run_fdp",
     "threat",
@@ -75,6 +76,7 @@ ONE_RUN = [
     "accounting",
     "upper",
     "verdicts",
+    "mu",
     "verdict",
 ]
 NAMED = [f.name for f in dataclasses.fields(AuditResult) if f.name not in ("details", "key_order")]

@@ -18,6 +18,7 @@ from privaudit.core import sampling
 from privaudit.core.messages import CaptureSpec
 from privaudit.core.params import ParamSpec, flat_params
 from privaudit.experiments.audit import CanaryGrads, audit_batch
+from privaudit.experiments.canary_grads import Diracs
 from privaudit.grads import PairGrads
 from privaudit.scenario.models import build_model
 from privaudit.sim.run import Run
@@ -176,6 +177,35 @@ def test_the_audits_canary_reaches_the_victims_batch_alone_even_when_empty(tmp_p
     moved = (out - clean).abs().sum(1)
     assert moved.nonzero().flatten().tolist() == [2]
     assert float(out[2, 7] - clean[2, 7]) == pytest.approx(1.0 / 3)  # clip_C(c)/B, C = 1
+
+
+@pytest.mark.parametrize("norm", [0.5, 4.0])
+def test_sparse_dirac_canaries_add_exactly_what_their_dense_rows_add(tmp_path, norm):
+    """The one-run audit's :class:`Diracs` (coordinates only) against the same canaries as
+    dense (k, D) rows, through every path a defense takes: each clipped as one example
+    (norm 4 > C = 1 is scaled down, 0.5 is not) and normalised by B, unclipped in ``mean``,
+    summed into the first example in ``per_example`` — the victim's row only."""
+    run = _run(tmp_path, batch_size=3)
+    ctx = run.ctx
+    x, y = audit_batch(ctx, sampling.pad([p[:3] for p in ctx.parts]))
+    flat = ctx.x0.expand(len(x), -1).contiguous()
+    D = flat.shape[1]
+    coords = torch.tensor([3, 11, D - 1])
+    dense = torch.zeros(len(coords), D)
+    dense[torch.arange(len(coords)), coords] = norm
+    sparse = CanaryGrads(ctx.grads, x[1], replay=False)
+    rows = CanaryGrads(ctx.grads, x[1], replay=False)
+    sparse.start(Diracs(coords, norm, D))
+    rows.start(dense)
+    for call in (
+        lambda g: g.clipped_mean(flat, x, y, 1.0),
+        lambda g: g.mean(flat, x, y),
+        lambda g: g.per_example(flat, x, y),
+    ):
+        torch.testing.assert_close(call(sparse), call(rows), rtol=0, atol=1e-7)
+    moved = sparse.clipped_mean(flat, x, y, 1.0) - ctx.grads.clipped_mean(flat, x, y, 1.0)
+    assert moved.abs().sum(1).nonzero().flatten().tolist() == [1]
+    assert float(moved[1, 11]) == pytest.approx(min(norm, 1.0) / 3, rel=1e-6)
 
 
 @pytest.mark.parametrize("chunk_floats", [1 << 20, 1 << 14])

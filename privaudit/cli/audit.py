@@ -277,20 +277,22 @@ def _report(r: dict[str, Any], asked: int | None = None) -> str:
             f"{t['curve']['confidence']:g}): not μ-GDP for μ < {sig(t['mu_lo'])}"
         )
     lines += _cp_lines(r)
-    if "one_run" in r:
-        o = r["one_run"]
-        lines.append(
-            f"  one run: {int(o['correct'])} of {int(o['guesses'])} guesses correct "
-            f"({int(o['canaries'])} canaries)"
-        )
     if "one_run_fdp" in r:
-        f = r["one_run_fdp"]
-        lines.append(
-            f"  one run, f-DP analysis (Mahloujifar et al.), same canaries: not (ε, δ)-DP for "
-            f"ε < {sig(f['epsilon_lo'])}; not μ-GDP for μ < {sig(f['mu_lo'])} (a Gaussian "
-            f"mechanism of that μ has ε = {sig(f['epsilon_gdp'])}: comparable only where the "
-            "mechanism is exactly Gaussian)"
+        f, mu, o = r["one_run_fdp"], r["mu"], r["one_run"]
+        against = (
+            f" against the accounted μ = {sig(mu['upper'])} → {mu['verdict']}"
+            if mu["upper"] is not None
+            else ""
         )
+        lines += [
+            f"  one run, f-DP analysis (Mahloujifar et al.): not (ε, δ)-DP for ε < "
+            f"{sig(f['epsilon_lo'])} ({int(f['correct'])} of {int(f['guesses'])} guesses "
+            f"correct, {int(f['canaries'])} canaries); not μ-GDP for μ < {sig(mu['lower'])}"
+            f"{against} (a Gaussian mechanism of that μ has ε = {sig(f['epsilon_gdp'])})",
+            f"  each at {mu['confidence']:.4g}, together at {r['confidence']:g}; Steinke et "
+            f"al.'s analysis of the same canaries, at {mu['confidence']:.4g}: ε ≥ "
+            f"{sig(o['epsilon'])} ({int(o['correct'])} of {int(o['guesses'])} correct)",
+        ]
     if "search" in r:
         lines += _search_lines(r)
     lines.append(f"ε upper, {unit}:")

@@ -194,8 +194,29 @@ def audit(
     res["accounting"] = acc
     res["upper"] = uppers
     res["verdicts"] = verdicts
-    res["verdict"] = verdicts["accountant"]
+    if mode == "one-run":  # the f-DP μ test beside: violated when either says so
+        res["mu"] = one_run_mu(res["one_run_fdp"]["mu_lo"], acc, res["level"])
+    mu_violated = res.get("mu", {}).get("verdict") == "violated"
+    res["verdict"] = "violated" if mu_violated else verdicts["accountant"]
     return AuditResult.from_dict(res)
+
+
+def one_run_mu(lower: float, acc: dict[str, Any], confidence: float) -> dict[str, Any]:
+    """The one-run audit's μ test: the μ its canaries' outcome rejects (the f-DP analysis,
+    at ``confidence``, its share of the audit's) against the run's accounted μ = √(T·r)/z,
+    where every release of the victim is a formal Gaussian one at multiplier z: T rounds of
+    r releases composed (Dong, Roth & Su 2022, Cor. 3.3); Poisson sampling at q < 1 only
+    raises the trade-off curve, so it bounds a sampled run too. ``upper`` None (and no
+    verdict) where a release is not such a Gaussian."""
+    z = acc["noise_multiplier"]
+    gaussian = acc["formal"] and acc["mechanism"] == "gaussian" and z > 0
+    up = math.sqrt(acc["rounds"] * acc["releases_per_round"]) / z if gaussian else None
+    return {
+        "lower": lower,
+        "upper": up,
+        "confidence": confidence,
+        "verdict": None if up is None else verdict(lower, up),
+    }
 
 
 def _severity(pair: tuple[float, float]) -> float:

@@ -57,7 +57,8 @@ class AuditResult(FieldsAndDetails):
     - ``accounting``: the accountant's report for the audited releases; ``upper``: every
       upper bound the lower bound is compared with (``"accountant"``, ``"paper's count"``,
       and where they apply ``"paper"`` and the pairwise bounds); ``verdicts``: the
-      comparison with each; ``verdict``: the accountant's;
+      comparison with each; ``verdict``: the accountant's (one run: ``violated`` also where
+      its μ test is);
     - ``seconds``: how long the trials took; ``raw``: every trial's outcome (white box:
       ``coin``, ``candidate``, ``score``; one run: ``included``, ``score``), which
       ``privaudit audit`` writes to ``scores.csv``;
@@ -65,7 +66,9 @@ class AuditResult(FieldsAndDetails):
       box: ``clopper_pearson``, ``gdp`` (where the scores are exactly Gaussian),
       ``tradeoff``, ``round``, ``span``, ``interrupted``, ``receiver``, ``beyond``,
       ``distance``, ``attackers``, ``copies``, ``statistic``, ``search``; one run:
-      ``rounds``, ``observed_rounds``, ``one_run``, ``one_run_fdp``;
+      ``rounds``, ``observed_rounds``, ``level`` (each of its three tests'
+      confidence), ``one_run``, ``one_run_fdp``, ``mu`` (the f-DP μ test: ``lower``,
+      ``upper``, ``confidence``, ``verdict``);
     - ``key_order``: the order of the entries in the document (:meth:`to_dict`), which the
       two modes write differently; empty: the named fields, then ``details``.
     """

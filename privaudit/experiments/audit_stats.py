@@ -34,6 +34,15 @@ CURVE = 100  # thresholds of a white-box audit's trade-off curve (the band's Bon
 PILOT = 0.25  # share of white-box trials the canary search's pilot deals over its candidates
 
 
+ONE_RUN_TESTS = 2  # the f-DP analysis's ε and its μ, on one run's canaries
+
+
+def one_run_level(confidence: float) -> float:
+    """The confidence of each of the one-run audit's :data:`ONE_RUN_TESTS` tests: 1 − α/2,
+    so that the two hold together at ``confidence`` (Bonferroni)."""
+    return 1 - (1 - confidence) / ONE_RUN_TESTS
+
+
 def check_trials(
     trials: int,
     delta: float,
@@ -43,13 +52,15 @@ def check_trials(
     audit: str | None = None,
 ) -> int:
     """The fewest trials any bound needs — white box: Clopper–Pearson at 1 − α/2 on the
-    held-out half; one run: canaries for Steinke et al.'s bound — and the error for fewer
+    held-out half; one run: canaries for the f-DP analysis's ε bound at its share of the
+    level, :func:`one_run_level` — and the error for fewer
     ``trials``, naming the option ``flag`` and the ``audit`` (default: ``mode``'s)."""
     bounds.check_levels(confidence, delta)
     if mode == "white-box":
         need, what = bounds.trials_needed(delta, 1 - (1 - confidence) / 2, HELD_OUT), "trials"
     else:
-        need, what = bounds.one_run_canaries_needed(delta, confidence), "canaries"
+        need = fdp.one_run_canaries_needed(delta, one_run_level(confidence))
+        what = "canaries"
     if trials < need:
         raise PrivauditError(
             f"{flag} {trials} is too few for any bound at confidence {confidence} "

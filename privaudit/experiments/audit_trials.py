@@ -44,9 +44,10 @@ from privaudit.experiments.audit_stats import (
     check_trials,
     epsilon_lo_of,
     gls_direction,
+    one_run_level,
     search_size,
 )
-from privaudit.experiments.canary_grads import CanaryGrads, audit_batch
+from privaudit.experiments.canary_grads import CanaryGrads, Diracs, audit_batch
 from privaudit.sim.copies import Batch, Copy
 from privaudit.sim.loop import Step
 from privaudit.sim.plan import Adversary, receiver
@@ -387,10 +388,11 @@ def one_run(
     progress: bool = True,
     adversary: Adversary | None = None,
 ) -> dict[str, Any]:
-    """Steinke et al.'s one-run audit over the run's ``rounds`` (a fresh training run with
-    the run's configuration and seed, plus the canaries; the run directory is not touched)
-    of the messages ``adversary`` (or ``threat``, ``link``, ``attackers``, ``victim``)
-    observes."""
+    """Steinke et al.'s one-run game over a fresh copy of the run (its seeds, plus the
+    canaries) on what ``adversary`` (or ``threat``, …) observes, read at :func:`one_run_level`
+    by Mahloujifar et al.'s f-DP analysis — ε (``epsilon_lo``) and μ, which
+    :func:`~privaudit.experiments.audit.audit` holds to the accounted μ — and by Steinke
+    et al.'s beside (``one_run``)."""
     adv = audited(adversary, threat, link, attackers, victim)
     delta = run.cfg.delta
     check_trials(canaries, delta, confidence, "one-run")
@@ -426,9 +428,7 @@ def one_run(
     def plant(t: int, batch: Batch) -> None:  # each included canary joins at the rate q
         grads.victim_x = batch[0][s.src]
         now = included & (rng.random(canaries) < q)
-        rows = torch.zeros(int(now.sum()), D)
-        rows[torch.arange(len(rows)), coords[now]] = norm
-        grads.start(rows.to(ctx.device) if len(rows) else None)
+        grads.start(Diracs(coords[now], norm, D) if now.any() else None)
 
     def observe(t: int, step: Step) -> None:
         tally.add(t, simulation.messages())
@@ -451,17 +451,17 @@ def one_run(
             f"the {s.threat.describe()} adversary observes no {s.kind!r} message of agent "
             f"{s.src} in {T} rounds; choose another --threat or --link"
         )
-    res = bounds.one_run_audit(scores, included, delta, confidence)
-    # the same canaries under Mahloujifar et al.'s f-DP analysis, reported beside (the
-    # verdict stays Steinke et al.'s: one test at the stated confidence)
-    res_fdp = fdp.one_run_fdp_audit(scores, included, delta, confidence)
+    level = one_run_level(confidence)
+    res = bounds.one_run_audit(scores, included, delta, level)  # beside, for comparison
+    res_fdp = fdp.one_run_fdp_audit(scores, included, delta, level)
     return {
         "mode": "one-run",
         "target": target,
         "rounds": T,
         "observed_rounds": seen,
         "trials": canaries,
-        "epsilon_lo": float(res["epsilon"]),
+        "epsilon_lo": float(res_fdp["epsilon_lo"]),
+        "level": level,
         "one_run": {k: float(v) for k, v in res.items()},
         "one_run_fdp": {k: float(v) for k, v in res_fdp.items()},
         "threat": s.threat.describe(),
@@ -500,7 +500,9 @@ class _Tally:
             if flat is not None:
                 self.scores += flat[self.coords].numpy()
                 self.seen += 1
-        keep = min(s.defense.rounds_needed(s.kind, t + 1, n))  # oldest round still needed
+        # the oldest round an observation not yet complete (of rounds up to t + 1) needs
+        needs = [s.defense.rounds_needed(s.kind, r, n) for r in range(1, t + 2)]
+        keep = min(min(need) for need in needs if max(need) > t)
         self.history = {k: v for k, v in self.history.items() if k[0] >= keep}
 
 

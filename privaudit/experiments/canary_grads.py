@@ -22,11 +22,34 @@ from privaudit.core import sampling
 from privaudit.grads import clip_rows
 
 
+@dataclass(frozen=True)
+class Diracs:
+    """k Dirac canaries, each of norm ``norm`` on its own coordinate of a ``size``-vector —
+    the one-run audit's, held as their coordinates (memory O(k + D), where the dense rows
+    take k·D: 200,000 canaries on a 650,000-parameter model). :class:`CanaryGrads` adds
+    exactly what it adds of the equal dense rows: each row clipped as one example, then
+    summed (distinct coordinates, so the sum is one scatter)."""
+
+    coords: Tensor  # (k,) distinct coordinates
+    norm: float
+    size: int
+
+    def summed(self, clip: float | None, like: Tensor) -> Tensor:
+        """Σ_i clip_C(norm · e_{coords[i]}) as a vector of ``like``'s dtype and device
+        (``clip`` None: unclipped), the rows' own clip rule (:func:`clip_rows`)."""
+        row = torch.zeros(1, 1, dtype=like.dtype, device=like.device) + self.norm
+        value = row if clip is None else clip_rows(row, clip)
+        out = torch.zeros(self.size, dtype=like.dtype, device=like.device)
+        out[self.coords.to(like.device)] = value.reshape(())
+        return out
+
+
 @dataclass
 class CanaryGrads:
     """A stand-in for ``ctx.grads`` that adds canary gradients to the victim's pairs.
 
-    Rows whose (padded) batch equals ``victim_x`` get ``canaries (k, D)`` — or, with
+    Rows whose (padded) batch equals ``victim_x`` get ``canaries (k, D)`` (or :class:`Diracs`,
+    the same k rows held sparse) — or, with
     ``example`` (x (1, …), y (1,)), that example's gradient at each pair's own model — as k
     extra examples of the batch with the defense's fixed normalisation B, the expected batch
     size (``inner.denominator``; :mod:`privaudit.core.sampling`): ``clipped_mean`` adds
@@ -40,7 +63,7 @@ class CanaryGrads:
 
     inner: Any
     victim_x: Tensor
-    canaries: Tensor | None = None
+    canaries: Tensor | Diracs | None = None
     example: tuple[Tensor, Tensor] | None = None
     replay: bool = True
     clean: list[Tensor] = field(default_factory=list)  # victim rows' clean results (probe)
@@ -55,8 +78,10 @@ class CanaryGrads:
         """The wrapped engine's memory budget (a round sizes its chunks by it)."""
         return self.inner.max_memory
 
-    def start(self, canaries: Tensor | None, example: tuple[Tensor, Tensor] | None = None) -> None:
-        """A new trial: ``canaries`` (k, D), an ``example``, or neither."""
+    def start(
+        self, canaries: Tensor | Diracs | None, example: tuple[Tensor, Tensor] | None = None
+    ) -> None:
+        """A new trial: ``canaries`` (k, D) or :class:`Diracs`, an ``example``, or neither."""
         self.canaries, self.example, self._calls, self._active = canaries, example, 0, True
 
     def stop(self) -> None:
@@ -100,8 +125,9 @@ class CanaryGrads:
             self.clean.append(out[rows].detach())
         return out, rows, key
 
-    def _planted(self, key: tuple[str, int], flat: Tensor) -> Tensor | None:
-        """The canary gradients (r, k, D) of the victim's r pairs at their models ``flat``."""
+    def _planted(self, key: tuple[str, int], flat: Tensor, clip: _Clip) -> Tensor | None:
+        """The canaries' sum (r, D) for the victim's r pairs at their models ``flat``, each
+        canary ``clip``-ped as one example first."""
         if self.example is not None:
             hit = self._examples.get(key)
             if hit is None or not _same((hit[0],), (flat,)):
@@ -113,14 +139,17 @@ class CanaryGrads:
                     self._examples[key] = hit
                 if self.example_norm is None and r:
                     self.example_norm = float(g[0, 0].norm())
-            return hit[1]
-        if self.canaries is None:
+            return clip(hit[1]).sum(1)
+        c = self.canaries
+        if c is None:
             return None
-        return self.canaries.to(flat.dtype).expand(len(flat), *self.canaries.shape)
+        if isinstance(c, Diracs):
+            return c.summed(clip.clip, flat).expand(len(flat), -1)
+        return clip(c.to(flat.dtype)).sum(0).expand(len(flat), -1)
 
     def mean(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
         out, rows, key = self._call("mean", self.inner.mean, flat, x, y)
-        return self._add(out, rows, key, flat, self.inner.denominator(x), lambda c: c)
+        return self._add(out, rows, key, flat, self.inner.denominator(x), _Clip(None))
 
     def clipped_mean(
         self, flat: Tensor, x: Tensor, y: Tensor, clip: float | None, owner: Tensor | None = None
@@ -128,18 +157,15 @@ class CanaryGrads:
         out, rows, key = self._call(
             "clipped_mean", self.inner.clipped_mean, flat, x, y, clip, owner=owner
         )
-        B = self.inner.denominator(x)
-        return self._add(
-            out, rows, key, flat, B, lambda c: c if clip is None else clip_rows(c, clip)
-        )
+        return self._add(out, rows, key, flat, self.inner.denominator(x), _Clip(clip))
 
     def per_example(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
         out, rows, key = self._call("per_example", self.inner.per_example, flat, x, y)
-        c = self._planted(key, flat[rows]) if rows.any() else None
+        c = self._planted(key, flat[rows], _Clip(None)) if rows.any() else None
         if c is None:
             return out
         out = out.clone()
-        out[rows, 0] += c.sum(1).to(out.dtype)
+        out[rows, 0] += c.to(out.dtype)
         return out
 
     def _add(
@@ -149,14 +175,24 @@ class CanaryGrads:
         key: tuple[str, int],
         flat: Tensor,
         B: int,
-        clip: Callable[[Tensor], Tensor],
+        clip: _Clip,
     ) -> Tensor:
-        c = self._planted(key, flat[rows]) if rows.any() else None
+        c = self._planted(key, flat[rows], clip) if rows.any() else None
         if c is None:
             return out
         out = out.clone()
-        out[rows] += clip(c.to(out.dtype)).sum(1) / B
+        out[rows] += c.to(out.dtype) / B
         return out
+
+
+@dataclass(frozen=True)
+class _Clip:
+    """Each canary row clipped to norm ≤ ``clip`` (:func:`clip_rows`; None: as it is)."""
+
+    clip: float | None
+
+    def __call__(self, c: Tensor) -> Tensor:
+        return c if self.clip is None else clip_rows(c, self.clip)
 
 
 def _same(a: tuple[Tensor | None, ...], b: tuple[Tensor | None, ...]) -> bool:
