@@ -103,8 +103,8 @@ def test_the_attacks_own_meta_reaches_result_json_and_the_summary(tmp_path, caps
     """``privaudit train`` then ``privaudit attack --attack cpa`` on a noise-free ``mlp``
     message: result.json's ``attack_meta`` holds, per observation, what CPA recorded — the
     completion made every example of the realised batch exact and searched for none, and
-    ``how`` says so, as does a line of the summary — without the observation's provenance
-    (already in ``links``)."""
+    ``how`` says so, as do a line of the summary and the report's per-victim table — without
+    the observation's provenance (already in ``links``)."""
     run, out = tmp_path / "run", tmp_path / "out"
     quiet = ["--no-progress"]
     code, _, err = run_cli(capsys, "train", "--defense", "dsgd", "--model", "mlp",
@@ -126,6 +126,9 @@ def test_the_attacks_own_meta_reaches_result_json_and_the_summary(tmp_path, caps
     assert how.startswith(f"{b} exact after the polish") and "SPEAR's search" in how
     assert "observation" not in meta and f"cpa: {how}" in stdout.splitlines()
     assert result["metrics"]["label_acc"] == 1.0
+    code, _, err = run_cli(capsys, "report", str(out), "--markdown")
+    assert code == 0, err
+    assert how in (out / "report.md").read_text()  # the report's per-victim table says how
 
 
 def test_the_summary_says_how_each_victim_was_solved_and_why_a_completion_was_skipped():

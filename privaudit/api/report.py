@@ -363,8 +363,11 @@ def _victims(r: dict[str, Any]) -> Table:
     sizes = r.get("batch_sizes") or [None] * n
     used = r.get("attack_used") or [None] * n
     adversaries = r.get("adversaries") or [""] * n
+    hows = [_how(m) for m in r.get("attack_meta") or [{}] * n]
     rows = []
-    for o, (src, dst), b, a, adv in zip(obs, links, sizes, used, adversaries, strict=False):
+    for o, (src, dst), b, a, adv, how in zip(
+        obs, links, sizes, used, adversaries, hows, strict=False
+    ):
         rows.append(
             [
                 str(src),
@@ -377,10 +380,22 @@ def _victims(r: dict[str, Any]) -> Table:
                 fmt(o.get("mse")),
                 fmt(o.get("lpips")),
                 fmt(o.get("label_acc")),
+                how,
             ]
         )
     head = ["victim", "link", "observer", "batch", "attack", "PSNR dB", "SSIM", "MSE", "LPIPS"]
-    return Table("Per victim", [*head, "label acc"], rows)
+    return Table("Per victim", [*head, "label acc", "how"], rows)
+
+
+def _how(meta: dict[str, Any]) -> str:
+    """How the attack says it solved one observation (``attack_meta``: its own ``how``, or
+    why a completion was skipped), "" where it says neither."""
+    own = meta.get(meta.get("attack")) if isinstance(meta.get("attack"), str) else None
+    own = own if isinstance(own, dict) else meta
+    complete = own.get("complete")
+    skipped = complete.get("skipped") if isinstance(complete, dict) else None
+    parts = [own.get("how"), f"completion skipped: {skipped}" if skipped else None]
+    return "; ".join(p for p in parts if isinstance(p, str))
 
 
 def _run_folder(folder: Path, r: dict[str, Any]) -> Path:
