@@ -19,7 +19,12 @@ bound, the Gaussian-DP estimate's point (where the scores are exactly Gaussian: 
 and the Clopper–Pearson bound, each over the accounted one-release ε, and the trials behind
 them. A bound above the accounted ε beyond its confidence would be a finding: ``ok`` says no.
 
-    python benchmarks/audit.py [--trials 10000 --agents 4 --epsilons 1,2,4]
+With ``--canaries K`` each trial carries K Dirac canaries of norm C, each in by its own coin,
+their Gaussian-DP estimate pooled (``privaudit audit --canaries``,
+:mod:`privaudit.experiments.audit_pooled`); the kinds where pooling is refused (a flat batch
+clip, an observation that is not exactly its Gaussian release) are listed under the table.
+
+    python benchmarks/audit.py [--trials 10000 --agents 4 --epsilons 1,2,4 --canaries 256]
                                [--targets dp-dpsgd-half-model,…] [--plugin FILE]
                                [--markdown figures/audit.md] [--out DIR] [--list]
 
@@ -45,6 +50,7 @@ from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a packa
 
 from privaudit.core.accounting import sigma_for_epsilon
 from privaudit.core.config import RunConfig
+from privaudit.core.errors import PrivauditError
 from privaudit.defenses import DEFENSES
 from privaudit.eval.canaries import candidates
 from privaudit.experiments.audit import audit, check_trials
@@ -88,8 +94,18 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
     # unit (a Dirac of C per example; against the clean gradient, 2C, for a flat batch clip)
     first = candidates(Target.parse(target).privacy(run, 0), run.cfg.batch_size)[0]
     fixed = {"canary_shape": first.kind, "canary_norm": first.norm}
+    if a.canaries > 1:  # K Dirac canaries of norm C per trial, pooled, where the kind allows
+        fixed = {"canaries": a.canaries}
     t0 = time.perf_counter()
-    r = audit(run, target, trials=trials, progress=False, **fixed)
+    try:
+        r = audit(run, target, trials=trials, progress=False, **fixed)
+    except PrivauditError as e:
+        if a.canaries > 1 and "drop --canaries" in str(e):  # the refusal, in short
+            flat = "clip per batch" in str(e)
+            return {"refused": "a flat batch clip" if flat else "not exactly its release"}
+        raise
+    label = f"{first.kind} {first.norm:g}"
+    label = f"{a.canaries} × dirac {first.norm:g}" if a.canaries > 1 else label
     own = r.details  # the white-box audit's own entries: its bounds, the copies observed
     g = own.get("gdp") or {"epsilon_lo": None, "epsilon": None}  # only where exactly Gaussian
     return {
@@ -101,7 +117,7 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
         "gdp": g["epsilon"],
         "cp_lo": own["clopper_pearson"]["epsilon_lo"],
         "trials": trials,
-        "canary": f"{first.kind} {first.norm:g}",
+        "canary": label,
         "wall": time.perf_counter() - t0,
     }
 
@@ -121,6 +137,8 @@ def markdown(rows: list[tuple[str, float, dict]], a: argparse.Namespace) -> str:
         "CP ratio |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    refused = sorted({(t, m["refused"]) for t, _, m in rows if "refused" in m})
+    rows = [r for r in rows if "refused" not in r[2]]
     for target, eps, m in rows:
         lo, point, cp = ratios(m)
         lines.append(
@@ -128,16 +146,25 @@ def markdown(rows: list[tuple[str, float, dict]], a: argparse.Namespace) -> str:
             f"{m['trials']} | {m['epsilon_lo']:.3f} | {lo:.2f} | {point} | {cp:.2f} |"
         )
     worst = min(ratios(m)[0] for _, _, m in rows)
+    canary = (
+        f"{a.canaries} Dirac canaries of norm C per trial, each in by its own coin, their "
+        "Gaussian-DP estimate pooled (`--canaries`; Clopper–Pearson on the first alone)"
+        if a.canaries > 1
+        else "one fixed canary: the search's first candidate for the kind's clip (Dirac of C "
+        "per example, the opposite gradient for a flat batch clip)"
+    )
     lines += [
         "",
         f"White-box audit of one release of round 1, {a.agents} agents, δ = {a.delta:g}, 95% "
-        "confidence, one fixed canary: the search's first candidate for the kind's clip "
-        "(Dirac of C per example, the opposite gradient for a flat batch clip). ε ≥: the "
+        f"confidence, {canary}. ε ≥: the "
         "audit's lower bound (the larger of Clopper–Pearson and the Gaussian-DP estimate's, "
         "where the scores are exactly Gaussian); ratio: it over the accounted one-release ε, "
         f"smallest {worst:.2f} (goal ≥ {GOAL}); GDP point: the Gaussian-DP estimate over the "
         "accounted ε; CP ratio: Clopper–Pearson's bound alone.",
     ]
+    for why in sorted({w for _, w in refused}):  # one canary per trial only: the table above
+        kinds = ", ".join(f"`{t}`" for t, w in refused if w == why)
+        lines += ["", f"Not pooled ({why}; one canary per trial only): {kinds}."]
     return "\n".join(lines) + "\n"
 
 
@@ -152,6 +179,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markdown", type=Path, default=None, help="write the table here too")
     ap.add_argument("--list", action="store_true", help="list the kinds measured and stop")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small ops: 1)")
+    ap.add_argument(
+        "--canaries", type=int, default=1,
+        help="Dirac canaries per trial, pooled (privaudit audit --canaries; default 1: one)",
+    )  # fmt: skip
     add_out(ap, "audit")
     return ap.parse_args(argv)
 
@@ -176,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def identity(target: str, eps: float) -> dict:
         return dict(bench="audit", target=target, epsilon=eps, trials=a.trials,
-                    agents=a.agents, delta=a.delta)  # fmt: skip
+                    agents=a.agents, delta=a.delta, canaries=a.canaries)  # fmt: skip
 
     pieces = Pieces(a.out, [identity(t, e) for t in kinds for e in eps_list], [__file__])
     print(f"white-box audit of one release, δ = {a.delta:g}, 95% confidence, {len(kinds)} kinds")
@@ -193,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
                 lambda w, t=target, d=defense, z=z1, e=eps, n=trials: measure(t, d, z, e, n, a, w),
             )
             rows.append((target, eps, m))
+            if "refused" in m:
+                print(f"{target:<22} {eps:>4g} not pooled: {m['refused']}", flush=True)
+                continue
             lo, point, cp = ratios(m)
             print(
                 f"{target:<22} {eps:>4g} {m['sigma']:>6.3f} {m['upper']:>7.3f} {m['trials']:>6} "
@@ -200,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{'yes' if m['epsilon_lo'] <= m['upper'] else 'NO':>4} {m['wall']:>6.1f}",
                 flush=True,
             )
-    worst = min((ratios(m)[0] for _, _, m in rows), default=math.nan)
+    worst = min((ratios(m)[0] for _, _, m in rows if "refused" not in m), default=math.nan)
     print(f"smallest lower-bound ratio: {worst:.3f} (goal ≥ {GOAL})")
     if a.markdown:
         a.markdown.parent.mkdir(parents=True, exist_ok=True)

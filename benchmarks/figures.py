@@ -94,6 +94,12 @@ JOBS = [
         ["audit.md"],
     ),
     Job(
+        "audit-pooled",
+        [*BENCH, "benchmarks/audit.py", "--canaries", "256", "--markdown"]
+        + ["{figures}/audit-pooled.md", "--out", "{work}"],
+        ["audit-pooled.md"],
+    ),
+    Job(
         "audit-beyond",
         [*BENCH, "benchmarks/audit_beyond.py", "--markdown", "{figures}/audit-beyond.md"]
         + ["--out", "{work}"],

@@ -193,6 +193,66 @@ def one_run_epsilon(m: int, r: int, v: int, delta: float, p: float) -> float:
     return lo
 
 
+def pooled_gdp_estimate(
+    scores: np.ndarray, coins: np.ndarray, delta: float, confidence: float
+) -> dict[str, float]:
+    """μ of K canaries per trial, pooled: ``scores`` and ``coins`` are (n trials, K), canary
+    k's score in trial i and whether it was in. Each canary's mean difference Δ_k (its own
+    in/out means, so each coordinate's fixed offset cancels) over the pooled noise std s:
+    μ = mean_k Δ_k / s, with μ_lo = Δ_lo/s_hi and μ_hi = Δ_hi/s_lo as
+    :func:`gdp_estimate`, each end of each component at half of 1 − confidence. The
+    intervals are the normal ones with the cluster-robust (sandwich) variance over trials —
+    each trial's share of mean_k Δ_k and of s² summed over its K canaries, trials being
+    independent — so they stay valid when the K scores of one trial are correlated; K
+    independent ones shrink them by √K. With per-canary stds σ_k, mean_k Δ_k / RMS_k σ_k is
+    at most max_k Δ_k/σ_k: the pooled μ never exceeds the most exposed canary's. Valid when
+    each canary's scores are a Gaussian shift with one variance, in or out (a Gaussian
+    mechanism with a per-example clip, each canary one example scored on its coordinate),
+    and n is large enough for the normal intervals (≥ 100 trials)."""
+    check_levels(confidence, delta)
+    s, b = np.asarray(scores, float), np.asarray(coins, bool)
+    if s.ndim != 2 or s.shape != b.shape:
+        raise PrivauditError("scores and coins must be (trials, canaries) arrays of one shape")
+    n, k = s.shape
+    n_in, n_out = b.sum(0), n - b.sum(0)
+    if n < 100 or n_in.min() < 3 or n_out.min() < 3:
+        raise PrivauditError(
+            "a pooled Gaussian-DP estimate needs at least 100 trials and 3 with and without "
+            "each canary"
+        )
+    m_in = np.where(b, s, 0.0).sum(0) / n_in
+    m_out = np.where(~b, s, 0.0).sum(0) / n_out
+    r = s - np.where(b, m_in, m_out)
+    diff = float((m_in - m_out).mean())
+    df = n * k - 2 * k
+    var = float((r**2).sum() / df)
+    # each trial's share of diff − E diff and of var − σ²: sums of independent terms
+    psi = (r * np.where(b, 1 / n_in, -1 / n_out)).sum(1) / k
+    phi = (r**2 - var).sum(1) / df
+    z = stats.norm.ppf(1 - (1 - confidence) / 2)  # one-sided, each end of each component
+    fix = n / (n - 1)
+    half, var_half = z * math.sqrt(fix * (psi**2).sum()), z * math.sqrt(fix * (phi**2).sum())
+    std = math.sqrt(var)
+    if std == 0:
+        mu = math.inf if diff > 0 else 0.0
+        lo = hi = mu
+    else:
+        mu = max(diff, 0.0) / std
+        lo = max(diff - half, 0.0) / math.sqrt(var + var_half)
+        hi = max(diff + half, 0.0) / math.sqrt(max(var - var_half, var * 1e-12))
+    return {
+        "mu": float(mu),
+        "mu_lo": float(lo),
+        "mu_hi": float(hi),
+        "diff": diff,
+        "std": std,
+        "canaries": float(k),
+        "epsilon": gdp_epsilon(mu, delta),
+        "epsilon_lo": gdp_epsilon(lo, delta),
+        "epsilon_hi": gdp_epsilon(hi, delta),
+    }
+
+
 def one_run_audit(
     scores: np.ndarray,
     included: np.ndarray,

@@ -68,3 +68,18 @@ def test_the_beyond_rows_are_the_one_run_and_final_model_audits(tmp_path, capsys
     assert band <= observed < accounted and abs(observed - 1.579) < 0.002
     assert cells[9] == "consistent"
     assert "final models of dp-dpsgd-half-model" in capsys.readouterr().out
+
+
+def test_pooled_rows_and_the_kinds_that_refuse_pooling(tmp_path):
+    """``--canaries 64``: the per-example kind's row is the pooled audit's (its canary column
+    says so, its bound below the accounted ε); a flat batch clip is listed as not pooled."""
+    md = tmp_path / "pooled.md"
+    argv = ["--trials", "200", "--epsilons", "2", "--canaries", "64"]
+    argv += ["--targets", "dp-dpsgd-half-model,pdsl-cg", "--out", str(tmp_path / "o")]
+    main([*argv, "--markdown", str(md)])
+    text = md.read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| `")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["`dp-dpsgd-half-model`", "64 × dirac 1", "2"]
+    assert 0.8 * float(cells[4]) < float(cells[6]) <= float(cells[4])  # pooled: near ε
+    assert "Not pooled (a flat batch clip; one canary per trial only): `pdsl-cg`." in text

@@ -26,6 +26,7 @@ SLOW: frozenset[str] = frozenset(
         "test_attacks.py::test_lbfgs_attacks_run_on_several_images_at_once",
         "test_audit.py::test_correct_mechanism_is_never_violated_under_any_threat",
         "test_audit.py::test_flat_clip_audit_exceeds_the_runs_own_accounting",
+        "test_audit.py::test_pooled_canaries_reach_the_release_epsilon_and_never_violate_it",
         "test_audit_benchmark.py::test_a_row_is_the_audit_of_one_release_at_the_target_epsilon",
         "test_audit_benchmark.py::test_the_beyond_rows_are_the_one_run_and_final_model_audits",
         "test_audit_result.py::test_to_dict_is_the_audit_document_and_round_trips",

@@ -77,6 +77,16 @@ def add_parser(sub: Any, words: Vocabulary) -> None:
         "real: a training example under its own label (the input-space audit)",
     )
     au.add_argument(
+        "--canaries",
+        type=int,
+        default=None,
+        metavar="K",
+        help="white-box: K Dirac canaries of norm C per trial, each in by its own coin, their "
+        "Gaussian-DP estimate pooled (a Gaussian release over per-example clipped gradients, "
+        "observed exactly; try 256): the bound of K times the trials (default 1: one canary, "
+        "searched)",
+    )
+    au.add_argument(
         "--span",
         type=int,
         default=0,
@@ -144,6 +154,15 @@ def cmd_audit(a: argparse.Namespace) -> int:
         limits.check_float("--canary-norm", a.canary_norm, 0.0, lo_open=True)
     check_canary(a.canary_norm, a.canary_shape)
     limits.check_int("--span", a.span, 0, limits.MAX_ROUNDS)
+    if a.canaries is not None:
+        limits.check_int("--canaries", a.canaries, 1, 1 << 24)
+        pooled_with = [f for f, v in (("--span", a.span), ("--canary-shape", a.canary_shape),
+                                      ("--canary-norm", a.canary_norm)) if v]  # fmt: skip
+        if a.canaries > 1 and pooled_with:
+            raise PrivauditError(
+                f"{pooled_with[0]} is for one canary per trial; --canaries K uses Dirac "
+                "canaries of norm C: drop one of them"
+            )
     limits.check_seed("--audit-seed", a.audit_seed)
     out = check_out(a.out or f"privaudit-out/audit-{a.target}", "audit", a.overwrite)
     given = open_run(a) if a.run else None
@@ -200,7 +219,9 @@ def _mode_options(a: argparse.Namespace) -> dict[str, Any]:
     """The options only one kind of audit takes."""
     if a.observe == "final":
         return {"observer": a.observer, "batches": a.batches}
-    return {"canary_shape": a.canary_shape, "span": a.span} if a.mode == "white-box" else {}
+    if a.mode != "white-box":
+        return {}
+    return {"canary_shape": a.canary_shape, "span": a.span, "canaries": a.canaries}
 
 
 def _final(run: Any, target: Any, **kw: Any) -> dict[str, Any]:
@@ -323,9 +344,14 @@ def _gdp_lines(r: dict[str, Any]) -> list[str]:
     if "gdp" not in r:
         return []
     g = r["gdp"]
+    pooled = (
+        f", pooled over {int(g['canaries'])} canaries per trial (cluster-robust)"
+        if "canaries" in g
+        else ""
+    )
     return [
         f"  Gaussian DP: μ = {g['mu']:.3g} [{g['mu_lo']:.3g}, {g['mu_hi']:.3g}] → "
-        f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]"
+        f"ε = {g['epsilon']:.3g} [{g['epsilon_lo']:.3g}, {g['epsilon_hi']:.3g}]{pooled}"
     ]
 
 
@@ -399,7 +425,10 @@ def _search_lines(r: dict[str, Any]) -> list[str]:
         if len(found) > 1
         else f"no search: every trial on it, at {s['levels']['final']:.4g}"
     )
-    lines = [f"canary: {c['kind']}, norm {sig(c['norm'])}, impact {sig(c['impact'])} ({how})"]
+    count = f"{c['count']} " if "count" in c else ""  # --canaries K: K per trial
+    lines = [
+        f"canary: {count}{c['kind']}, norm {sig(c['norm'])}, impact {sig(c['impact'])} ({how})"
+    ]
     for i, e in enumerate(found, 1):
         phases = [
             f"{name} ε ≥ {e[name]['epsilon_lo']:.3g} ({e[name]['trials']} trials)"

@@ -120,7 +120,7 @@ TABLES: dict[str, tuple[Mode, ...]] = {
         Mode(
             "final models",
             lambda a: a.observe == "final",
-            ("--round", "--span", "--link", "--threat", "--canary-shape"),
+            ("--round", "--span", "--link", "--threat", "--canary-shape", "--canaries"),
             "with --observe final (the canary joins every round; the adversary sees the final "
             "models only)",
             ", or use --observe messages",
@@ -135,8 +135,9 @@ TABLES: dict[str, tuple[Mode, ...]] = {
         Mode(
             "one-run",
             lambda a: a.mode == "one-run",
-            ("--round", "--span", "--canary-shape"),
-            "in --mode one-run (it audits every round of the run with Dirac canaries)",
+            ("--round", "--span", "--canary-shape", "--canaries"),
+            "in --mode one-run (it audits every round of the run with Dirac canaries; "
+            "--trials is their number)",
             ", or use --mode white-box",
         ),
         RUN,

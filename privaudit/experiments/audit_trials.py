@@ -91,7 +91,7 @@ def _flat(obs: Any, names: tuple[str, ...]) -> Tensor:
     return torch.cat([obs.target[k].reshape(-1) for k in names]).double()
 
 
-class _Rerun:
+class Rerun:
     """Round ``t`` and the rounds a span observes, re-run from the state before round t on
     fixed batches (the victim's of round t, and one draw for each later round): a call is
     one trial, the observed targets of rounds t..t+span, flat, on trial ``i``'s noise."""
@@ -134,11 +134,15 @@ class _Rerun:
         self.statistic = "projection"
         self(-1, None, record=True)
 
-    def __call__(self, i: int, canary: Canary | None, record: bool = False) -> Tensor:
+    def __call__(self, i: int, canary: Canary | Diracs | None, record: bool = False) -> Tensor:
         s = self.s
         reseed(self.ctx, self.seed * 1_000_003 + i + 2)  # trial i's noise, whatever ran before
-        c = canary or Canary("none", None)
-        self.grads.start(None if c.grad is None else c.grad[None].to(self.ctx.device), c.example)
+        if isinstance(canary, Diracs):  # several Dirac canaries at once (the pooled audit)
+            self.grads.start(canary)
+        else:
+            c = canary or Canary("none", None)
+            grad = None if c.grad is None else c.grad[None].to(self.ctx.device)
+            self.grads.start(grad, c.example)
         self.simulation.tap.clear()
         self.simulation.simulate(
             dict(self.state0),
@@ -250,7 +254,7 @@ def white_box(
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
     s = audited_message(run, tgt, round, adv, span, progress)
-    rerun = _Rerun(s, span, seed, progress)
+    rerun = Rerun(s, span, seed, progress)
     cands = candidates(s.privacy, run.cfg.batch_size, canary_norm, canary_shape)
     cands = make_canaries(cands, run.ctx, rerun.grads.clean, seed)
     k = search_size(len(cands), trials, delta, confidence)
@@ -319,7 +323,7 @@ def white_box(
 
 
 def _entries(
-    rerun: _Rerun,
+    rerun: Rerun,
     cands: list[Canary],
     shifts: list[Tensor],
     pilots: list[dict[str, Any] | None],
@@ -343,7 +347,7 @@ def _entries(
 
 
 def _score(
-    rerun: _Rerun,
+    rerun: Rerun,
     cands: list[Canary],
     dirs: list[Tensor],
     plan: SearchPlan,
