@@ -280,17 +280,6 @@ def one_run_audit(
     return best
 
 
-def one_run_canaries_needed(delta: float, confidence: float, guesses: int = 6) -> int:
-    """Fewest canaries for which all-correct guessing of every canary gives a bound > 0."""
-    check_levels(confidence, delta)
-    m = 2
-    while m < 1 << 20:
-        if one_run_epsilon(m, m, m, delta, (1 - confidence) / guesses) > 0:
-            return m
-        m *= 2
-    raise PrivauditError("no number of canaries gives a bound at this confidence and δ")
-
-
 # -- one run over pairs: each coin swaps one example (group privacy) --------------------------
 def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
     """What (ε, δ)-DP for adding or removing one example gives datasets ``k`` changes apart:

@@ -25,8 +25,8 @@ lets an adversary compute (``defense.observe``):
   Observation is exactly that release, K Dirac canaries of norm C on distinct coordinates,
   each in by its own coin, are K adjacent pairs per trial; their pooled Gaussian-DP
   estimate (cluster-robust over trials) beside Clopper–Pearson on the first canary alone
-  bounds μ as nK one-canary trials would — what lifts the bound from 0.87 of ε = 1 at
-  10,000 trials (the one-score limit) to the accounted ε.
+  bounds μ as nK one-canary trials would: at 10,000 trials, from at most 0.87 of ε = 1
+  (one score per trial) to 0.98.
 - **the canary search** (:func:`~privaudit.eval.canaries.candidates`): a canary that fits
   one mechanism is weak on another (a Dirac of norm C cannot show that a step forgot to
   clip), so the white-box audit tries K candidates — norms C, 100C, 10C, shapes Dirac,

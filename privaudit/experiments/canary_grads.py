@@ -25,8 +25,8 @@ from privaudit.grads import clip_rows
 @dataclass(frozen=True)
 class Diracs:
     """k Dirac canaries, each of norm ``norm`` on its own coordinate of a ``size``-vector —
-    the one-run audit's, held as their coordinates (memory O(k + D), where the dense rows
-    take k·D: 200,000 canaries on a 650,000-parameter model). :class:`CanaryGrads` adds
+    the one-run and pooled audits', held as their coordinates (memory O(k + D), where dense
+    rows take k·D: 500,000 canaries on the 656,810-parameter 2NN). :class:`CanaryGrads` adds
     exactly what it adds of the equal dense rows: each row clipped as one example, then
     summed (distinct coordinates, so the sum is one scatter)."""
 
