@@ -16,7 +16,10 @@ So the goal needs more than one score per trial: K Dirac canaries per trial, eac
 example of a per-example clipped Gaussian release, are K independent Gaussian shifts, and
 their pooled estimate (:func:`privaudit.eval.bounds.pooled_gdp_estimate`, ``--canaries K``)
 bounds μ as nK trials would — at 10,000 trials of 256 canaries, above 0.95 of ε = 1, 2 and 4
-(the last test; measured on the defenses' own code in ``benchmarks/audit.py --canaries``)."""
+(measured on the defenses' own code in ``benchmarks/audit.py --canaries``). Where canaries
+cannot be pooled (a flat batch clip: they would share one clip) the one-score ceiling
+stands; where the scores are not an exact Gaussian shift, only Clopper–Pearson applies,
+whose ceiling at 10,000 trials is about half of ε (the last test)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from privaudit.core.accounting import release_epsilon, sigma_for_epsilon
 from privaudit.eval import bounds
@@ -82,3 +86,23 @@ def test_pooling_256_canaries_per_trial_reaches_095_at_10k_trials(epsilon):
         scores = rng.normal(size=coins.shape) + mu * coins
         lo = bounds.pooled_gdp_estimate(scores, coins, DELTA, 0.975)["epsilon_lo"]
         assert 0.95 * eps < lo <= eps
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 2.0, 4.0])
+def test_no_clopper_pearson_bound_reaches_095_at_10k_trials(epsilon):
+    """Where the scores are not an exact Gaussian shift (a flat batch clip's QP, a later
+    round's post-processing), only a distribution-free bound applies. Even on Gaussian
+    scores, and credited with its expected outcome — the true TPR at each threshold, the
+    false positives it expects among 5,000 canary-free trials, Clopper–Pearson's 95 % upper
+    limit on their rate — the best threshold reaches 0.45, 0.51 and 0.51 of ε = 1, 2, 4: the
+    goal of 0.95 at 10,000 trials needs the Gaussian-DP estimate (pooled where it may be)."""
+    mu, eps = setting(epsilon)
+    n = 5000  # trials without the canary, as many with
+    best = 0.0
+    for t in np.linspace(0, 8, 801):
+        fpr, tpr = stats.norm.sf(t), stats.norm.sf(t - mu)
+        fp = int(round(fpr * n))
+        fpr_hi = stats.beta.ppf(0.95, fp + 1, n - fp) if fp < n else 1.0
+        if tpr > DELTA:
+            best = max(best, math.log((tpr - DELTA) / fpr_hi))
+    assert best < 0.55 * eps
