@@ -103,6 +103,7 @@ SAMPLES = {
     "--trials": "64",
     "--confidence": "0.9",
     "--span": "0",
+    "--canaries": "1",
     "--canary-norm": "1",
     "--canary-shape": "dirac",
     "--audit-seed": "1",
