@@ -65,7 +65,8 @@ def one_run_row(model: str, canaries: int, a: argparse.Namespace, work: Path) ->
     )  # fmt: skip
     run = Run.create(cfg, work / "run")
     t0 = time.perf_counter()
-    r = audit(run, TARGET, mode="one-run", trials=canaries, threat="coalition", progress=False)
+    r = audit(run, TARGET, mode="one-run", trials=canaries, confidence=a.confidence,
+              threat="coalition", progress=False)  # fmt: skip
     d = r.details
     return {
         "parameters": run.ctx.spec.numel,
@@ -78,7 +79,6 @@ def one_run_row(model: str, canaries: int, a: argparse.Namespace, work: Path) ->
         "gdp": d["one_run_fdp"]["epsilon_gdp"],
         "guesses": int(d["one_run_fdp"]["mu_guesses"]),
         "correct": int(d["one_run_fdp"]["mu_correct"]),
-        "observer": r.threat,
         "wall": time.perf_counter() - t0,
     }
 
