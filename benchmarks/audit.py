@@ -21,8 +21,9 @@ them. A bound above the accounted ε beyond its confidence would be a finding: `
 
 With ``--canaries K`` each trial carries K Dirac canaries of norm C, each in by its own coin,
 their Gaussian-DP estimate pooled (``privaudit audit --canaries``,
-:mod:`privaudit.experiments.audit_pooled`); the kinds where pooling is refused (a flat batch
-clip, an observation that is not exactly its Gaussian release) are listed under the table.
+:mod:`privaudit.experiments.audit_pooled`); the kinds whose facts rule pooling out
+(:func:`~privaudit.experiments.audit_pooled.not_pooled`: a flat batch clip) are listed under
+the table.
 
     python benchmarks/audit.py [--trials 10000 --agents 4 --epsilons 1,2,4 --canaries 256]
                                [--targets dp-dpsgd-half-model,…] [--plugin FILE]
@@ -50,10 +51,10 @@ from resume import Pieces, add_out  # noqa: E402 - a sibling script, not a packa
 
 from privaudit.core.accounting import sigma_for_epsilon
 from privaudit.core.config import RunConfig
-from privaudit.core.errors import PrivauditError
 from privaudit.defenses import DEFENSES
 from privaudit.eval.canaries import candidates
 from privaudit.experiments.audit import audit, check_trials
+from privaudit.experiments.audit_pooled import not_pooled
 from privaudit.experiments.claims import row_trials
 from privaudit.plugins import load_plugins
 from privaudit.sim.run import Run
@@ -92,18 +93,15 @@ def measure(target: str, defense: str, z1: float, eps: float, trials: int, a, wo
     run = Run.create(run_config(defense, a.agents, sigma, a.delta, rounds), work / "run")
     # the search's first candidate: the worst case for a correct clip of the kind's stated
     # unit (a Dirac of C per example; against the clean gradient, 2C, for a flat batch clip)
-    first = candidates(Target.parse(target).privacy(run, 0), run.cfg.batch_size)[0]
+    privacy = Target.parse(target).privacy(run, 0)
+    first = candidates(privacy, run.cfg.batch_size)[0]
     fixed = {"canary_shape": first.kind, "canary_norm": first.norm}
     if a.canaries > 1:  # K Dirac canaries of norm C per trial, pooled, where the kind allows
+        if not_pooled(privacy):
+            return {"refused": not_pooled(privacy)}
         fixed = {"canaries": a.canaries}
     t0 = time.perf_counter()
-    try:
-        r = audit(run, target, trials=trials, progress=False, **fixed)
-    except PrivauditError as e:
-        if a.canaries > 1 and "drop --canaries" in str(e):  # the refusal, in short
-            flat = "clip per batch" in str(e)
-            return {"refused": "a flat batch clip" if flat else "not exactly its release"}
-        raise
+    r = audit(run, target, trials=trials, progress=False, **fixed)
     label = f"{first.kind} {first.norm:g}"
     label = f"{a.canaries} × dirac {first.norm:g}" if a.canaries > 1 else label
     own = r.details  # the white-box audit's own entries: its bounds, the copies observed

@@ -85,12 +85,13 @@ def pooled(
     coords = torch.as_tensor(np.random.default_rng(seed + 2).choice(D, canaries, replace=False))
     t0 = time.perf_counter()
     # orientation and impact on an unscored pair of trials (the same noise, all in / none)
-    shift = (rerun(-2, Diracs(coords, norm, D)) - rerun(-2, None))[coords]
+    every = Diracs(coords, norm, D)
+    shift = (rerun(-2, every) - rerun(-2, None))[coords]
     if not bool((shift.abs() > 0).all()):
         raise PrivauditError(f"a Dirac canary in agent {s.src}'s batch does not reach {target}")
     sign = torch.sign(shift)
     coins = np.random.default_rng(seed + 1).random((trials, canaries)) < 0.5
-    scores, interrupted = _score(rerun, Diracs(coords, norm, D), coins, sign, progress)
+    scores, interrupted = _score(rerun, every, coins, sign, progress)
     done = len(scores)
     if done < need:
         raise PrivauditError(
@@ -141,15 +142,26 @@ def pooled(
     }
 
 
+def not_pooled(privacy: Any) -> str | None:
+    """Why a mechanism's facts rule its canaries out of pooling, in a few words, or None:
+    they must be a Gaussian mechanism's, over a per-example clip (under a flat batch clip
+    the canaries would share one clip)."""
+    if privacy.mechanism != "gaussian":
+        return f"a {privacy.mechanism} mechanism"
+    if privacy.clip_unit != "example":
+        return "a flat batch clip" if privacy.clip_unit == "batch" else "no per-example clip"
+    return None
+
+
 def _check(s: Setting, target: str, canaries: int, D: int) -> None:
     """Refuse what pooling does not fit: a mechanism other than a Gaussian one with a
     per-example clip observed directly, or more canaries than coordinates."""
-    if s.privacy.mechanism != "gaussian" or s.privacy.clip_unit != "example" or s.beyond:
+    why = not_pooled(s.privacy) or ("an indirect observation" if s.beyond else None)
+    if why is not None:
         raise PrivauditError(
             f"--canaries K > 1 pools Dirac canaries that are examples of one batch of a "
             f"Gaussian mechanism with a per-example clip, observed directly; {target} as "
-            f"{s.threat.describe()} sees it is not (mechanism {s.privacy.mechanism}, clip per "
-            f"{s.privacy.clip_unit}); drop --canaries"
+            f"{s.threat.describe()} sees it is not ({why}); drop --canaries"
         )
     if not 2 <= canaries <= D:
         raise PrivauditError(f"--canaries must be in 2..{D} (this model's parameters)")
