@@ -32,12 +32,14 @@ there a single attacker on a ring of 5 recovers both agents two hops away, exact
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from privaudit.api.gossip_forecast import RunForecast, applies
 from privaudit.attacks.gossip_algebra import (
     STATE,
     Identifiability,
@@ -52,6 +54,7 @@ from privaudit.attacks.gossip_algebra import (
     state_functional,
     unit_roundoff,
 )
+from privaudit.attacks.gossip_drift import Drifted, solve_tied
 from privaudit.core.accounting import sample_rates
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec
@@ -77,6 +80,7 @@ def observe_beyond(
     tie: bool = False,
     progress: bool = True,
     max_error: float | None = 1.0,
+    forecast: bool = True,
 ) -> list[Observation]:
     """One Observation per victim of its round-``round`` update, reconstructed by the
     coalition ``attackers`` from every ``target``-defense message it receives (the gossip
@@ -112,7 +116,14 @@ def observe_beyond(
     ``identifiable``, ``rank``, ``distance`` (hops from the coalition), ``gain`` (‖r‖, what
     unit noise on every row would become), ``float_error`` and ``float_error_rel`` (the
     estimated per-coordinate rounding error of the update, absolute and relative to its
-    signal; also in ``threat``), ``rounds`` (first and last used) and ``attackers``."""
+    signal; also in ``threat``), ``rounds`` (first and last used) and ``attackers``.
+
+    ``forecast`` (with ``tie``): the drift forecast — every identifiable non-member solved,
+    the run re-simulated from what was recovered and the tied system solved again with the
+    forecast drift taken out (:mod:`privaudit.api.gossip_forecast`), where the run allows it
+    (one example per agent, the window from x_0); the victim's update and model at rounds
+    after the first carry their forecast drift. ``meta["forecast"]``: the agents forecast,
+    the trust kept and the passes' misfits, or why none was used."""
     tgt = Target.of(target)
     target = tgt.name  # the name, in what is written
     tgt.check_run(run, round)
@@ -147,6 +158,7 @@ def observe_beyond(
         system,
         plans,
         max_error,
+        forecast,
     )
 
 
@@ -243,19 +255,35 @@ def _observations(
     system: LinearSystem,
     plans: list[tuple[Recovery, list[dict[Key, float]]]],
     max_error: float | None = 1.0,
+    forecast: bool = True,
 ) -> list[Observation]:
     """Capture the coalition's links over the rounds used and apply each victim's planned
     estimator to them: the capture comes last, after every victim is known identifiable,
-    so a refusal costs no replay."""
+    so a refusal costs no replay. Under ``tie`` with ``forecast``, the rows lose the drift
+    the forecast predicts first (:func:`_forecast`)."""
     threat = build_threat("coalition", attackers=members)
     # every kind on the coalition's links, as the planner captures (a round's file records
     # which links were tapped, not which kinds)
     capture = CaptureSpec.of(rounds=range(max(first, 1), last + 1), links=threat.links(run.edges()))
     messages = run.messages(capture, progress=progress)
     view = threat.view(messages, run.public())
+    drift: Drifted | None = None
+    told: dict[str, Any] | str | None = None
+    if tie:
+        why = applies(run, first) if forecast else "forecast=False"
+        if why is None:
+            drift, told = _forecast(run, tgt, sub, system, members, messages, view, last)
+        else:
+            told = f"not used: {why}"
     out = []
     for v, (plan, targets) in zip(victims, plans, strict=True):
-        g, at, fe = _apply(system, sub, plan, targets, messages, first, run.ctx.x0.cpu())
+        shift = None if drift is None else drift.shift
+        g, at, fe = _apply(system, sub, plan, targets, messages, first, run.ctx.x0.cpu(), shift)
+        if drift is not None:
+            g, at = (
+                g + _drifted(targets[0], drift.offsets),
+                at + _drifted(targets[1], drift.offsets),
+            )
         rel = float(relative_error(g.numpy()[None], np.array([fe]))[0])
         if max_error is not None and rel >= max_error:
             gain = float(np.linalg.norm(plan.weights[0]))
@@ -286,12 +314,90 @@ def _observations(
             # unbiased, no approximation (noise_std says the rest) unless updates are tied
             "exact": not tie,
             "tied": tie,
+            "forecast": told,
         }
         obs = tgt.defense.make_observation(
             view, at, g, noise_std=float(plan.std[0]), meta=meta, **dict(rec.facts)
         )
         out.append(given_batch_size(run, obs, round))
     return out
+
+
+def _forecast(
+    run: Run,
+    tgt: Target,
+    rec: Recursion,
+    system: LinearSystem,
+    members: list[int],
+    messages: dict,
+    view: Any,
+    last: int,
+) -> tuple[Drifted, dict[str, Any]]:
+    """The drift forecast on the captured rows (rounds 1..``last`` from x_0): every
+    identifiable non-member solved on the tied ``system``, then re-solved with the drift of
+    the run re-simulated from them taken out (:func:`~privaudit.attacks.gossip_drift.
+    solve_tied`, :class:`~privaudit.api.gossip_forecast.RunForecast`). Returns what it
+    settled on and what it says of it (``meta["forecast"]``)."""
+    sent: dict[tuple[int, int, str], Tensor] = {}
+    for (t, src, _, kind), m in messages.items():
+        sent.setdefault((t, src, kind), m)
+    x0 = run.ctx.x0.detach().cpu().to(torch.float64).reshape(-1)
+    value = _known(system, rec, sent, 0, x0)
+    where = {key: j for j, key in enumerate(system.known)}
+    observed = np.stack(
+        [
+            sent[(m.t, m.src, rec.kind_of(m.component))].detach().cpu().double().reshape(-1).numpy()
+            for m in system.rows
+        ]
+    )
+    inside = set(members)
+    analysis = identifiability(system)
+    keys = [
+        (rec.update, k, 1)
+        for k in range(rec.n)
+        if k not in inside and analysis.status((rec.update, k, 1)) == "identifiable"
+    ]
+    carried = next(iter(rec.carries))
+    states = {
+        (m, t): sent[(t, m, carried)].detach().cpu().double().reshape(-1).numpy()
+        for m in members
+        for t in range(1, last + 1)
+        if (t, m, carried) in sent
+    }
+    forecast = RunForecast(
+        run,
+        rec,
+        last,
+        lambda g: tgt.defense.make_observation(view, run.ctx.x0.cpu(), g, **dict(rec.facts)),
+        states,
+    )
+    drift = solve_tied(
+        system,
+        coalition_system(rec, run.ctx.adj.cpu(), members, 0, last),
+        observed,
+        lambda key: value(where[key])[0].numpy(),
+        analysis,
+        keys,
+        reference=x0.numpy(),
+        forecast=forecast,
+    )
+    told = {
+        "agents forecast": len(forecast.agents) if drift.offsets else 0,
+        "non-members solved": len(drift.got),
+        "trust": drift.trust,
+        "misfits": drift.misfits,
+    }
+    return drift, told
+
+
+def _drifted(coeffs: dict[Key, float], offsets: Mapping[Key, np.ndarray]) -> Tensor:
+    """Σ c · o over the drift ``offsets`` a functional's coefficients name: what the tied
+    estimate of that functional misses of its drifted value."""
+    total = torch.zeros(())
+    for key, c in coeffs.items():
+        if key in offsets:
+            total = total + c * torch.from_numpy(offsets[key])
+    return total
 
 
 def _plan(
@@ -331,6 +437,7 @@ def _apply(
     messages: dict,
     first: int,
     x0: Tensor,
+    shift: np.ndarray | None = None,
 ) -> tuple[Tensor, Tensor, float]:
     """The plan's estimates on the recorded payloads, row by row in float64 (memory of two
     models, whatever the number of rows): r_qᵀ (y − C k) + c_kᵀ k for each of ``targets``
@@ -338,7 +445,8 @@ def _apply(
     around x_0, (y − x_0) − Σ c (k − x_0) − x_0 (Σ c − 1) (every payload is x_0 plus small
     steps: no large, nearly equal numbers are subtracted). Also returns the update's
     per-coordinate rounding error (:func:`~privaudit.attacks.gossip_algebra.float_error`: u of the
-    payloads' float type, times the weighted RMS of the rounded numbers)."""
+    payloads' float type, times the weighted RMS of the rounded numbers). ``shift``: (R × d)
+    taken off each row first (the forecast drift, :func:`_forecast`)."""
     sent: dict[tuple[int, int, str], Tensor] = {}
     for (t, src, _, kind), m in messages.items():
         sent.setdefault((t, src, kind), m)
@@ -362,6 +470,8 @@ def _apply(
             )
         roundoff = max(roundoff, unit_roundoff(payload))
         y = payload.detach().cpu().to(torch.float64).reshape(-1) - x0
+        if shift is not None:
+            y -= torch.from_numpy(shift[r])
         power[r] = float((y + x0).pow(2).mean())
         total = 0.0
         for j, c in zip(C[r].indices.tolist(), C[r].data.tolist(), strict=True):

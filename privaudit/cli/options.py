@@ -142,7 +142,7 @@ def training_options(p: argparse.ArgumentParser, rounds_default: int | None) -> 
     g.add_argument(
         "--model",
         default=None,
-        help="lenet | cnn | tanh-cnn | resnet18 | fedavg-cnn | mlp (default: the preset)",
+        help="lenet | cnn | tanh-cnn | resnet18 | fedavg-cnn | mlp | linear (default: the preset)",
     )
     g.add_argument("--batch-size", type=int, default=None, help="expected batch size B")
     g.add_argument(

@@ -61,7 +61,9 @@ RUN = Mode(
 )
 # attack's run mode: its own training flags too (train and attack take them:
 # privaudit.cli.train.sampling_options), which a --run has in its config.json
-ATTACK_RUN = dataclasses.replace(RUN, ignores=(*RUN.ignores, "--examples-per-agent", "--sampling"))
+ATTACK_RUN = dataclasses.replace(
+    RUN, ignores=(*RUN.ignores, "--examples-per-agent", "--sampling", "--precision")
+)
 NO_DATA_ROOT = Mode(
     "no data root",
     lambda a: a.data_root is None,

@@ -91,6 +91,14 @@ def sampling_options(p: argparse.ArgumentParser) -> None:
         "(D-GD; needs --examples-per-agent K and sets the batch size to K: q = 1, ε without "
         "amplification)",
     )
+    g.add_argument(
+        "--precision",
+        default=None,
+        metavar="float32|float64",
+        help="float32 (default) | float64: the models, data and messages in double precision, "
+        "as El Mrini et al.'s D-GD (the tied attack beyond the neighbourhood reads step "
+        "differences that float32 rounds away)",
+    )
 
 
 def full_batch(cfg: RunConfig) -> bool:
@@ -106,6 +114,8 @@ def sampled(a: argparse.Namespace, cfg: RunConfig) -> tuple[RunConfig, str | Non
     one size K, so that the batch size B = K is each agent's whole shard (q_i = B/n_i = 1,
     which the accountant charges without amplification); a ``--batch-size`` beside it that
     is not K would be overridden, so it is refused."""
+    if a.precision is not None:
+        cfg = dataclasses.replace(cfg, precision=a.precision).validate()
     k = a.examples_per_agent
     if a.sampling != "full":
         if k is not None:

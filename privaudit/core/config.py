@@ -25,6 +25,7 @@ EXACT_INT = 2**53
 AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph is dense N×N"
 
 EVAL_SPLITS = ("test", "validation")  # what a run's test accuracy is measured on
+PRECISIONS = ("float32", "float64")  # --precision
 
 
 @dataclass
@@ -43,6 +44,10 @@ class RunConfig:
     # each agent trains on this many examples of its shard (a seeded draw; None: all of
     # it): --examples-per-agent 1 is El Mrini et al.'s one example per agent
     examples_per_agent: int | None = None
+    # the float type of the models, data and messages: float64 is El Mrini et al.'s D-GD
+    # (their attack reads differences of 1e-5 steps in the messages); float32 (the default)
+    # is left out of the run's identity, so runs made before the field keep their keys
+    precision: str = "float32"
     dirichlet_alpha: float = 0.5  # label skew of the partition (not DPDL's α)
     epsilon: float | None = 1.0  # target ε per agent over the run; None: use ``sigma``
     delta: float = 1e-5
@@ -83,6 +88,10 @@ class RunConfig:
         limits.check_int("--checkpoint-every", self.checkpoint_every, 1)
         limits.check_seed("--seed", self.seed)
         check_delta(get_accountant(self.accountant), self.delta)
+        if self.precision not in PRECISIONS:
+            raise PrivauditError(
+                f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
         if self.eval_split not in EVAL_SPLITS:
             raise unknown("evaluation split", self.eval_split, EVAL_SPLITS)
         if not isinstance(self.device, str) or not (
@@ -98,6 +107,8 @@ class RunConfig:
         d = dataclasses.asdict(self)
         for k in NON_IDENTITY:
             d.pop(k)
+        if d["precision"] == "float32":
+            d.pop("precision")  # the default: the keys of runs made before the field
         return d
 
     def key(self, params: dict[str, Any], calibrated: bool) -> dict[str, Any]:

@@ -28,6 +28,10 @@
 - ``mlp``: the paper's "2NN": two hidden layers of 200 units with ReLU (199,210 parameters
   on MNIST); the input is flattened, so any ``input_shape`` fits. Its first layer's gradient is
   a sum of B outer products with the examples themselves.
+- ``linear``: one Linear layer on the flattened input (multinomial logistic regression), the
+  model of El Mrini, Cyffers & Bellet's D-GD experiments (ICML 2024, Fig. 4a and 6): its
+  gradient on one example is ∂b xᵀ, which inverts in closed form
+  (:mod:`privaudit.attacks.analytic`), so their attack beyond the neighbourhood runs on it.
 """
 
 from __future__ import annotations
@@ -154,6 +158,14 @@ class MLP(nn.Module):
         return self.body(x)
 
 
+def linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """One Linear layer on the flattened input (module docstring); default initialisation."""
+    d = 1
+    for s in input_shape:
+        d *= int(s)
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, num_classes))
+
+
 def resnet18_cifar(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """torchvision ResNet-18, CIFAR stem, GroupNorm (see module docstring)."""
     from torchvision.models import resnet18
@@ -171,6 +183,7 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "resnet18": resnet18_cifar,
     "fedavg-cnn": FedAvgCNN,
     "mlp": MLP,
+    "linear": linear,
 }
 
 

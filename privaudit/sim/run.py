@@ -299,14 +299,15 @@ class Run:
         W = metropolis_hastings(adj).to(torch.float64)
         validate_mixing(W)
         p, resolved = resolve_privacy(cfg, defense, given, W, [len(q) for q in parts])
-        model = model.to(device)
+        dtype = getattr(torch, cfg.precision)  # --precision
+        model = model.to(device=device, dtype=dtype)
         spec = ParamSpec.of(model)
         if not normalizes_inputs(model):
             data = dataclasses.replace(
                 data, mean=(0.0,) * len(data.mean), std=(1.0,) * len(data.std)
             )
-        mean = torch.tensor(data.mean, dtype=torch.float32).view(-1, 1, 1)
-        std = torch.tensor(data.std, dtype=torch.float32).view(-1, 1, 1)
+        mean = torch.tensor(data.mean, dtype=dtype).view(-1, 1, 1)
+        std = torch.tensor(data.std, dtype=dtype).view(-1, 1, 1)
         held = list(range(cfg.agents)) if agents is None else sorted(agents)
         gens = [torch.Generator(device=device).manual_seed(agent_seed(cfg.seed, a)) for a in held]
         ctx = Context(
@@ -314,7 +315,7 @@ class Run:
             spec=spec,
             grads=PairGrads(model, spec, batch_size=cfg.batch_size, max_memory=cfg.max_memory),
             x0=flat_params(model),
-            train_x=((data.train_x - mean) / std).to(device),
+            train_x=((data.train_x.to(dtype) - mean) / std).to(device),
             train_y=data.train_y.to(device),
             parts=[parts[a].to(device) for a in held],
             adj=adj.to(device),
@@ -323,7 +324,7 @@ class Run:
             generators=gens,
             device=device,
             holdout=[holdout[a].to(device) for a in held] if holdout else [],
-            val_x=None if val_x is None else ((val_x - mean) / std).to(device),
+            val_x=None if val_x is None else ((val_x.to(dtype) - mean) / std).to(device),
             val_y=None if val_y is None else val_y.to(device),
             agents=held,
         )
@@ -683,7 +684,7 @@ class Run:
         correct = [0] * len(flats)
         with torch.no_grad():
             for i in range(0, len(self.data.test_y), 1024):
-                x = ((self.data.test_x[i : i + 1024] - mean) / std).to(ctx.device)
+                x = ((self.data.test_x[i : i + 1024] - mean) / std).to(ctx.device, ctx.x0.dtype)
                 y = self.data.test_y[i : i + 1024]
                 for m, flat in enumerate(flats):
                     out = functional_call(ctx.model, ctx.spec.unflatten(flat), (x,))
