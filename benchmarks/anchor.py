@@ -73,30 +73,23 @@ from torch import Tensor, nn  # noqa: E402
 from privaudit.attacks.analytic import recover  # noqa: E402
 from privaudit.attacks.gossip_algebra import (  # noqa: E402
     dpsgd,
-    drift_shift,
     gossip_messages,
     identifiability,
     knowledge,
-    relative_error,
-    solve,
     tie,
 )
+from privaudit.attacks.gossip_drift import PASSES, TRUSTS, solve_tied  # noqa: E402
 from privaudit.core.observation import Observation  # noqa: E402
 from privaudit.scenario.data import load_dataset  # noqa: E402
-from privaudit.scenario.topology import build_topology, distances, metropolis_hastings  # noqa: E402
+from privaudit.scenario.topology import build_topology, distances  # noqa: E402
+from privaudit.scenario.topology import gossip_matrix as topology_gossip  # noqa: E402
 
 
 def gossip_matrix(adj: Tensor, kind: str) -> np.ndarray:
     """``laplacian``: the anchor's W = I − L / d_max (decAttack's ``LaplacianGossipMatrix``);
-    ``mh``: this project's Metropolis–Hastings weights."""
-    if kind == "mh":
-        return metropolis_hastings(adj).numpy()
-    if kind != "laplacian":
-        raise ValueError(f"unknown gossip matrix {kind!r}; use laplacian or mh")
-    a = adj.double().numpy().copy()
-    np.fill_diagonal(a, 0)
-    deg = a.sum(1)
-    return np.eye(len(a)) - (np.diag(deg) - a) / deg.max()
+    ``mh``: this project's Metropolis–Hastings weights (:data:`~privaudit.scenario.topology.
+    GOSSIP_MATRICES`, a run's ``--gossip``)."""
+    return topology_gossip(kind, adj).numpy()
 
 
 def linear_model(input_shape: tuple[int, ...], classes: int, seed: int) -> nn.Module:
@@ -163,9 +156,6 @@ def dgd(
     return sent.numpy(), grads.numpy()
 
 
-DRIFT_PASSES = 3  # re-solves with the drift forecast from the previous pass (ours)
-
-
 def attack(
     sent: np.ndarray,
     adj: Tensor,
@@ -177,7 +167,7 @@ def attack(
     max_error: float | None = 1.0,
     report: dict[int, float] | None = None,
     drift: Forecast | None = None,
-    passes: int = DRIFT_PASSES,
+    passes: int = PASSES,
 ) -> dict[int, np.ndarray]:
     """Each non-member's round-1 gradient from the coalition's recorded messages, on the tied
     system with the coalition's own values subtracted (``cut``: one unknown gradient per
@@ -215,39 +205,22 @@ def attack(
     keys = [("g", v, 1) for v in others if analysis.status(("g", v, 1)) == "identifiable"]
     if not keys:
         return {}
-    got: dict[int, np.ndarray] = {}
-    shift = np.zeros((len(system.rows), 1))
-    fit = np.inf  # how well the accepted pass explains the messages (with a forecast)
-    dense = system.K.toarray() if drift is not None else None
-
-    def misfit(shift: np.ndarray) -> float:
-        y = system.rhs(observed - shift, known, reference=x0)
-        return float(np.linalg.norm(y - dense @ np.linalg.lstsq(dense, y, rcond=None)[0]))
-
-    for _ in range(1 + (passes if drift is not None else 0)):
-        if drift is not None:
-            shifts = (
-                [drift_shift(untied, drift.offsets(got, u)) for u in drift.trusts]
-                if got
-                else [shift]
-            )
-            miss, shift = min(((misfit(s), s) for s in shifts), key=lambda c: c[0])
-            if miss >= fit:
-                break  # no forecast explains the messages better: the previous pass stands
-            fit = miss
-        out = solve(system, observed - shift, known, analysis=analysis, keys=keys, reference=x0)
-        assert out.float_error is not None
-        rel = relative_error(out.values, out.float_error)
-        got = {}
-        for i, key in enumerate(out.keys):
-            if max_error is None or rel[i] < max_error:
-                got[key[1]] = out.values[i]
-                if report is not None:
-                    report[key[1]] = float(rel[i])
-    return got
-
-
-TRUSTS = (1e-3, 1.0)  # rank-one residuals up to which a victim's own drift is forecast
+    out = solve_tied(
+        system,
+        untied,
+        observed,
+        known,
+        analysis,
+        keys,
+        reference=x0,
+        forecast=None if drift is None else drift.offsets,
+        trusts=TRUSTS if drift is None else drift.trusts,
+        passes=passes,
+        max_error=max_error,
+    )
+    if report is not None:
+        report.update(out.errors)
+    return out.got
 
 
 @dataclass

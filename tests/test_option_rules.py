@@ -65,6 +65,8 @@ SAMPLES = {
     "--batch-size": "2",
     "--examples-per-agent": "1",
     "--sampling": "full",
+    "--precision": "float64",
+    "--gossip": "laplacian",
     "--dirichlet-alpha": "1",
     "--lr": "0.1",
     "--clip": "1",

@@ -62,7 +62,7 @@ RUN = Mode(
 # attack's run mode: its own training flags too (train and attack take them:
 # privaudit.cli.train.sampling_options), which a --run has in its config.json
 ATTACK_RUN = dataclasses.replace(
-    RUN, ignores=(*RUN.ignores, "--examples-per-agent", "--sampling", "--precision")
+    RUN, ignores=(*RUN.ignores, "--examples-per-agent", "--sampling", "--precision", "--gossip")
 )
 NO_DATA_ROOT = Mode(
     "no data root",

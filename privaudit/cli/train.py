@@ -72,7 +72,8 @@ def sampling_options(p: argparse.ArgumentParser) -> None:
     Cyffers & Bellet's D-GD setting — one example per agent, every step on it — from the
     command line, where the tied attack (``attack -a tie=true``) is exact to first order."""
     g = p.add_argument_group(
-        "data and sampling (El Mrini et al.'s D-GD: --examples-per-agent 1 --sampling full)"
+        "data, sampling and precision (El Mrini et al.'s D-GD: --examples-per-agent 1 "
+        "--sampling full --precision float64 --gossip laplacian)"
     )
     g.add_argument(
         "--examples-per-agent",
@@ -99,6 +100,13 @@ def sampling_options(p: argparse.ArgumentParser) -> None:
         "as El Mrini et al.'s D-GD (the tied attack beyond the neighbourhood reads step "
         "differences that float32 rounds away)",
     )
+    g.add_argument(
+        "--gossip",
+        default=None,
+        metavar="mh|laplacian",
+        help="the gossip matrix: mh (default; Metropolis–Hastings weights) | laplacian (El "
+        "Mrini et al.'s W = I − L/d_max)",
+    )
 
 
 def full_batch(cfg: RunConfig) -> bool:
@@ -114,8 +122,9 @@ def sampled(a: argparse.Namespace, cfg: RunConfig) -> tuple[RunConfig, str | Non
     one size K, so that the batch size B = K is each agent's whole shard (q_i = B/n_i = 1,
     which the accountant charges without amplification); a ``--batch-size`` beside it that
     is not K would be overridden, so it is refused."""
-    if a.precision is not None:
-        cfg = dataclasses.replace(cfg, precision=a.precision).validate()
+    for name in ("precision", "gossip"):
+        if getattr(a, name) is not None:
+            cfg = dataclasses.replace(cfg, **{name: getattr(a, name)}).validate()
     k = a.examples_per_agent
     if a.sampling != "full":
         if k is not None:

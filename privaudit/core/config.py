@@ -26,6 +26,9 @@ AGENTS_HINT = "decentralized learning needs a neighbour; the simulator's graph i
 
 EVAL_SPLITS = ("test", "validation")  # what a run's test accuracy is measured on
 PRECISIONS = ("float32", "float64")  # --precision
+# fields added after runs were made, left out of a run's identity at their default so those
+# runs keep their folder names and cache keys
+NEW_DEFAULTS = {"precision": "float32", "gossip": "mh"}
 
 
 @dataclass
@@ -48,6 +51,10 @@ class RunConfig:
     # (their attack reads differences of 1e-5 steps in the messages); float32 (the default)
     # is left out of the run's identity, so runs made before the field keep their keys
     precision: str = "float32"
+    # the gossip matrix built from the graph (privaudit.scenario.topology.GOSSIP_MATRICES):
+    # "mh" (Metropolis–Hastings, the default, left out of the identity like ``precision``)
+    # or "laplacian" (El Mrini et al.'s W = I − L/d_max)
+    gossip: str = "mh"
     dirichlet_alpha: float = 0.5  # label skew of the partition (not DPDL's α)
     epsilon: float | None = 1.0  # target ε per agent over the run; None: use ``sigma``
     delta: float = 1e-5
@@ -107,8 +114,9 @@ class RunConfig:
         d = dataclasses.asdict(self)
         for k in NON_IDENTITY:
             d.pop(k)
-        if d["precision"] == "float32":
-            d.pop("precision")  # the default: the keys of runs made before the field
+        for k, default in NEW_DEFAULTS.items():
+            if d[k] == default:
+                d.pop(k)  # the default: the keys of runs made before the field
         return d
 
     def key(self, params: dict[str, Any], calibrated: bool) -> dict[str, Any]:

@@ -215,6 +215,31 @@ def metropolis_hastings(adj: Tensor) -> Tensor:
     return w
 
 
+def laplacian_gossip(adj: Tensor) -> Tensor:
+    """El Mrini, Cyffers & Bellet's gossip matrix W = I − L / d_max (ICML 2024; decAttack's
+    ``LaplacianGossipMatrix``), L the graph Laplacian and d_max its largest degree: float64
+    ``(N, N)``, symmetric and doubly stochastic, w_ii = 1 − d_i/d_max (0 at a node of the
+    largest degree)."""
+    a = _check_adj(adj).to(torch.float64)
+    a.fill_diagonal_(0)
+    deg = a.sum(1)
+    return torch.eye(len(a), dtype=torch.float64) - (torch.diag(deg) - a) / deg.max()
+
+
+# --gossip: how a run's mixing weights are built from its graph
+GOSSIP_MATRICES: dict[str, Callable[[Tensor], Tensor]] = {
+    "mh": metropolis_hastings,
+    "laplacian": laplacian_gossip,
+}
+
+
+def gossip_matrix(name: str, adj: Tensor) -> Tensor:
+    """The ``name`` gossip matrix (:data:`GOSSIP_MATRICES`) of the graph ``adj``, float64."""
+    if name not in GOSSIP_MATRICES:
+        raise unknown("gossip matrix", name, GOSSIP_MATRICES)
+    return GOSSIP_MATRICES[name](adj)
+
+
 def validate_mixing(W: Tensor, adj: Tensor | None = None, atol: float = 1e-10) -> None:
     """Raise :class:`PrivauditError` unless ``W`` is a valid gossip matrix.
 

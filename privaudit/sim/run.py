@@ -53,7 +53,7 @@ from privaudit.scenario.data import (
     split_validation,
 )
 from privaudit.scenario.models import build_model, normalizes_inputs
-from privaudit.scenario.topology import build_topology, metropolis_hastings, validate_mixing
+from privaudit.scenario.topology import build_topology, gossip_matrix, validate_mixing
 from privaudit.sim.allocator import keep_freed_memory
 from privaudit.sim.copies import network
 from privaudit.sim.loop import RoundFailed, RoundLoop
@@ -80,7 +80,7 @@ def sigma_is_set(cfg: RunConfig) -> bool:
     """Whether ``--sigma``/``--epsilon`` set ``cfg``'s defense's σ: a noise multiplier some
     kind's accounting reads (:func:`privaudit.core.accounting.noised`), on ``cfg``'s graph."""
     defense = get_defense(cfg.defense)
-    W = metropolis_hastings(build_topology(cfg.topology, cfg.agents)).to(torch.float64)
+    W = gossip_matrix(cfg.gossip, build_topology(cfg.topology, cfg.agents))
     return noised(defense, params_of(defense.Params, cfg.params), W)
 
 
@@ -296,7 +296,7 @@ class Run:
         numel = sum(t.numel() for t in model.parameters())
         limits.check_memory(cfg.agents, n_held, numel, cfg.device)
         adj = build_topology(cfg.topology, cfg.agents)
-        W = metropolis_hastings(adj).to(torch.float64)
+        W = gossip_matrix(cfg.gossip, adj)
         validate_mixing(W)
         p, resolved = resolve_privacy(cfg, defense, given, W, [len(q) for q in parts])
         dtype = getattr(torch, cfg.precision)  # --precision
