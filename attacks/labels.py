@@ -11,7 +11,9 @@ output), so counting labels is estimating ``p̄`` to within ``1/(2B)`` per class
   non-negative features ``h`` (after sigmoid / ReLU / pooling of ReLU: ``lenet``, ``cnn``,
   ``resnet18``; not ``tanh-cnn``, whose classifier reads tanh outputs) its weight-gradient
   row is the only one with a negative sum: ``label = argmin_c Σ_j ∂L/∂W_cj`` (iDLG's own
-  rule; summing many coordinates also averages Gaussian noise on the target).
+  rule; summing many coordinates also averages Gaussian noise on the target). Where the
+  classifier is the model's only layer (``linear``), ``h`` is the normalised input, whose
+  sum has either sign, and the bias gradient p − y is read instead: ``label = argmin_c ∂b_c``.
 - **B > 1, "ilrg"** (Ma et al. 2023, "Instance-wise Batch Label Restoration via Gradients in
   Federated Learning", ICLR, §3; official code github.com/BUAA-CST/iLRG, ``methods.py``),
   as published: each class's embedding ``ê_c = ∂W_c / ∂b_c``, its posterior
@@ -381,6 +383,11 @@ def infer_labels(obs: Observation, method: str = "auto") -> Tensor:
     dw, _ = last_linear_gradient(obs)
     row_sums = dw.sum(dim=1)
     if obs.batch_size == 1 and method == "auto":
+        names = [n for n, _ in obs.model.named_parameters()]
+        if b_name is not None and names[:1] == [w_name]:
+            # the classifier reads the (normalised, signed) input itself: iDLG's principle on
+            # the bias, whose gradient is p − y exactly
+            return last_linear_gradient(obs)[1].argmin().reshape(1).to(device)
         return row_sums.argmin().reshape(1).to(device)
     if method == "ilrg" and b_name is not None:
         return ilrg(obs).to(device)

@@ -57,6 +57,8 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: small dense LAPACK calls
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -70,6 +72,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from privaudit.api.gossip import identifiable_victims, observe_beyond  # noqa: E402
 from privaudit.attacks.analytic import recover  # noqa: E402
 from privaudit.attacks.gossip_algebra import (  # noqa: E402
     dpsgd,
@@ -79,10 +82,13 @@ from privaudit.attacks.gossip_algebra import (  # noqa: E402
     tie,
 )
 from privaudit.attacks.gossip_drift import PASSES, TRUSTS, solve_tied  # noqa: E402
+from privaudit.cli import main as cli  # noqa: E402
+from privaudit.core.messages import CaptureSpec  # noqa: E402
 from privaudit.core.observation import Observation  # noqa: E402
 from privaudit.scenario.data import load_dataset  # noqa: E402
 from privaudit.scenario.topology import build_topology, distances  # noqa: E402
 from privaudit.scenario.topology import gossip_matrix as topology_gossip  # noqa: E402
+from privaudit.sim.run import Run  # noqa: E402
 
 
 def gossip_matrix(adj: Tensor, kind: str) -> np.ndarray:
@@ -415,15 +421,72 @@ def table(rows: list[dict[str, Any]], good: float) -> str:
 SIDE = (("line", "end"), ("ring", "two"), ("erdos-renyi", "one"))  # the side-by-side's graphs
 
 
-def side_graphs(n: int) -> list[tuple[str, Tensor, list[int]]]:
-    """The side-by-side's settings: a line of n with the attacker at an end, a ring with two
-    attackers a third of the way apart, an Erdős–Rényi graph (this project's draw, seed 0)
-    with one."""
+def side_graphs(n: int) -> list[tuple[str, str, Tensor, list[int]]]:
+    """The side-by-side's settings (label, topology, graph, coalition): a line of n with the
+    attacker at an end, a ring with two attackers a third of the way apart, an Erdős–Rényi
+    graph (this project's draw, seed 0) with one."""
     return [
-        (f"line {n}, attacker 0", build_topology("line", n), [0]),
-        (f"ring {n}, attackers 0,{n // 3}", build_topology("ring", n), [0, n // 3]),
-        (f"Erdős–Rényi {n}, attacker 0", build_topology("erdos-renyi", n), [0]),
+        (f"line {n}, attacker 0", "line", build_topology("line", n), [0]),
+        (f"ring {n}, attackers 0,{n // 3}", "ring", build_topology("ring", n), [0, n // 3]),
+        (f"Erdős–Rényi {n}, attacker 0", "erdos-renyi", build_topology("erdos-renyi", n), [0]),
     ]
+
+
+def train_run(
+    folder: Path, topology: str, n: int, lr: float, rounds: int, seed: int, dataset: str
+) -> Run:
+    """``privaudit train`` in the anchor's setting, from the command line: D-PSGD without
+    noise (= D-GD) on one example per agent, full batches, the linear model, float64,
+    W = I − L/d_max, every message captured."""
+    argv = ["train", "--defense", "dsgd", "--out", str(folder), "--agents", str(n)]
+    argv += ["--topology", topology, "--rounds", str(rounds), "--lr", repr(lr)]
+    argv += ["--model", "linear", "--examples-per-agent", "1", "--sampling", "full"]
+    argv += ["--precision", "float64", "--gossip", "laplacian", "--seed", str(seed)]
+    argv += ["--dataset", dataset, "--capture", "all", "--checkpoint-every", str(rounds)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        if cli([*argv, "--no-progress"]) != 0:
+            raise RuntimeError(f"privaudit train failed: {' '.join(argv)}")
+    return Run.open(folder)
+
+
+def run_data(run: Run) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """A run's per-agent example (its normalised input, as its model reads it), label, pixel
+    image in [0, 1], and the normalisation's mean and std."""
+    ctx = run.ctx
+    idx = torch.cat(list(ctx.parts)).cpu()
+    x, y = ctx.train_x.cpu()[idx].double(), ctx.train_y.cpu()[idx]
+    mean = torch.tensor(run.data.mean, dtype=torch.float64).view(-1, 1, 1)
+    std = torch.tensor(run.data.std, dtype=torch.float64).view(-1, 1, 1)
+    return x, y, (x * std + mean).clamp(0, 1), mean, std
+
+
+def run_messages(run: Run) -> np.ndarray:
+    """Every agent's sent half-steps (T + 1, n, d) from the run's captured messages (index 0:
+    x_0), as :func:`dgd` returns them."""
+    T, n = run.cfg.rounds, run.cfg.agents
+    msgs = run.messages(CaptureSpec.of(rounds=range(1, T + 1)), progress=False)
+    sent = np.empty((T + 1, n, run.ctx.x0.numel()))
+    sent[0] = run.ctx.x0.cpu().double().numpy()
+    for (t, src, _, _), m in msgs.items():
+        sent[t, src] = m.double().numpy()
+    return sent
+
+
+def run_attack(run: Run, members: list[int]) -> tuple[dict[int, Tensor], int]:
+    """What ``privaudit attack --attack analytic -a tie=true --attacker A --victim …`` does
+    with every victim it finds identifiable: :func:`~privaudit.api.gossip.observe_beyond`
+    with the tie and its drift forecast, each update inverted in closed form. Returns each
+    recovered victim's image and how many were hidden (not identifiable, or lost to the
+    messages' rounding: estimated error at least its own size, which the command refuses)."""
+    victims = identifiable_victims(run, "dsgd-half-model", 1, members, tie=True)
+    got = {}
+    obs = observe_beyond(
+        run, "dsgd-half-model", 1, members, victims, tie=True, progress=False, max_error=None
+    )
+    for o in obs:
+        if o.meta["float_error_rel"] < 1.0:
+            got[o.meta["src"]] = recover(o)[0][0]
+    return got, run.cfg.agents - len(members) - len(got)
 
 
 class _Shards:
@@ -540,56 +603,69 @@ def anchor_messages(sent: np.ndarray, adj: Tensor, perm: list[int], a: int) -> n
 
 
 def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
-    """The anchor's code beside privaudit's default on the same data (module docstring):
-    victims at ≥ ``args.good`` dB per (graph, η), summed over ``args.sets`` image sets, and
-    the D-GD simulations' time."""
+    """The anchor's code beside privaudit's command line on the same data (module
+    docstring): for each image set, graph and η a run is trained by ``privaudit train``
+    (:func:`train_run`) and attacked as ``privaudit attack -a tie=true`` does
+    (:func:`run_attack`); the anchor's code gets the run's examples, graph, W, η, T and x_0.
+    Victims at ≥ ``args.good`` dB per (graph, η), summed over ``args.sets`` image sets; the
+    largest difference between the run's messages and the anchor's; and the D-GD
+    simulations' time (the anchor's against :func:`dgd`)."""
     n, lrs = args.agents, [float(x) for x in args.lrs.split(",")]
     T = args.rounds or n
     counts: dict[tuple[str, float], list[int]] = {}
     sim = {"ours": 0.0, "anchor": 0.0}
-    worst = 0.0  # largest difference between the two simulations' messages
+    worst = 0.0  # largest difference between the run's messages and the anchor's
     hidden: dict[tuple[str, float], int] = {}
-    for s in range(args.seed, args.seed + args.sets):
-        images, labels = data(args.dataset, args.data_root, n, s)
-        shape = tuple(images.shape[1:])
-        for name, adj, members in side_graphs(n):
-            W = gossip_matrix(adj, "laplacian")
-            model = linear_model(shape, int(labels.max()) + 1, s)
-            x0 = flat(model)
-            imgs, secs, msgs, perm = run_anchor(
-                args.decattack, args.decattack_deps, images, labels, adj, members, x0, lrs, T
-            )
-            for i, lr in enumerate(lrs):
-                t0 = time.perf_counter()
-                sent, _ = dgd(model, images, labels, W, lr, T)
-                sim["ours"] += time.perf_counter() - t0
-                sim["anchor"] += secs[i]
-                ours = anchor_messages(sent, adj, perm, len(members))
-                worst = max(worst, float(np.abs(ours - msgs[i]).max() / np.abs(msgs[i]).max()))
-                drift = Forecast(model, images, labels, members, W, lr, T)
-                got = attack(sent, adj, W, lr, members, drift=drift)
-                c = counts.setdefault((name, lr), [0, 0, 0])
-                hidden[(name, lr)] = hidden.get((name, lr), 0) + (n - len(members) - len(got))
-                for v, im in imgs[i].items():
-                    truth = images[v].double()
-                    c[0] += psnr(im.reshape(shape).clamp(0, 1), truth) >= args.good
-                    if v in got:
-                        mine = invert(model, sent[0, 0], got[v], shape)
-                        c[1] += psnr(mine, truth) >= args.good
-                    c[2] += 1
-                print(f"set {s}, {name}, η = {lr:g}: anchor {c[0]}, ours {c[1]} so far", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in range(args.seed, args.seed + args.sets):
+            for name, topology, adj, members in side_graphs(n):
+                runs = [
+                    train_run(
+                        Path(tmp) / f"{s}-{topology}-{i}", topology, n, lr, T, s, args.dataset
+                    )
+                    for i, lr in enumerate(lrs)
+                ]
+                x, y, pixels, mean, std = run_data(runs[0])
+                x0 = runs[0].ctx.x0.cpu().double()
+                W = gossip_matrix(adj, "laplacian")
+                imgs, secs, msgs, perm = run_anchor(
+                    args.decattack, args.decattack_deps, x, y, adj, members, x0, lrs, T
+                )
+                model = linear_model(tuple(x.shape[1:]), int(y.max()) + 1, s)
+                torch.nn.utils.vector_to_parameters(x0, model.parameters())
+                for i, lr in enumerate(lrs):
+                    t0 = time.perf_counter()
+                    dgd(model, x, y, W, lr, T)
+                    sim["ours"] += time.perf_counter() - t0
+                    sim["anchor"] += secs[i]
+                    ours = anchor_messages(run_messages(runs[i]), adj, perm, len(members))
+                    worst = max(worst, float(np.abs(ours - msgs[i]).max() / np.abs(msgs[i]).max()))
+                    got, lost = run_attack(runs[i], members)
+                    c = counts.setdefault((name, lr), [0, 0, 0])
+                    hidden[(name, lr)] = hidden.get((name, lr), 0) + lost
+                    for v, im in imgs[i].items():
+                        theirs = (im.reshape(x.shape[1:]) * std + mean).clamp(0, 1)
+                        c[0] += psnr(theirs, pixels[v]) >= args.good
+                        c[1] += v in got and psnr(got[v], pixels[v]) >= args.good
+                        c[2] += 1
+                    print(
+                        f"set {s}, {name}, η = {lr:g}: anchor {c[0]}, ours {c[1]} so far",
+                        flush=True,
+                    )
     print(
         f"\nVictims recovered at ≥ {args.good:g} dB over {args.sets} image sets "
-        f"({args.dataset}, W = I − L/d_max, T = {T}), the anchor's code / privaudit's default:"
+        f"({args.dataset}, W = I − L/d_max, T = {T}), the anchor's code / privaudit's command "
+        "line (train --precision float64 --gossip laplacian …, attack -a tie=true):"
     )
-    print("| graph | η | anchor's code | privaudit default | victims | privaudit hidden |")
+    print("| graph | η | anchor's code | privaudit | victims | privaudit hidden |")
     print("|---|---|---|---|---|---|")
     for (name, lr), (a, o, tot) in counts.items():
         print(f"| {name} | {lr:g} | {a} | {o} | {tot} | {hidden[(name, lr)]} |")
     ratio = sim["anchor"] / max(sim["ours"], 1e-9)
     print(
         f"D-GD simulation: privaudit {sim['ours']:.1f} s, the anchor's {sim['anchor']:.1f} s "
-        f"(anchor / privaudit = {ratio:.2f}); largest message difference {worst:.1e} (relative)"
+        f"(anchor / privaudit = {ratio:.2f}); largest difference between the run's messages "
+        f"and the anchor's {worst:.1e} (relative)"
     )
     return dict(
         counts={f"{k[0]} | {k[1]:g}": v for k, v in counts.items()},

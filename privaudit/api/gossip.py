@@ -162,6 +162,37 @@ def observe_beyond(
     )
 
 
+def identifiable_victims(
+    run: Run, target: str | Target, round: int, attackers: Sequence[int], *, tie: bool = False
+) -> list[int]:
+    """The agents outside the coalition ``attackers`` whose round-``round`` update
+    :func:`observe_beyond` (default window; ``tie`` as there) finds identifiable, decided on
+    the recursion alone (nothing is captured) — the victims to hand it. A victim it then
+    refuses as lost to rounding is told by the payloads only (``max_error``)."""
+    tgt = Target.of(target)
+    tgt.check_run(run, round)
+    members, _, rec = _coalition(run, tgt, tgt.name, attackers, None, tie)
+    adj = run.ctx.adj.cpu()
+    inside = set(members)
+    reach = [v for v in range(rec.n) if v not in inside]
+    hops = _window(run, adj, members, reach[:1], round, None, None, tie)[0]
+    out, analyses = [], {}
+    # each victim in its own window (more rows never hide an update, so it stays
+    # identifiable in the longer window of a victim farther out)
+    for h in sorted({hops[v] for v in reach if hops[v] >= 0}):
+        group = [v for v in reach if hops[v] == h]
+        _, first, last = _window(run, adj, members, group, round, None, None, tie)
+        sub = rec.shifted(first)
+        if (first, last) not in analyses:
+            system = coalition_system(sub, adj, members, first, last, tie)
+            analyses[first, last] = identifiability(system)
+        analysis = analyses[first, last]
+        out += [
+            v for v in group if analysis.status((sub.update, v, round - first)) == "identifiable"
+        ]
+    return sorted(out)
+
+
 def _coalition(
     run: Run,
     tgt: Target,
@@ -299,7 +330,7 @@ def _observations(
             "src": v,
             "dst": None,
             "threat": f"coalition {','.join(map(str, members))} (gossip algebra"
-            f"{', tied updates' if tie else ''}, {last - max(first, 1) + 1} rounds, "
+            f"{_tied_words(told)}, {last - max(first, 1) + 1} rounds, "
             f"rank {plan.rank}, agent {v}: rounding error {rel:.1g} of its update)",
             "identifiable": True,
             "rank": plan.rank,
@@ -388,6 +419,21 @@ def _forecast(
         "misfits": drift.misfits,
     }
     return drift, told
+
+
+def _tied_words(told: dict[str, Any] | str | None) -> str:
+    """The threat line's words for the tie and its drift forecast (``meta["forecast"]``)."""
+    if told is None:
+        return ""
+    if isinstance(told, str):
+        return f", tied updates, drift forecast {told}"
+    passes = len(told["misfits"]) - 1
+    if not passes:
+        return ", tied updates, drift forecast not used: it explained the messages no better"
+    return (
+        f", tied updates less the drift forecast from {told['agents forecast']} re-simulated "
+        f"agents ({passes} pass{'es' if passes > 1 else ''})"
+    )
 
 
 def _drifted(coeffs: dict[Key, float], offsets: Mapping[Key, np.ndarray]) -> Tensor:
