@@ -32,12 +32,19 @@ scored by PSNR against the images, per hop distance from the coalition (one tabl
 ``--decattack PATH`` instead runs **the anchor's own code** (a checkout of
 github.com/AbdellahElmrini/decAttack: its ``Decentralized`` simulation, its
 ``ReconstructOptim.reconstruct_LS_target_only`` least squares and its
-``invert_gradient_FC_Model`` inversion, unchanged; only its data loading is replaced by the
-same images) in a subprocess, beside privaudit's default on the same images, graph,
-W = I − L/d_max, η, T = n, initial weights and attackers (relabelled first, as its code
-assumes), and prints the victims recovered at ≥ ``--good`` dB over ``--sets`` image sets for
-a line of n (attacker at an end), a ring (two attackers) and an Erdős–Rényi graph (one),
-with each side's D-GD simulation time. Its requirements (numpy, networkx, scipy,
+``invert_gradient_FC_Model`` inversion, unchanged; only its data loading is replaced) in a
+subprocess, beside **privaudit's command line**: for each image set (``--seed``), graph and
+η, a run trained by ``privaudit train --model linear --examples-per-agent 1 --sampling full
+--precision float64 --gossip laplacian`` (:func:`train_run`), attacked as ``privaudit
+attack -a tie=true --attack analytic`` does (:func:`run_attack`: the tied system, its drift
+forecast, the closed-form inversion). The anchor's code gets the run's own examples
+(normalised by the dataset's mean and std, as the anchor's data loading normalises), graph,
+W = I − L/d_max, η, T = n and initial weights, with the attackers relabelled first, as its
+code assumes. It prints the victims recovered at ≥ ``--good`` dB over ``--sets`` image sets
+for a line of n (attacker at an end), a ring (two attackers) and an Erdős–Rényi graph
+(one), how far the run's messages are from the anchor's, and each side's D-GD simulation
+time (the anchor's against :func:`dgd`); ``--markdown`` writes the table the docs show
+(``python benchmarks/figures.py --only anchor``). Its requirements (numpy, networkx, scipy,
 matplotlib, torch, torchvision) are not privaudit's: install the missing ones into a
 folder of their own and name it with ``--decattack-deps`` (docs/threat-models.md).
 
@@ -45,7 +52,7 @@ folder of their own and name it with ``--decattack-deps`` (docs/threat-models.md
         [--gossip laplacian|mh] [--settings line:0,ring:0+4] [--rounds T]
         [--dataset photos|mnist|cifar10 --data-root DIR] [--json FILE]
     python benchmarks/anchor.py --decattack PATH [--decattack-deps DIR] [--agents 35]
-        [--sets 3]
+        [--sets 3] [--markdown FILE]
 
 Fig. 6's setting: ``--agents 35 --lrs 1e-5 --settings line:0``.
 """
@@ -669,10 +676,38 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     )
     return dict(
         counts={f"{k[0]} | {k[1]:g}": v for k, v in counts.items()},
+        hidden={f"{k[0]} | {k[1]:g}": v for k, v in hidden.items()},
+        lrs=lrs,
+        sets=args.sets,
+        rounds=T,
+        good=args.good,
         sim=sim,
         ratio=ratio,
         message_difference=worst,
     )
+
+
+def side_markdown(out: dict[str, Any]) -> str:
+    """The side-by-side as the docs show it: per graph, victims recovered at ≥ ``good`` dB
+    by the anchor's code / privaudit's command line at each η, and the victims; then what
+    was run and the simulations' agreement and time."""
+    lrs = out["lrs"]
+    graphs = list(dict.fromkeys(k.split(" | ")[0] for k in out["counts"]))
+    head = ["graph, attackers", *[f"η = {lr:g}" for lr in lrs], "victims"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in graphs:
+        cells = [out["counts"][f"{g} | {lr:g}"] for lr in lrs]
+        row = [g, *[f"{a} / {o}" for a, o, _ in cells], str(cells[0][2])]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        f"Victims recovered at ≥ {out['good']:g} dB, the anchor's code / privaudit's command "
+        f"line, summed over {out['sets']} image sets (T = {out['rounds']} rounds). The two "
+        f"simulations' messages agree to {out['message_difference']:.1e} (relative); D-GD "
+        f"simulation {out['sim']['ours']:.1f} s (privaudit) against {out['sim']['anchor']:.1f} "
+        f"s (the anchor's), {out['ratio']:.1f}× faster.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -695,6 +730,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--settings", default=None, help="graph:a+b,… (line:0 is Fig. 6); default: both axes"
     )
     p.add_argument("--json", default=None, help="write the rows to this file")
+    p.add_argument("--markdown", default=None, help="with --decattack: the table, as published")
     p.add_argument(
         "--decattack", default=None, metavar="PATH", help="a decAttack checkout: run it beside ours"
     )
@@ -708,6 +744,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         return []
     if args.decattack:
         out = side_by_side(args)
+        if args.markdown:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(side_markdown(out))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)

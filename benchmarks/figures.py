@@ -15,11 +15,13 @@ that ran it (:func:`privaudit.api.cache.code_identity`), when and how long; ever
 
     python benchmarks/figures.py [--only compare,claims,…] [--data-root DIR]
                                  [--work privaudit-out/figures] [--list]
+                                 [--decattack PATH --decattack-deps DIR]
 
 Jobs that need MNIST (``--data-root`` with its t10k files) are skipped with a line without
-it. Each job resumes from its own ``--work`` folder (the commands cache their cells), so an
-interrupted regeneration picks up where it stopped; a line per job says what it ran and how
-long it took.
+it; the ``anchor`` job runs El Mrini et al.'s own code and is skipped without
+``--decattack`` (its recipe: docs/threat-models.md). Each job resumes from its own
+``--work`` folder (the commands cache their cells), so an interrupted regeneration picks up
+where it stopped; a line per job says what it ran and how long it took.
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ BENCH = [sys.executable]
 
 @dataclass(frozen=True)
 class Job:
-    """One published result: ``argv`` (``{work}``, ``{data}`` and ``{figures}`` filled in)
-    writes ``files`` (paths under figures/); ``mnist``: it needs --data-root."""
+    """One published result: ``argv`` (``{work}``, ``{data}``, ``{figures}``, ``{decattack}``
+    and ``{decattack_deps}`` filled in) writes ``files`` (paths under figures/); ``mnist``: it
+    needs --data-root; ``decattack``: a checkout of El Mrini et al.'s code (--decattack)."""
 
     name: str
     argv: list[str]
     files: list[str]
     mnist: bool = False
+    decattack: bool = False  # it runs the anchor's code: needs --decattack
     copies: dict[str, str] = field(default_factory=dict)  # work file → figures file
 
 
@@ -104,6 +108,14 @@ JOBS = [
         [*BENCH, "benchmarks/audit_beyond.py", "--markdown", "{figures}/audit-beyond.md"]
         + ["--out", "{work}"],
         ["audit-beyond.md"],
+    ),
+    Job(
+        "anchor",
+        [*BENCH, "benchmarks/anchor.py", "--decattack", "{decattack}", "--decattack-deps"]
+        + ["{decattack_deps}", "--agents", "35", "--sets", "3"]
+        + ["--markdown", "{figures}/anchor.md"],
+        ["anchor.md"],
+        decattack=True,
     ),
     Job(
         "distance",
@@ -205,10 +217,14 @@ def shown(argv: list[str]) -> str:
     return " ".join(w.replace(str(ROOT) + "/", "") for w in words)
 
 
-def run_job(job: Job, work: Path, data: str | None) -> dict[str, object]:
+def run_job(
+    job: Job, work: Path, data: str | None, decattack: tuple[str, str] = ("", "")
+) -> dict[str, object]:
     """Run ``job`` into ``work/NAME`` and figures/, then check that it wrote its files."""
     folder = work / job.name
-    argv = [a.format(work=folder, data=data, figures=FIGURES) for a in job.argv]
+    places = dict(work=folder, data=data, figures=FIGURES)
+    places.update(decattack=decattack[0], decattack_deps=decattack[1])
+    argv = [a.format(**places) for a in job.argv]
     FIGURES.mkdir(exist_ok=True)
     t0, start = time.perf_counter(), time.time() - 1
     subprocess.run(argv, cwd=ROOT, check=True)
@@ -254,6 +270,8 @@ def main() -> int:
     p.add_argument("--data-root", default=None, help="MNIST (t10k files) for the MNIST jobs")
     p.add_argument("--work", default="privaudit-out/figures", help="the commands' outputs")
     p.add_argument("--list", action="store_true", help="list the jobs and their commands")
+    p.add_argument("--decattack", default=None, help="a decAttack checkout, for the anchor job")
+    p.add_argument("--decattack-deps", default="", help="the packages it needs beyond ours")
     a = p.parse_args()
     names = [j.name for j in JOBS]
     only = a.only.split(",") if a.only else names
@@ -275,8 +293,12 @@ def main() -> int:
         if job.mnist and not a.data_root:
             print(f"[{i + 1}/{len(only)}] {job.name}: skipped (needs --data-root with MNIST)")
             continue
+        if job.decattack and not a.decattack:
+            print(f"[{i + 1}/{len(only)}] {job.name}: skipped (needs --decattack PATH)")
+            continue
         print(f"[{i + 1}/{len(only)}] {job.name}: running", flush=True)
-        manifest[job.name] = run_job(job, Path(a.work).resolve(), a.data_root)
+        anchor = (a.decattack or "", a.decattack_deps)
+        manifest[job.name] = run_job(job, Path(a.work).resolve(), a.data_root, anchor)
         MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # as it goes
         print(f"[{i + 1}/{len(only)}] {job.name}: done in {manifest[job.name]['seconds']} s")
     for doc in refresh_docs():

@@ -413,7 +413,8 @@ def _forecast(
         forecast=forecast,
     )
     told = {
-        "agents forecast": len(forecast.agents) if drift.offsets else 0,
+        # a held agent's drift is 0 exactly: the re-simulated ones are those with any
+        "agents forecast": len({key[1] for key, o in drift.offsets.items() if o.any()}),
         "non-members solved": len(drift.got),
         "trust": drift.trust,
         "misfits": drift.misfits,

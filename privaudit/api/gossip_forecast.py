@@ -66,7 +66,6 @@ class RunForecast:
         self.clip = rec.facts.get("clip")
         self.inverted: dict[int, tuple[float, Tensor, Tensor]] = {}  # agent → (residual, x, y)
         self.seen: dict[int, np.ndarray] = {}  # the gradients ``inverted`` was taken from
-        self.agents: list[int] = []  # forecast in the last call
 
     def example(self, v: int, g: np.ndarray) -> tuple[float, Tensor, Tensor]:
         """Agent v's example inverted from its recovered gradient: (rank-one residual, the
@@ -91,7 +90,6 @@ class RunForecast:
         self.seen = dict(got)
         agents = [v for v in got if self.inverted[v][0] <= trust]
         held = {v: g for v, g in got.items() if v not in agents}
-        self.agents = agents
         updates = resimulate(
             self.rec, self.rounds, self.x0, held, self.gradient, agents, self.states
         )
