@@ -42,9 +42,9 @@ from .gossip_algebra import (
 TRUSTS = (1e-3, 1.0)  # rank-one residuals up to which a victim's own drift is forecast
 PASSES = 3  # re-solves with the drift forecast from the previous pass
 
-# (recovered tied gradients by agent, trust) ↦ the forecast drift o_(k,t), keyed as the untied
-# system's unknowns
-Forecast = Callable[[Mapping[int, np.ndarray], float], Mapping[Key, np.ndarray]]
+# (recovered tied gradients by agent, trust) ↦ the run re-simulated from them: every agent's
+# update (T, n, d) and the states (T + 1, S, d), index 0 the initial one (:func:`resimulate`)
+Forecast = Callable[[Mapping[int, np.ndarray], float], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -53,12 +53,15 @@ class Drifted:
 
     got:      agent → its recovered tied gradient (those within ``max_error``).
     errors:   agent → the relative rounding error of its recovered gradient.
-    shift:    (R × d) the forecast drift's part of the rows, subtracted before the last solve
+    shift:    (R × d) the forecast drift's part of the rows, subtracted before this solve
               (zeros: the tie alone).
-    offsets:  the forecast drift behind ``shift`` ({}: none used).
-    trust:    the ``trusts`` entry whose forecast was kept (None: none).
-    misfits:  the least-squares misfit of each accepted pass (empty without a forecast).
-    recovery: the last solve.
+    offsets:  the forecast drift behind ``shift`` ({}: none).
+    trust:    the ``trusts`` entry of that forecast (None: none).
+    misfits:  ‖rows observed − rows of the run re-simulated from the solve‖ for the tie's
+              solve and each accepted pass after it (empty without a forecast).
+    drift:    the drift of the run re-simulated from this solve ({}: no forecast) — what
+              its agents' updates of later rounds add to their tied value.
+    recovery: the solve.
     """
 
     got: dict[int, np.ndarray]
@@ -67,6 +70,7 @@ class Drifted:
     offsets: Mapping[Key, np.ndarray] = field(default_factory=dict)
     trust: float | None = None
     misfits: list[float] = field(default_factory=list)
+    drift: Mapping[Key, np.ndarray] = field(default_factory=dict)
     recovery: Recovery | None = None
 
 
@@ -86,47 +90,55 @@ def solve_tied(
     """The tied ``system``'s identifiable ``keys`` (each an agent's update), solved on the
     ``observed`` rows (R × d) with ``known`` values around ``reference``
     (:func:`~privaudit.attacks.gossip_algebra.solve`); an agent whose estimated rounding error
-    is at least ``max_error`` times its RMS is left out (None: kept). With a ``forecast``,
-    up to ``passes`` re-solves, each with the drift it forecasts from the previous pass's
-    gradients subtracted (:func:`~privaudit.attacks.gossip_algebra.drift_shift` over the
-    ``untied`` system): of its forecasts, one per ``trusts``, the one whose tied system fits
-    the messages best (the least-squares misfit ‖y − K K⁺ y‖), and only while that misfit
-    falls."""
-    shift = np.zeros((len(system.rows), 1))
-    out = Drifted({}, {}, shift)
-    dense = system.K.toarray() if forecast is not None else None
+    is at least ``max_error`` times its RMS is left out (None: kept).
 
-    def misfit(shift: np.ndarray) -> float:
-        y = system.rhs(observed - shift, known, reference=reference)
-        return float(np.linalg.norm(y - dense @ np.linalg.lstsq(dense, y, rcond=None)[0]))
+    With a ``forecast``, each solve is checked against the messages: the run is re-simulated
+    from its gradients at each of ``trusts`` and the rows it would have recorded compared
+    with ``observed`` (the misfit; the best trust's). The drift of that re-simulation is
+    taken out of the rows (:func:`~privaudit.attacks.gossip_algebra.drift_shift` over the
+    ``untied`` system) and the tied system solved again, up to ``passes`` times, while the
+    misfit falls; the solve whose re-simulation explains the messages best is returned — the
+    tie's own where no forecast does better. The check re-runs the training itself, not the
+    tied linear model, so it also tells apart solves the tied system fits equally well (on a
+    line, where the tied system has one row to spare)."""
+    rec = untied.recursion
 
-    for _ in range(1 + (passes if forecast is not None else 0)):
-        trust, offsets = None, {}
-        if forecast is not None:
-            candidates = [(None, {}, shift)]
-            if out.got:
-                candidates = []
-                for u in trusts:
-                    o = forecast(out.got, u)
-                    candidates.append((u, o, drift_shift(untied, o)))
-            miss, trust, offsets, shift = min(
-                ((misfit(s), u, o, s) for u, o, s in candidates), key=lambda c: c[0]
-            )
-            if out.misfits and miss >= out.misfits[-1]:
-                break  # no forecast explains the messages better: the previous pass stands
-            out.misfits.append(miss)
-        rec = solve(
+    def solved(
+        shift: np.ndarray, offsets: Mapping[Key, np.ndarray], trust: float | None
+    ) -> Drifted:
+        got = solve(
             system, observed - shift, known, analysis=analysis, keys=keys, reference=reference
         )
-        assert rec.float_error is not None
-        rel = relative_error(rec.values, rec.float_error)
-        out.got, out.errors = {}, {}
-        for i, key in enumerate(rec.keys):
+        assert got.float_error is not None
+        rel = relative_error(got.values, got.float_error)
+        out = Drifted({}, {}, shift, offsets, trust, recovery=got)
+        for i, key in enumerate(got.keys):
             if max_error is None or rel[i] < max_error:
-                out.got[key[1]] = rec.values[i]
+                out.got[key[1]] = got.values[i]
                 out.errors[key[1]] = float(rel[i])
-        out.shift, out.offsets, out.trust, out.recovery = shift, offsets, trust, rec
-    return out
+        return out
+
+    out = solved(np.zeros((len(system.rows), 1)), {}, None)
+    if forecast is None:
+        return out
+    best: Drifted | None = None
+    for p in range(passes + 1):
+        candidates = []
+        for u in trusts:
+            updates, states = forecast(out.got, u)
+            miss = float(np.linalg.norm(observed - system.observed(states)))
+            candidates.append((miss, u, updates))
+        miss, u, updates = min(candidates, key=lambda c: c[0])
+        if best is not None and miss >= best.misfits[-1]:
+            break  # this solve explains the messages no better: the previous one stands
+        out.misfits = [*(best.misfits if best else []), miss]
+        out.drift = drift_of(rec, updates, list(out.got))
+        best = out
+        if p == passes:
+            break
+        out = solved(drift_shift(untied, out.drift), out.drift, u)
+    assert best is not None
+    return best
 
 
 def resimulate(
@@ -137,8 +149,9 @@ def resimulate(
     gradient: Callable[[Sequence[int], np.ndarray, int], np.ndarray],
     forecast: Sequence[int] = (),
     states: Mapping[tuple[int, int], np.ndarray] | None = None,
-) -> np.ndarray:
-    """Every agent's update in rounds 1..``rounds`` (rounds, n, d), the recursion run forward
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every agent's update in rounds 1..``rounds`` (rounds, n, d) and the states (rounds + 1,
+    S, d) — what :data:`Forecast` returns —, the recursion run forward
     from the public x_0 (every initial state x_0): ``forecast`` agents' update is
     ``gradient(agents, points, t)`` at their model :attr:`Recursion.point` of the simulated
     states (points: (len(agents), d)); a ``held`` agent's is its given vector every round; any
@@ -171,10 +184,10 @@ def resimulate(
         for (k, r), value in (states or {}).items():
             if r == t:
                 s[t, carried + k] = value.reshape(-1)
-    return u
+    return u, s
 
 
-def offsets(rec: Recursion, updates: np.ndarray, agents: Sequence[int]) -> dict[Key, np.ndarray]:
+def drift_of(rec: Recursion, updates: np.ndarray, agents: Sequence[int]) -> dict[Key, np.ndarray]:
     """The drift o_(k,t) = u_k^t − u_k^1 of ``agents`` in ``updates`` (rounds, n, d), keyed as
     the untied system's unknowns (:func:`~privaudit.attacks.gossip_algebra.drift_shift`)."""
     T = updates.shape[0]

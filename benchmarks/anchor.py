@@ -226,7 +226,7 @@ def attack(
         analysis,
         keys,
         reference=x0,
-        forecast=None if drift is None else drift.offsets,
+        forecast=drift,
         trusts=TRUSTS if drift is None else drift.trusts,
         passes=passes,
         max_error=max_error,
@@ -256,9 +256,11 @@ class Forecast:
     rounds: int
     trusts: tuple[float, ...] = TRUSTS
 
-    def gradients(self, got: dict[int, np.ndarray], trust: float) -> np.ndarray:
+    def __call__(self, got: dict[int, np.ndarray], trust: float) -> tuple[np.ndarray, np.ndarray]:
         """Every agent's gradient in every round (T, n, d) as forecast at ``trust`` (class
-        docstring); an agent neither forecast nor in ``got`` keeps a zero gradient."""
+        docstring; an agent neither forecast nor in ``got`` keeps a zero gradient) and the
+        re-simulated half-steps (T + 1, n, d): a
+        :data:`~privaudit.attacks.gossip_drift.Forecast`."""
         C = self.model[1].out_features
         shape = tuple(self.images.shape[1:])
         x0 = flat(self.model)
@@ -274,13 +276,8 @@ class Forecast:
                 del hold[v]
             else:
                 hold[v] = torch.from_numpy(np.ascontiguousarray(g))
-        return dgd(self.model, x, y, self.W, self.lr, self.rounds, hold)[1]
-
-    def offsets(self, got: dict[int, np.ndarray], trust: float) -> dict[tuple, np.ndarray]:
-        """The forecast drift o_(k,t) = g_k^t − g_k^1 of every recovered victim, keyed as the
-        untied system's unknowns (:func:`~privaudit.attacks.gossip_algebra.drift_shift`)."""
-        g = self.gradients(got, trust)
-        return {("g", k, t): g[t - 1, k] - g[0, k] for k in got for t in range(2, self.rounds + 1)}
+        sent, grads = dgd(self.model, x, y, self.W, self.lr, self.rounds, hold)
+        return grads, sent
 
 
 def rank_one(g: np.ndarray, classes: int) -> float:

@@ -312,8 +312,8 @@ def _observations(
         g, at, fe = _apply(system, sub, plan, targets, messages, first, run.ctx.x0.cpu(), shift)
         if drift is not None:
             g, at = (
-                g + _drifted(targets[0], drift.offsets),
-                at + _drifted(targets[1], drift.offsets),
+                g + _drifted(targets[0], drift.drift),
+                at + _drifted(targets[1], drift.drift),
             )
         rel = float(relative_error(g.numpy()[None], np.array([fe]))[0])
         if max_error is not None and rel >= max_error:
@@ -414,7 +414,7 @@ def _forecast(
     )
     told = {
         # a held agent's drift is 0 exactly: the re-simulated ones are those with any
-        "agents forecast": len({key[1] for key, o in drift.offsets.items() if o.any()}),
+        "agents forecast": len({key[1] for key, o in drift.drift.items() if o.any()}),
         "non-members solved": len(drift.got),
         "trust": drift.trust,
         "misfits": drift.misfits,

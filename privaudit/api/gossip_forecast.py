@@ -27,11 +27,11 @@ import torch
 from torch import Tensor
 
 from privaudit.attacks.analytic import recover
-from privaudit.attacks.gossip_drift import offsets, resimulate
+from privaudit.attacks.gossip_drift import resimulate
 from privaudit.attacks.labels import infer_labels
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation
-from privaudit.core.recursion import Key, Recursion
+from privaudit.core.recursion import Recursion
 from privaudit.sim.run import Run
 
 
@@ -81,8 +81,11 @@ class RunForecast:
         std = torch.as_tensor(obs.std, dtype=images.dtype).reshape(view)
         return residual, (images.cpu() - mean) / std, infer_labels(obs, "counts").reshape(1).cpu()
 
-    def __call__(self, got: Mapping[int, np.ndarray], trust: float) -> dict[Key, np.ndarray]:
-        """The drift o_(k,t) of every agent in ``got`` as forecast at ``trust``."""
+    def __call__(
+        self, got: Mapping[int, np.ndarray], trust: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The run re-simulated from ``got`` at ``trust`` (class docstring): every agent's
+        update and the states (:func:`~privaudit.attacks.gossip_drift.resimulate`)."""
         self.inverted = {
             v: self.inverted[v] if v in self.inverted and self.seen[v] is g else self.example(v, g)
             for v, g in got.items()
@@ -90,10 +93,7 @@ class RunForecast:
         self.seen = dict(got)
         agents = [v for v in got if self.inverted[v][0] <= trust]
         held = {v: g for v, g in got.items() if v not in agents}
-        updates = resimulate(
-            self.rec, self.rounds, self.x0, held, self.gradient, agents, self.states
-        )
-        return offsets(self.rec, updates, list(got))
+        return resimulate(self.rec, self.rounds, self.x0, held, self.gradient, agents, self.states)
 
     def gradient(self, agents: Sequence[int], points: np.ndarray, t: int) -> np.ndarray:
         """The forecast agents' round-t gradients at ``points``: the run's own engine on
