@@ -39,8 +39,8 @@ from .gossip_algebra import (
     solve,
 )
 
-TRUSTS = (1e-3, 1.0)  # rank-one residuals up to which a victim's own drift is forecast
-PASSES = 3  # re-solves with the drift forecast from the previous pass
+TRUSTS = (1e-3, 1e-2, 1e-1, 1.0)  # rank-one residuals up to which a victim is forecast
+PASSES = 10  # at most this many re-solves with the drift forecast, while the misfit falls
 
 # (recovered tied gradients by agent, trust) ↦ the run re-simulated from them: every agent's
 # update (T, n, d) and the states (T + 1, S, d), index 0 the initial one (:func:`resimulate`)
