@@ -54,7 +54,7 @@ from privaudit.attacks.gossip_algebra import (
     state_functional,
     unit_roundoff,
 )
-from privaudit.attacks.gossip_drift import Drifted, solve_tied
+from privaudit.attacks.gossip_drift import EXPLAIN, Drifted, solve_tied
 from privaudit.core.accounting import sample_rates
 from privaudit.core.errors import PrivauditError, Unobservable
 from privaudit.core.messages import CaptureSpec
@@ -430,7 +430,10 @@ def _tied_words(told: dict[str, Any] | str | None) -> str:
         return f", tied updates, drift forecast {told}"
     passes = len(told["misfits"]) - 1
     if not passes:
-        return ", tied updates, drift forecast not used: it explained the messages no better"
+        return (
+            ", tied updates, drift forecast not used: none explained the messages "
+            f"{EXPLAIN:g}× better than the tie"
+        )
     return (
         f", tied updates less the drift forecast from {told['agents forecast']} re-simulated "
         f"agents ({passes} pass{'es' if passes > 1 else ''})"

@@ -41,7 +41,10 @@ def add_parser(sub: Any, words: Vocabulary) -> None:
         epilog="-a tie=true: El Mrini, Cyffers & Bellet's tied approximation (ICML 2024): every "
         "non-attacker's gradient taken equal over the rounds, so the coalition (--attacker) "
         "reaches victims beyond its neighbours by the gossip algebra; only on a full-batch run "
-        "(--sampling full --examples-per-agent K), its error first order in the step size",
+        "(--sampling full --examples-per-agent K), its error first order in the step size; "
+        "with one example per agent the coalition re-runs the training from what it recovered "
+        "and takes the forecast drift out (El Mrini et al.'s setting: --model linear "
+        "--precision float64 --gossip laplacian)",
     )
     at.add_argument("--target", required=True, help="e.g. dpdl-cg (privaudit targets)")
     at.add_argument("--round", type=int, required=True, help="round whose message is attacked")
