@@ -45,9 +45,9 @@ TRUSTS = (1e-3, 1e-2, 1e-1, 1.0)  # rank-one residuals up to which a victim is f
 PASSES = 10  # at most this many re-solves with the drift forecast, while the misfit falls
 # a forecast is used only where it explains the messages this many times better than the tie
 # (re-simulation misfit): a first-order forecast from partly wrong inversions that explains
-# less moves the estimates of victims it cannot predict (measured: benchmarks/anchor.py at
-# η ≥ 1e-3, where such forecasts explained 1.4–7.5× and lost victims, and one that explained
-# 84× gained them)
+# less moves the estimates of victims it cannot predict (set from benchmarks/anchor.py's runs
+# at η ≥ 1e-3: on ten image sets forecasts explained 1.4–7.5× better and, used, lost five
+# victims and gained one; one that explained 84× better gained nine)
 EXPLAIN = 10.0
 
 # (recovered tied gradients by agent, trust) ↦ the run re-simulated from them: every agent's
