@@ -162,9 +162,9 @@ def resimulate(
     forecast: Sequence[int] = (),
     states: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every agent's update in rounds 1..``rounds`` (rounds, n, d) and the states (rounds + 1,
-    S, d) — what :data:`Forecast` returns —, the recursion run forward
-    from the public x_0 (every initial state x_0): ``forecast`` agents' update is
+    """The recursion run forward from the public x_0 (every initial state x_0): every agent's
+    update in rounds 1..``rounds`` (rounds, n, d) and the states (rounds + 1, S, d), what
+    :data:`Forecast` returns. A ``forecast`` agent's update is
     ``gradient(agents, points, t)`` at their model :attr:`Recursion.point` of the simulated
     states (points: (len(agents), d)); a ``held`` agent's is its given vector every round; any
     other's is 0. ``states``: (agent, round) → a state the coalition knows (the message it
