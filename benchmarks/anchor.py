@@ -19,9 +19,11 @@ solved two ways —
 - ``ours`` (privaudit's default): the float identifiability (row-scaled QR rank at the
   rounding of K itself, leverage), the solve of every identifiable victim around x_0, and
   each victim's estimated rounding error (a victim whose error reaches its own size is
-  ``hidden``); up to three more solves with the drift forecast subtracted (:class:`Forecast`:
-  the run re-simulated from the recovered gradients, kept only while it explains the
-  messages better); the gradient inverted by the reliable-rows rule
+  ``hidden``); up to ten more solves with the drift forecast subtracted (:class:`Forecast`:
+  the run re-simulated from the recovered gradients, through
+  :func:`privaudit.attacks.gossip_drift.solve_tied`, which checks every solve by that
+  re-run against the messages and uses a forecast only where it explains them 10× better
+  than the tie); the gradient inverted by the reliable-rows rule
   (:func:`attacks.analytic.combine`);
 - ``lstsq``: the anchor's solver, the min-norm least squares of the same tied system
   (NumPy ``lstsq``, default cut-off), which returns a value for every victim, inverted by
@@ -188,12 +190,11 @@ def attack(
     only (row-scaled QR rank at ``rtol``, None: :func:`~privaudit.attacks.gossip_algebra.
     default_rtol`), solved around x_0; a victim whose estimated rounding error
     (:func:`~privaudit.attacks.gossip_algebra.float_error`) is at least ``max_error`` times its RMS
-    is left out as lost to rounding (None: kept). With a ``drift`` :class:`Forecast`,
-    ``passes`` re-solves with the drift it forecasts from the previous pass's gradients
-    subtracted (:func:`~privaudit.attacks.gossip_algebra.drift_shift`): of its forecasts (one
-    per ``trusts``), the one whose tied system explains the messages best (least-squares
-    misfit), and only while that misfit falls — a forecast that explains the run worse than
-    the tie alone is never used. ``report``: filled
+    is left out as lost to rounding (None: kept). With a ``drift`` :class:`Forecast`, up to
+    ``passes`` re-solves with the drift it forecasts subtracted
+    (:func:`~privaudit.attacks.gossip_drift.solve_tied`: each solve checked by re-running the
+    training from it against the messages, a forecast used only while that misfit falls and
+    where it explains the messages 10× better than the tie). ``report``: filled
     with each returned victim's relative rounding error. ``lstsq``: min-norm least squares
     of the same system, every victim (the anchor's ``np.linalg.lstsq``)."""
     T, n = sent.shape[0] - 1, sent.shape[1]
