@@ -159,6 +159,7 @@ def observe_beyond(
         plans,
         max_error,
         forecast,
+        analysis,
     )
 
 
@@ -287,6 +288,7 @@ def _observations(
     plans: list[tuple[Recovery, list[dict[Key, float]]]],
     max_error: float | None = 1.0,
     forecast: bool = True,
+    analysis: Identifiability | None = None,
 ) -> list[Observation]:
     """Capture the coalition's links over the rounds used and apply each victim's planned
     estimator to them: the capture comes last, after every victim is known identifiable,
@@ -303,7 +305,17 @@ def _observations(
     if tie:
         why = applies(run, first) if forecast else "forecast=False"
         if why is None:
-            drift, told = _forecast(run, tgt, sub, system, members, messages, view, last)
+            drift, told = _forecast(
+                run,
+                tgt,
+                sub,
+                system,
+                analysis or identifiability(system),
+                members,
+                messages,
+                view,
+                last,
+            )
         else:
             told = f"not used: {why}"
     out = []
@@ -359,6 +371,7 @@ def _forecast(
     tgt: Target,
     rec: Recursion,
     system: LinearSystem,
+    analysis: Identifiability,
     members: list[int],
     messages: dict,
     view: Any,
@@ -369,9 +382,7 @@ def _forecast(
     the run re-simulated from them taken out (:func:`~privaudit.attacks.gossip_drift.
     solve_tied`, :class:`~privaudit.api.gossip_forecast.RunForecast`). Returns what it
     settled on and what it says of it (``meta["forecast"]``)."""
-    sent: dict[tuple[int, int, str], Tensor] = {}
-    for (t, src, _, kind), m in messages.items():
-        sent.setdefault((t, src, kind), m)
+    sent = _by_sender(messages)
     x0 = run.ctx.x0.detach().cpu().to(torch.float64).reshape(-1)
     value = _known(system, rec, sent, 0, x0)
     where = {key: j for j, key in enumerate(system.known)}
@@ -382,7 +393,6 @@ def _forecast(
         ]
     )
     inside = set(members)
-    analysis = identifiability(system)
     keys = [
         (rec.update, k, 1)
         for k in range(rec.n)
@@ -497,9 +507,7 @@ def _apply(
     per-coordinate rounding error (:func:`~privaudit.attacks.gossip_algebra.float_error`: u of the
     payloads' float type, times the weighted RMS of the rounded numbers). ``shift``: (R × d)
     taken off each row first (the forecast drift, :func:`_forecast`)."""
-    sent: dict[tuple[int, int, str], Tensor] = {}
-    for (t, src, _, kind), m in messages.items():
-        sent.setdefault((t, src, kind), m)
+    sent = _by_sender(messages)
     x0 = x0.to(torch.float64).reshape(-1)
     known = _known(system, rec, sent, first, x0)
     acc = torch.zeros(plan.weights.shape[0], x0.numel(), dtype=torch.float64)
@@ -537,6 +545,15 @@ def _apply(
             acc[i] += float(ck[j]) * known(j)[0]
     err = roundoff / np.sqrt(3.0) * float(np.sqrt(plan.weights[0] ** 2 @ power))
     return acc[0], acc[1], err
+
+
+def _by_sender(messages: dict) -> dict[tuple[int, int, str], Tensor]:
+    """The captured messages keyed (round, sender, kind): a payload is the same on each of
+    its sender's links."""
+    sent: dict[tuple[int, int, str], Tensor] = {}
+    for (t, src, _, kind), m in messages.items():
+        sent.setdefault((t, src, kind), m)
+    return sent
 
 
 def _known(

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from privaudit.attacks.analytic import recover
+from privaudit.attacks.disaggregation import inputs_from_images
 from privaudit.attacks.gossip_drift import resimulate
 from privaudit.attacks.labels import infer_labels
 from privaudit.core.errors import PrivauditError
@@ -76,10 +77,8 @@ class RunForecast:
             images, residual = recover(obs)
         except PrivauditError:
             return float("inf"), torch.empty(0), torch.empty(0)
-        view = (1, -1, *([1] * (images.dim() - 2)))
-        mean = torch.as_tensor(obs.mean, dtype=images.dtype).reshape(view)
-        std = torch.as_tensor(obs.std, dtype=images.dtype).reshape(view)
-        return residual, (images.cpu() - mean) / std, infer_labels(obs, "counts").reshape(1).cpu()
+        x = inputs_from_images(obs, images.cpu()).reshape(1, *obs.input_shape)
+        return residual, x, infer_labels(obs, "counts").reshape(1).cpu()
 
     def __call__(
         self, got: Mapping[int, np.ndarray], trust: float
