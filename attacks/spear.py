@@ -67,6 +67,7 @@ from torch import Tensor
 from privaudit.core.errors import PrivauditError
 from privaudit.core.observation import Observation, Reconstruction
 
+from . import vertex
 from .common import as_list, progress_bar
 from .disaggregation import Separated, finish, layer_params, pick_layer
 from .fi import DEFAULT_ITERATIONS
@@ -78,7 +79,7 @@ from .identifiability import (
     numerical_rank,
     top_singular,
 )
-from .registry import NON_NEGATIVE, POSITIVE, UNIT_OPEN, Rule, register_attack
+from .registry import NON_NEGATIVE, POSITIVE, UNIT_OPEN, Rule, one_of, register_attack
 
 DEFAULT_SAMPLES = 1 << 17  # b − 1-row submatrices drawn (SPEAR's N)
 CHUNK = 4096  # submatrices solved per batched QR
@@ -402,19 +403,30 @@ def separate(
     min_finds: float,
     seed: int,
     progress: bool,
+    search_by: str = "auto",
+    lps: int | None = None,
 ) -> Separated:
     """The paper's steps 1–4 (not run where the budget expects fewer than ``min_finds``
     finds: :func:`expected_finds`), or — with ``next_layer`` where the next layer allows it — the
-    search that solves each found example from the next layer and deflates past it."""
+    search that solves each found example from the next layer and deflates past it.
+    ``search_by``: "vertex" runs :mod:`.vertex`'s LP search instead; "auto" runs it where the
+    sampling is out of reach and the layer feeds the classifier; "sample" never."""
     m, b = ly.L.shape
     gen = torch.Generator().manual_seed(int(seed))
     expect = expected_finds(m, b, samples)
     meta: dict = {"samples": samples, "batch": b, "expected_finds": expect}
+    reach = expect >= min_finds
+    if search_by == "vertex" or (
+        search_by == "auto" and not reach and vertex.classifier_after(obs, layer)[0] is not None
+    ):
+        sep = vertex.separate(obs, layer, ly.L, lps=lps, seed=seed)
+        sep.meta.update(batch=b, expected_finds=expect)
+        return sep
     proj = next_layer_projector(obs, layer, b) if next_layer else None
     h = torch.zeros(b, ly.R.shape[1], dtype=torch.float64)
     g = torch.zeros(m, b, dtype=torch.float64)
     found = torch.zeros(b, dtype=torch.bool)
-    if expect < min_finds:
+    if not reach:
         meta["how"] = (
             f"not searched: {samples} uniform samples expect {expect:.1e} finds at B = {b} "
             f"(each hits an example with probability ≈ 2^−(B−1)); raise samples"
@@ -449,6 +461,7 @@ def separate(
     return Separated(h, g, found, meta)
 
 
+SEARCHES = ("auto", "sample", "vertex")
 MATCH = 0.99  # sparsity matching (or a solved pattern's agreement) accepted as exact
 
 
@@ -463,6 +476,8 @@ MATCH = 0.99  # sparsity matching (or a solved pattern's agreement) accepted as 
         "greedy_rounds": Rule("an integer in 0..1000", lambda v: 0 <= v <= 1000),
         "match": UNIT_OPEN,
         "min_finds": NON_NEGATIVE,
+        "search": one_of(SEARCHES),
+        "lps": Rule("an integer in 1..10^6", lambda v: 1 <= v <= 10**6),
         "lr": POSITIVE,
         "tv": NON_NEGATIVE,
     },
@@ -484,6 +499,8 @@ def spear(
     match: float = MATCH,
     min_finds: float = MIN_FINDS,
     next_layer: bool = True,
+    search: str = "auto",
+    lps: int | None = None,
     lr: float = 0.1,
     tv: float = 5e-2,
 ) -> list[Reconstruction]:
@@ -494,6 +511,9 @@ def spear(
     with ``next_layer`` each found example is solved from the next layer and deflated. Where
     the layer's input is not the image, ``iterations`` (default 1000) and ``restarts`` of
     feature inversion at step ``lr`` with TV weight ``tv`` turn features into images.
+    ``search``: "auto" hands a layer that feeds the classifier to :mod:`.vertex`'s LP search
+    (``lps`` LPs; default 12 per example) where the sampling is out of reach, "sample" keeps
+    the paper's sampling, "vertex" always searches vertices.
     ``loss`` is 1 − the fraction of examples recovered."""
     out = []
     for i, o in enumerate(as_list(observations)):
@@ -506,7 +526,8 @@ def spear(
         f = factor(o, ly, int(o.batch_size), zero_tol, zero_sigmas)
         sep = separate(
             o, f, ly, samples=samples, tau=tau, greedy_rounds=greedy_rounds, next_layer=next_layer,
-            match=match, min_finds=min_finds, seed=seed + i, progress=progress,
+            match=match, min_finds=min_finds, seed=seed + i, progress=progress, search_by=search,
+            lps=lps,
         )  # fmt: skip
         inv = {"iterations": DEFAULT_ITERATIONS if iterations is None else int(iterations)}
         inv.update(restarts=1 if restarts is None else int(restarts), lr=lr, tv=tv)

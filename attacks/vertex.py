@@ -1,0 +1,306 @@
+"""SPEAR's sparsity searched as vertices: the output gradients of a ReLU layer that feeds the
+classifier, found one linear programme at a time where SPEAR's sampling is out of reach.
+
+For ``z = W h + c``, ``a = relu(z)`` and logits ``W₂ a + c₂`` (cross-entropy), example i's
+output gradient at ``z`` is
+
+    δ_i = d_i ⊙ W₂ᵀ e_i,    d_i = 1[z_i > 0],    e_i = f_i (p_i − y_i) / B,
+
+(``f_i`` its clip factor), and every δ_i lies in the column space ``span(U)`` of the observed
+``∂W = Σ_i δ_i h_iᵀ`` (m × n, rank B; SPEAR's low-rank decomposition, Dimitrov et al.,
+NeurIPS 2024, §3). SPEAR finds δ_i by sampling B − 1 of its zero rows, which succeeds with
+probability ≈ 2^−(B−1): out of reach at B = 64. Here the classifier's structure replaces the
+sampling:
+
+- **Signs from the label.** For class y, ``W₂ᵀ e = W₂ᵀ (p − e_y) f / B``; where the batch's
+  softmax outputs stay within ``spread`` of their mean ``p̄`` (``p̄ = ∂c₂ + n/B``, n the
+  label counts :mod:`.labels` estimates), the sign ``s_j`` of unit j's entry is that of
+  ``(W₂ᵀ(p̄ − e_y))_j`` on every unit where that value exceeds ``3 · spread · ‖W₂[:, j]‖``.
+- **The polytope.** With ``e`` normalised to ``e_y = −1`` (clip factor and 1 − p_y absorbed
+  into the scale of q), every example of class y satisfies, on those units,
+
+      0 ≤ s_j u_jᵀ q ≤ s_j w₂_jᵀ e,    Σ_k e_k = 0,   e_y = −1,   0 ≤ e_k ≤ 1,
+
+  linear in ``(q, e)`` (B + C unknowns). δ_i = U q_i meets one of the two bounds on every
+  unit (active: the upper, inactive: the lower), several hundred tight constraints in
+  B + C − 2 dimensions: a highly degenerate vertex, whose normal cone is wide. A linear
+  programme with an objective pointing into that cone lands on it.
+- **The search.** Round-robin over the classes the counts name, one LP at a time (HiGHS):
+  objectives either a random combination of the units' activity, or — ``guided`` of the
+  time — the activity pattern of a mask already found with a share ``flip`` of its units
+  flipped (examples share most of their ReLU pattern). A vertex whose ratios
+  ``u_jᵀq / w₂_jᵀe`` are within ``binary`` of 0 or 1 on a share ``share`` of the signed
+  units is read as a mask; a cut (``mass`` and ``cut`` below) keeps the all-zero vertex and
+  each found mask out of later LPs of its class.
+- **Exactness.** Each mask is checked on *every* unit: d rounded from the vertex, e re-solved
+  by least squares so that ``d ⊙ W₂ᵀ e`` lies in span(U), and accepted only where it does to
+  ``exact`` (relative); a wrong mask misses by ≈ 1/√(active units) per wrong unit.
+- **Inputs.** With the found output gradients Δ_K, ``H = Δ_K⁺ ∂W`` gives their inputs —
+  exact when all B are found, else each mixed with the missing ones' share. Each input's
+  scale is fitted so that the classifier's log-odds at it match those its δ carries
+  (``log e_k`` for k ≠ y, which neither the clip factor nor B changes).
+
+Noise on the gradient moves δ_i off the vertex; the search is not run there and says so.
+``benchmarks/disaggregation.py`` measures it on ``fedavg-cnn`` at B = 64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy.optimize import linprog, minimize_scalar
+from torch import Tensor
+
+from privaudit.core.observation import Observation
+
+from .disaggregation import Separated, layer_params
+from .identifiability import LinearLayer, layer_gradient, linear_layers
+from .labels import labels_for
+from .rowspace import next_layer
+
+SPREAD = 0.03  # softmax outputs assumed within this of the batch mean when reading signs
+BINARY = 0.02  # a vertex ratio within this of 0 or 1 reads as a mask entry
+SHARE = 0.95  # ... on at least this share of the signed units
+EXACT = 1e-3  # a mask is exact where d ⊙ W₂ᵀe lies in span(∂W) to this, relative
+FLIP = 0.1  # guided objectives flip this share of a found mask's units
+GUIDED = 0.75  # the share of guided objectives once a mask is found
+MASS = 0.25  # a vertex carries at least this share of its units' full activity
+CUT = 0.97  # a found mask is cut off by asking 3 % of its activity to go
+SLACK = 1e-4  # constraint slack, relative to the largest entry of W₂ᵀ(p̄ − e_y)
+LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the batch
+
+
+def classifier_after(obs: Observation, layer: LinearLayer) -> tuple[LinearLayer | None, str]:
+    """The classifier right after ``layer``'s ReLU (``Linear → ReLU → Linear`` with the last
+    linear layer giving the logits), or None and why the search does not apply."""
+    nxt = next_layer(obs, layer)
+    if nxt is None:
+        return None, f"{layer.module} is not followed by a ReLU and a linear layer in the message"
+    if linear_layers(obs.model)[-1].module != nxt.module:
+        return None, f"{nxt.module} is not the classifier (its output gradient is not p − y)"
+    if obs.noise_std:
+        return None, "the gradient is noised: the output gradients are off the vertices"
+    if obs.terms:
+        return None, "the observation is a sum of gradient terms"
+    return nxt, ""
+
+
+@dataclass
+class ClassLP:
+    """One class's polytope (module docstring): ``A_ub x ≤ b_ub`` over x = (q, e)."""
+
+    label: int
+    keep: np.ndarray  # (m,) bool: the signed units
+    su: np.ndarray  # (k, B): s_j u_j
+    sw: np.ndarray  # (k, C): s_j w₂_j
+    a_ub: np.ndarray
+    b_ub: np.ndarray
+    masks: list = field(default_factory=list)  # found masks on the signed units
+
+    def cut(self, mask: np.ndarray) -> None:
+        """Keep ``mask`` out of later LPs: at least 1 − CUT of its activity must go."""
+        row = np.concatenate(
+            [(self.su * mask[:, None]).sum(0), -CUT * (self.sw * mask[:, None]).sum(0)]
+        )
+        self.a_ub = np.vstack([self.a_ub, row[None]])
+        self.b_ub = np.append(self.b_ub, 0.0)
+
+
+def class_lp(u: np.ndarray, w2: np.ndarray, pbar: np.ndarray, label: int, spread: float) -> ClassLP:
+    """The polytope of class ``label`` (module docstring) for the orthonormal column basis
+    ``u`` (m, B) and the classifier weight ``w2`` (C, m)."""
+    a = w2.T @ (pbar - np.eye(len(pbar))[label])
+    keep = (np.abs(a) > 3 * spread * np.linalg.norm(w2, axis=0)) & (np.linalg.norm(u, axis=1) > 0)
+    s = np.sign(a[keep])
+    su, sw = s[:, None] * u[keep], s[:, None] * w2[:, keep].T
+    k, c = sw.shape
+    lower = np.hstack([-su, np.zeros((k, c))])
+    upper = np.hstack([su, -sw])
+    mass = np.concatenate([-su.sum(0), MASS * sw.sum(0)])[None]
+    slack = SLACK * float(np.abs(a).max())
+    b_ub = np.concatenate([np.full(2 * k, slack), [0.0]])
+    return ClassLP(label, keep, su, sw, np.vstack([lower, upper, mass]), b_ub)
+
+
+def solve_vertex(lp: ClassLP, objective: np.ndarray, b: int, classes: int) -> np.ndarray | None:
+    """One LP: the vertex (q, e) minimising ``objective`` over q, or None."""
+    a_eq = np.zeros((2, b + classes))
+    a_eq[0, b:] = 1.0
+    a_eq[1, b + lp.label] = 1.0
+    bounds = [(None, None)] * b + [
+        (-1.0, -1.0) if k == lp.label else (0.0, 1.0) for k in range(classes)
+    ]
+    obj = np.concatenate([objective, np.zeros(classes)])
+    res = linprog(
+        obj, A_ub=lp.a_ub, b_ub=lp.b_ub, A_eq=a_eq, b_eq=[0.0, -1.0], bounds=bounds, method="highs"
+    )
+    return res.x if res.status == 0 else None
+
+
+def exact_delta(
+    u: np.ndarray, w2: np.ndarray, q: np.ndarray, e: np.ndarray, label: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The vertex read as a mask on every unit, e re-solved (e_y = −1) so that ``d ⊙ W₂ᵀ e``
+    lies in span(u) -> (δ (m,), e (C,), its relative distance from span(u))."""
+    dz, full = u @ q, w2.T @ e
+    d = np.abs(dz - full) < np.abs(dz)
+    cols = w2.T * d[:, None]  # (m, C)
+    cols = cols - u @ (u.T @ cols)  # off span(u)
+    rest = [k for k in range(w2.shape[0]) if k != label]
+    sol = np.linalg.lstsq(cols[:, rest], cols[:, label], rcond=None)[0]
+    e = np.zeros(w2.shape[0])
+    e[label], e[rest] = -1.0, sol
+    delta = d * (w2.T @ e)
+    norm = float(np.linalg.norm(delta))
+    off = delta - u @ (u.T @ delta)
+    return delta, e, float(np.linalg.norm(off)) / norm if norm > 0 else math.inf
+
+
+def batch_mean_softmax(obs: Observation, nxt: LinearLayer, counts: Tensor) -> np.ndarray:
+    """``p̄ = ∂c₂ + n / B`` (the classifier's bias gradient, unclipped), clamped to the simplex;
+    the uniform distribution where the classifier has no bias."""
+    b, classes = int(obs.batch_size), int(obs.num_classes)
+    _, db = layer_gradient(obs, nxt)
+    if db is None:
+        return np.full(classes, 1.0 / classes)
+    p = (db + counts.double() / b).clamp_min(0).numpy()
+    return p / p.sum() if p.sum() > 0 else np.full(classes, 1.0 / classes)
+
+
+def search(
+    u: np.ndarray,
+    w2: np.ndarray,
+    pbar: np.ndarray,
+    counts: list[int],
+    *,
+    lps: int,
+    spread: float,
+    seed: int,
+) -> tuple[list[tuple[int, np.ndarray, np.ndarray]], int]:
+    """The search of the module docstring -> ([(label, δ (m,), e (C,)), …] exact finds, LPs
+    solved). Classes with a positive count come first; once every count is met (or where
+    the counts are short of B) every class is searched until B are found or ``lps`` run out."""
+    b, classes = u.shape[1], w2.shape[0]
+    rng = np.random.default_rng(seed)
+    lp = {c: class_lp(u, w2, pbar, c, spread) for c in range(classes)}
+    found: list[tuple[int, np.ndarray, np.ndarray]] = []
+    pool: list[np.ndarray] = []  # found masks on all m units
+    used = 0
+    while used < lps and len(found) < b:
+        short = [c for c in range(classes) if len(lp[c].masks) < counts[c]]
+        for c in short or [c for c in range(classes) if counts[c] or lp[c].masks] or range(classes):
+            if used >= lps or len(found) >= b:
+                break
+            one = lp[c]
+            if pool and rng.random() < GUIDED:
+                base = pool[rng.integers(len(pool))][one.keep].astype(float)
+                flip = rng.random(len(base)) < FLIP
+                weights = 2 * np.where(flip, 1 - base, base) - 1
+            else:
+                weights = rng.standard_normal(int(one.keep.sum()))
+            x = solve_vertex(one, -(weights[:, None] * one.su).sum(0), b, classes)
+            used += 1
+            if x is None:
+                continue
+            q, e = x[:b], x[b:]
+            ratio = (u @ q)[one.keep] / (w2.T @ e)[one.keep]
+            if (np.minimum(np.abs(ratio), np.abs(ratio - 1)) < BINARY).mean() < SHARE:
+                continue
+            mask = ratio > 0.5
+            if any((mask != seen).sum() <= 3 for seen in one.masks):
+                continue
+            one.masks.append(mask)
+            one.cut(mask)
+            delta, e, off = exact_delta(u, w2, q, e, c)
+            if off <= EXACT and not any(
+                abs(np.dot(delta, d0)) > (1 - 1e-9) * np.linalg.norm(delta) * np.linalg.norm(d0)
+                for _, d0, _ in found
+            ):
+                found.append((c, delta, e))
+                pool.append(delta != 0)
+    return found, used
+
+
+def fit_scales(
+    obs: Observation,
+    layer: LinearLayer,
+    nxt: LinearLayer,
+    h: Tensor,
+    e: np.ndarray,
+    labels: list[int],
+) -> Tensor:
+    """Per input ``h_i`` (k, n), known up to scale, the scale at which the classifier's
+    log-odds between the other classes match ``log e_k`` (module docstring)."""
+    w, c = layer_params(obs, layer)
+    w2, c2 = layer_params(obs, nxt)
+    pre = (h @ w.T).numpy()
+    c, w2, c2 = c.numpy(), w2.numpy(), c2.numpy()
+    out = np.ones(len(labels))
+    for i, y in enumerate(labels):
+        rest = [k for k in range(len(c2)) if k != y and e[i, k] > 0]
+        if len(rest) < 2:
+            continue
+        target = np.log(e[i, rest])
+        target -= target.mean()
+
+        def misfit(t: float, i: int = i, rest: list = rest, target: np.ndarray = target) -> float:
+            logits = np.maximum(pre[i] * math.exp(-t) + c, 0) @ w2.T + c2
+            z = logits[rest] - logits[rest].mean()
+            return float(((z - target) ** 2).sum())
+
+        grid = np.linspace(-12, 12, 97)
+        t0 = grid[int(np.argmin([misfit(t) for t in grid]))]
+        out[i] = math.exp(
+            minimize_scalar(misfit, bounds=(t0 - 0.25, t0 + 0.25), method="bounded").x
+        )
+    return h / torch.from_numpy(out)[:, None]
+
+
+def separate(
+    obs: Observation,
+    layer: LinearLayer,
+    basis: Tensor,
+    *,
+    lps: int | None = None,
+    spread: float = SPREAD,
+    seed: int = 0,
+) -> Separated:
+    """The vertex search on ``layer``, whose gradient's column space is ``basis`` (m, B), as
+    a :class:`.disaggregation.Separated` (``meta["how"]`` says how many were found and with
+    how many LPs, or why the search did not run)."""
+    b = int(obs.batch_size)
+    dw, _ = layer_gradient(obs, layer)
+    h = torch.zeros(b, dw.shape[1], dtype=torch.float64)
+    g = torch.zeros(dw.shape[0], b, dtype=torch.float64)
+    found = torch.zeros(b, dtype=torch.bool)
+    nxt, why = classifier_after(obs, layer)
+    if nxt is None:
+        return Separated(h, g, found, {"how": f"vertex search not run: {why}"})
+    budget = LPS_PER_EXAMPLE * b if lps is None else int(lps)
+    estimate, _ = labels_for(obs, "auto")
+    counts = torch.bincount(estimate.cpu(), minlength=int(obs.num_classes))
+    w2, _ = layer_params(obs, nxt)
+    u, _ = torch.linalg.qr(basis.double())
+    pbar = batch_mean_softmax(obs, nxt, counts)
+    finds, used = search(
+        u.numpy(), w2.numpy(), pbar, counts.tolist(), lps=budget, spread=spread, seed=seed
+    )
+    meta = {"lps": used, "budget": budget, "spread": spread}
+    if not finds:
+        meta["how"] = f"vertex search: no exact output gradient in {used} LPs"
+        return Separated(h, g, found, meta)
+    k = len(finds)
+    deltas = torch.from_numpy(np.stack([d for _, d, _ in finds], 1))  # (m, k)
+    inputs = torch.linalg.lstsq(deltas, dw).solution  # (k, n)
+    e = np.stack([e for _, _, e in finds])
+    h[:k] = fit_scales(obs, layer, nxt, inputs, e, [y for y, _, _ in finds])
+    g[:, :k], found[:k] = deltas, True
+    meta["how"] = (
+        f"{k} of {b} output gradients found exactly as vertices of their class's polytope "
+        f"({used} LPs); inputs by least squares"
+        + ("" if k == b else ", mixed with the missing ones' share")
+    )
+    return Separated(h, g, found, meta)
