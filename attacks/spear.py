@@ -540,18 +540,23 @@ AUTO_MAX_B = 16  # auto picks SPEAR up to this B (the search grows as 2^B)
 
 def applies(obs: Observation, max_b: int = AUTO_MAX_B) -> str | None:
     """Why SPEAR should run on ``obs`` (the reason :mod:`.auto` gives), or None: a noise-free
-    single gradient of 1 < B ≤ ``max_b`` examples whose first linear layer is followed by a
-    ReLU and has a gradient of rank B."""
+    single gradient of B > 1 examples whose first linear layer is followed by a ReLU and has
+    a gradient of rank B, with 1 < B ≤ ``max_b`` (the sampling) or with the classifier right
+    after that ReLU (:mod:`.vertex`'s search, at any B the rank allows)."""
     b = int(obs.batch_size)
-    if obs.terms or obs.noise_std or not 1 < b <= max_b:
+    if obs.terms or obs.noise_std or b <= 1:
         return None
     layers = [ly for ly in linear_layers(obs.model) if ly.weight in obs.target]
     if not layers or not layers[0].relu_after:
         return None
+    by_vertex = b > max_b
+    if by_vertex and vertex.classifier_after(obs, layers[0])[0] is None:
+        return None
     dw, _ = layer_gradient(obs, layers[0])
     if numerical_rank(top_singular(dw, 0)[1]) != b:
         return None
+    how = "its output gradients are LP vertices (the vertex search)" if by_vertex else "SPEAR"
     return (
-        f"B = {b}: {layers[0].module}'s gradient has rank B and a ReLU follows it, so SPEAR "
+        f"B = {b}: {layers[0].module}'s gradient has rank B and a ReLU follows it, so {how} "
         "separates the batch exactly"
     )

@@ -56,7 +56,7 @@ from torch import Tensor
 
 from privaudit.core.observation import Observation
 
-from .disaggregation import Separated, layer_params
+from .disaggregation import Separated, images_from_inputs, layer_params
 from .identifiability import LinearLayer, layer_gradient, linear_layers
 from .labels import labels_for
 from .rowspace import next_layer
@@ -70,6 +70,7 @@ GUIDED = 0.75  # the share of guided objectives once a mask is found
 MASS = 0.25  # a vertex carries at least this share of its units' full activity
 CUT = 0.97  # a found mask is cut off by asking 3 % of its activity to go
 SLACK = 1e-4  # constraint slack, relative to the largest entry of W₂ᵀ(p̄ − e_y)
+FIXED_POINT = 30  # iterations of the unclipped scale's contraction
 LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the batch
 
 
@@ -140,34 +141,49 @@ def solve_vertex(lp: ClassLP, objective: np.ndarray, b: int, classes: int) -> np
     return res.x if res.status == 0 else None
 
 
-def exact_delta(
-    u: np.ndarray, w2: np.ndarray, q: np.ndarray, e: np.ndarray, label: int
+def read_mask(u: np.ndarray, w2: np.ndarray, q: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """The vertex (q, e) read as a ReLU pattern on every unit: active where ``u q`` is nearer
+    ``W₂ᵀ e`` than 0."""
+    dz = u @ q
+    return np.abs(dz - w2.T @ e) < np.abs(dz)
+
+
+def fit_delta(
+    u: np.ndarray, w2: np.ndarray, mask: np.ndarray, label: int
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The vertex read as a mask on every unit, e re-solved (e_y = −1) so that ``d ⊙ W₂ᵀ e``
-    lies in span(u) -> (δ (m,), e (C,), its relative distance from span(u))."""
-    dz, full = u @ q, w2.T @ e
-    d = np.abs(dz - full) < np.abs(dz)
-    cols = w2.T * d[:, None]  # (m, C)
+    """For a ReLU pattern ``mask`` (m,), the e (e_y = −1) that brings ``mask ⊙ W₂ᵀ e`` nearest
+    span(u), by least squares -> (that δ (m,), e (C,), its relative distance from span(u);
+    0 for a true pattern, ≈ |δ_j| / ‖δ‖ for one wrong unit j)."""
+    cols = w2.T * mask[:, None]  # (m, C)
     cols = cols - u @ (u.T @ cols)  # off span(u)
     rest = [k for k in range(w2.shape[0]) if k != label]
-    sol = np.linalg.lstsq(cols[:, rest], cols[:, label], rcond=None)[0]
     e = np.zeros(w2.shape[0])
-    e[label], e[rest] = -1.0, sol
-    delta = d * (w2.T @ e)
+    e[label], e[rest] = -1.0, np.linalg.lstsq(cols[:, rest], cols[:, label], rcond=None)[0]
+    delta = mask * (w2.T @ e)
     norm = float(np.linalg.norm(delta))
-    off = delta - u @ (u.T @ delta)
-    return delta, e, float(np.linalg.norm(off)) / norm if norm > 0 else math.inf
+    off = float(np.linalg.norm(delta - u @ (u.T @ delta)))
+    return delta, e, off / norm if norm > 0 else math.inf
 
 
 def batch_mean_softmax(obs: Observation, nxt: LinearLayer, counts: Tensor) -> np.ndarray:
-    """``p̄ = ∂c₂ + n / B`` (the classifier's bias gradient, unclipped), clamped to the simplex;
-    the uniform distribution where the classifier has no bias."""
-    b, classes = int(obs.batch_size), int(obs.num_classes)
+    """``p̄``: unclipped, ``∂c₂ + n / B`` (the classifier's bias gradient), clamped to the
+    simplex; clipped or without a bias (clip factors weigh ``∂c₂``), the model's softmax at
+    the mean image, which a fresh model's outputs stay near."""
+    b = int(obs.batch_size)
     _, db = layer_gradient(obs, nxt)
-    if db is None:
-        return np.full(classes, 1.0 / classes)
-    p = (db + counts.double() / b).clamp_min(0).numpy()
-    return p / p.sum() if p.sum() > 0 else np.full(classes, 1.0 / classes)
+    if db is not None and obs.clip is None:
+        p = (db + counts.double() / b).clamp_min(0).numpy()
+        if p.sum() > 0:
+            return p / p.sum()
+    params = {k: v.detach() for k, v in obs.params.items()}
+    src = next(iter(params.values()))
+    mean = torch.zeros(1, *obs.input_shape, dtype=torch.float64)  # normalised: the mean
+    if not getattr(obs.model, "normalize_inputs", True):
+        mean = images_from_inputs(obs, mean.flatten(1))
+    mean = mean.to(src.device, src.dtype)
+    with torch.no_grad():
+        out = torch.func.functional_call(obs.model, params, (mean,))
+    return torch.softmax(out.double(), 1)[0].cpu().numpy()
 
 
 def search(
@@ -214,7 +230,7 @@ def search(
                 continue
             one.masks.append(mask)
             one.cut(mask)
-            delta, e, off = exact_delta(u, w2, q, e, c)
+            delta, e, off = fit_delta(u, w2, read_mask(u, w2, q, e), c)
             if off <= EXACT and not any(
                 abs(np.dot(delta, d0)) > (1 - 1e-9) * np.linalg.norm(delta) * np.linalg.norm(d0)
                 for _, d0, _ in found
@@ -232,31 +248,42 @@ def fit_scales(
     e: np.ndarray,
     labels: list[int],
 ) -> Tensor:
-    """Per input ``h_i`` (k, n), known up to scale, the scale at which the classifier's
-    log-odds between the other classes match ``log e_k`` (module docstring)."""
+    """The inputs ``h`` (k, n), found with δ normalised to ``e_y = −1``, at their true scale.
+    Unclipped, ``δ_i = (1 − p_y) / B · δ̂_i``, so ``h_i = ĥ_i / κ_i`` with
+    ``κ_i = (1 − p_y(ĥ_i / κ_i)) / B``: a contraction (p_y moves little with κ), iterated.
+    Clipped, an unknown factor joins κ; the scale is then the one at which the classifier's
+    log-odds between the other classes match ``log e_k`` (module docstring) — at a fresh
+    initialisation those log-odds are nearly flat in the scale, so this is approximate."""
     w, c = layer_params(obs, layer)
     w2, c2 = layer_params(obs, nxt)
-    pre = (h @ w.T).numpy()
-    c, w2, c2 = c.numpy(), w2.numpy(), c2.numpy()
-    out = np.ones(len(labels))
-    for i, y in enumerate(labels):
-        rest = [k for k in range(len(c2)) if k != y and e[i, k] > 0]
+    pre, b = h @ w.T, int(obs.batch_size)
+    y = torch.as_tensor(labels)
+
+    def logits(scale: Tensor) -> Tensor:
+        return (pre / scale[:, None] + c).clamp_min(0) @ w2.T + c2
+
+    if obs.clip is None:
+        kappa = torch.full((len(labels),), 1.0 / b, dtype=torch.float64)
+        for _ in range(FIXED_POINT):
+            kappa = (1 - torch.softmax(logits(kappa), 1)[torch.arange(len(labels)), y]) / b
+        return h / kappa[:, None]
+    scales = torch.ones(len(labels), dtype=torch.float64)
+    for i, label in enumerate(labels):
+        rest = [k for k in range(len(c2)) if k != label and e[i, k] > 0]
         if len(rest) < 2:
             continue
-        target = np.log(e[i, rest])
-        target -= target.mean()
+        target = torch.log(torch.as_tensor(e[i, rest]))
+        target = target - target.mean()
 
-        def misfit(t: float, i: int = i, rest: list = rest, target: np.ndarray = target) -> float:
-            logits = np.maximum(pre[i] * math.exp(-t) + c, 0) @ w2.T + c2
-            z = logits[rest] - logits[rest].mean()
-            return float(((z - target) ** 2).sum())
+        def misfit(t: float, i: int = i, rest: list = rest, target: Tensor = target) -> float:
+            z = logits(torch.full((len(labels),), math.exp(t), dtype=torch.float64))[i, rest]
+            return float(((z - z.mean() - target) ** 2).sum())
 
         grid = np.linspace(-12, 12, 97)
         t0 = grid[int(np.argmin([misfit(t) for t in grid]))]
-        out[i] = math.exp(
-            minimize_scalar(misfit, bounds=(t0 - 0.25, t0 + 0.25), method="bounded").x
-        )
-    return h / torch.from_numpy(out)[:, None]
+        best = minimize_scalar(misfit, bounds=(t0 - 0.25, t0 + 0.25), method="bounded")
+        scales[i] = math.exp(best.x)
+    return h / scales[:, None]
 
 
 def separate(

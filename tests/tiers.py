@@ -22,6 +22,7 @@ SLOW: frozenset[str] = frozenset(
         "test_accounting.py::test_flat_clip_defense_is_calibrated_on_twice_the_sensitivity",
         "test_accounting.py::test_the_papers_own_count_calibrates_the_sigma_the_paper_would_use",
         "test_attacks.py::test_ig_batched_equals_separate",
+        "test_vertex.py::test_a_batch_past_samplings_reach_is_recovered_exactly",
         "test_attacks.py::test_label_inference_batch_of_four",
         "test_attacks.py::test_lbfgs_attacks_run_on_several_images_at_once",
         "test_audit.py::test_correct_mechanism_is_never_violated_under_any_threat",

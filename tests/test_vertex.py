@@ -1,0 +1,154 @@
+"""privaudit.attacks.vertex: the output gradients of a ReLU layer that feeds the classifier,
+found as vertices of one polytope per class where SPEAR's sampling is out of reach (CPU).
+
+The batches are bundled photos (3×32×32) through a freshly initialised one-hidden-layer ReLU
+net; the gradient is computed independently of the attack (``test_attacks.observe``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from test_attacks import observe
+from torch import nn
+
+from privaudit.attacks import run_attack
+from privaudit.attacks.auto import choose
+from privaudit.attacks.disaggregation import pick_layer
+from privaudit.attacks.identifiability import layer_gradient, top_singular
+from privaudit.eval.metrics import match
+from privaudit.scenario.data import photos
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+vertex = sys.modules["privaudit.attacks.vertex"]
+spear_module = sys.modules["privaudit.attacks.spear"]
+
+
+def net(hidden: int = 256, seed: int = 0) -> nn.Module:
+    """Linear → ReLU → the classifier, on flattened photos."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+    ).eval()
+
+
+def batch(b: int, seed: int = 0):
+    data = photos()
+    idx = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(seed))[:b]
+    return data.train_x[idx], data.train_y[idx], data.mean, data.std
+
+
+def inputs(x: torch.Tensor, mean, std) -> torch.Tensor:
+    m, s = torch.tensor(mean).view(-1, 1, 1), torch.tensor(std).view(-1, 1, 1)
+    return ((x - m) / s).flatten(1).double()
+
+
+def errors(h: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Each true input's relative distance to its nearest recovered one."""
+    d = (truth[:, None] - h[None]).norm(dim=-1).min(1).values
+    return d / truth.norm(dim=-1)
+
+
+def test_a_batch_past_samplings_reach_is_recovered_exactly():
+    """B = 32 on a 256-unit layer: SPEAR's sampling expects ≈ 2e-4 finds, the vertex search
+    finds every output gradient exactly, and with all of them every input and label."""
+    b = 32
+    assert spear_module.expected_finds(256, b, 1 << 17) < spear_module.MIN_FINDS
+    x, y, mean, std = batch(b, seed=1)
+    model = net(seed=1)
+    obs = observe(model, x, y, mean=mean, std=std)
+    (rec,) = run_attack("spear", [obs], samples=1 << 17)
+    how = rec.meta["spear"]["how"]
+    assert rec.meta["recovered"] == b, how
+    assert "as vertices" in how
+    layer = pick_layer(obs)
+    dw, _ = layer_gradient(obs, layer)
+    sep = vertex.separate(obs, layer, top_singular(dw, b)[0], seed=0)
+    truth = inputs(x, mean, std)
+    cos = torch.nn.functional.cosine_similarity(sep.h[:, None], truth[None], dim=-1)
+    assert float(1 - cos.max(1).values.max()) < 1e-6  # each input's direction
+    assert float(errors(sep.h, truth).max()) < 1e-3  # and scale (from ê, to float32's 1e-4)
+    perm = match(x, rec.images)
+    assert bool((rec.labels[perm] == y).all())
+
+
+def output_gradients(model: nn.Module, x, y, mean, std) -> torch.Tensor:
+    """The true per-example output gradients of the hidden layer, d ⊙ W₂ᵀ(p − y), (B, m)."""
+    with torch.no_grad():
+        z = model[1](inputs(x, mean, std).float()).double()
+        p = torch.softmax(model[3](z.clamp_min(0).float()).double(), 1)
+    e = p - torch.eye(10, dtype=torch.float64)[y]
+    return (z > 0) * (e @ model[3].weight.detach().double())
+
+
+def test_clipping_and_scale_leave_the_output_gradients_exact():
+    """Each example's clip factor rescales its output gradient in ∂W and ∂c alike: the
+    vertex (normalised e_y = −1) does not see it. (p̄ is then read off the model at the
+    mean image, and the inputs' scale from log-odds, which a fresh model makes approximate.)"""
+    b = 16
+    x, y, mean, std = batch(b, seed=2)
+    model = net(seed=2)
+    obs = observe(model, x, y, mean=mean, std=std, clip=0.5, scale=-3.0)
+    layer = pick_layer(obs)
+    dw, _ = layer_gradient(obs, layer)
+    sep = vertex.separate(obs, layer, top_singular(dw, b)[0], seed=0)
+    k = int(sep.found.sum())
+    assert k >= 12, sep.meta["how"]
+    truth = output_gradients(model, x, y, mean, std)
+    cos = torch.nn.functional.cosine_similarity(sep.g[:, :k].T[:, None], truth[None], dim=-1)
+    assert float(1 - cos.max(1).values.min()) < 1e-6
+
+
+def test_a_wrong_mask_is_never_called_exact():
+    """The true ReLU pattern puts d ⊙ W₂ᵀe in the gradient's column space (e re-solved);
+    one active unit of median size switched off leaves it off by far more than EXACT."""
+    b = 16
+    x, y, mean, std = batch(b, seed=3)
+    model = net(seed=3)
+    obs = observe(model, x, y, mean=mean, std=std)
+    dw, _ = layer_gradient(obs, pick_layer(obs))
+    u = torch.linalg.qr(top_singular(dw, b)[0])[0].numpy()
+    w2 = model[3].weight.detach().double().numpy()
+    with torch.no_grad():
+        z = model[1](inputs(x, mean, std).float()).double()
+        p = torch.softmax(model[3](z.clamp_min(0).float()).double(), 1)
+    i, label = 0, int(y[0])
+    mask = (z[i] > 0).numpy()
+    delta, e, off = vertex.fit_delta(u, w2, mask, label)
+    truth = (p[i] - torch.eye(10, dtype=torch.float64)[label]).numpy()
+    assert off < 1e-5 and np.allclose(e, truth / -truth[label], atol=1e-4)
+    active = np.nonzero(mask)[0]
+    typical = active[np.argsort(np.abs(delta[active]))[len(active) // 2]]
+    wrong = mask.copy()
+    wrong[typical] = False
+    assert vertex.fit_delta(u, w2, wrong, label)[2] > 10 * vertex.EXACT
+
+
+def test_noise_or_a_layer_not_feeding_the_classifier_is_not_searched():
+    x, y, mean, std = batch(8, seed=4)
+    model = net(seed=4)
+    noisy = observe(model, x, y, mean=mean, std=std, noise=1e-6)
+    nxt, why = vertex.classifier_after(noisy, pick_layer(noisy))
+    assert nxt is None and "noised" in why
+    deep = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(3 * 32 * 32, 64),
+        nn.ReLU(),
+        nn.Linear(64, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+    obs = observe(deep.eval(), x, y, mean=mean, std=std)
+    nxt, why = vertex.classifier_after(obs, pick_layer(obs))
+    assert nxt is None and "not the classifier" in why
+
+
+def test_auto_picks_spear_past_the_sampling_where_the_layer_feeds_the_classifier():
+    x, y, mean, std = batch(32, seed=5)
+    obs = observe(net(seed=5), x, y, mean=mean, std=std)
+    name, why = choose(obs)
+    assert name == "spear" and "vertex" in why
