@@ -51,6 +51,11 @@ squares over ≈ m/2 rows instead of b − 1), and the scales from all m bias eq
 large against ``∂Z``'s entries erases the zero pattern: the filter then finds nothing, which
 ``meta`` reports — no claim that noise stops the attack is made beyond that count.
 
+**Past the sampling's reach** (``search="auto"``): where the layer's ReLU feeds the
+classifier, each example's column of ∂Z is ``d_i ⊙ W₂ᵀ(p_i − y_i)``, and :mod:`.vertex` finds
+it as a vertex of a per-class polytope by linear programming, at B where the sampling
+expects no find (``fedavg-cnn`` at B = 64).
+
 A layer after a convolutional trunk (``fedavg-cnn``'s FC 512) gives features; they are
 inverted to images by the ``fi`` attack's feature inversion (:mod:`.disaggregation`).
 """
