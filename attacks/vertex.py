@@ -14,8 +14,9 @@ sampling:
 
 - **Signs from the label.** For class y, ``W₂ᵀ e = W₂ᵀ (p − e_y) f / B``; where the batch's
   softmax outputs stay within ``spread`` of their mean ``p̄`` (``p̄ = ∂c₂ + n/B``, n the
-  label counts :mod:`.labels` estimates), the sign ``s_j`` of unit j's entry is that of
-  ``(W₂ᵀ(p̄ − e_y))_j`` on every unit where that value exceeds ``3 · spread · ‖W₂[:, j]‖``.
+  label counts :mod:`.labels` estimates; clipped, the model's softmax at the mean image),
+  the sign ``s_j`` of unit j's entry is that of ``(W₂ᵀ(p̄ − e_y))_j`` on every unit where
+  that value exceeds ``3 · spread · ‖W₂[:, j]‖``.
 - **The polytope.** With ``e`` normalised to ``e_y = −1`` (clip factor and 1 − p_y absorbed
   into the scale of q), every example of class y satisfies, on those units,
 
@@ -25,20 +26,27 @@ sampling:
   unit (active: the upper, inactive: the lower), several hundred tight constraints in
   B + C − 2 dimensions: a highly degenerate vertex, whose normal cone is wide. A linear
   programme with an objective pointing into that cone lands on it.
-- **The search.** Round-robin over the classes the counts name, one LP at a time (HiGHS):
-  objectives either a random combination of the units' activity, or — ``guided`` of the
-  time — the activity pattern of a mask already found with a share ``flip`` of its units
-  flipped (examples share most of their ReLU pattern). A vertex whose ratios
-  ``u_jᵀq / w₂_jᵀe`` are within ``binary`` of 0 or 1 on a share ``share`` of the signed
-  units is read as a mask; a cut (``mass`` and ``cut`` below) keeps the all-zero vertex and
-  each found mask out of later LPs of its class.
+- **The search.** Round-robin over the classes the counts name, one LP per class and round
+  (HiGHS, on as many threads as torch uses: it releases the GIL). Objectives are a random
+  combination of the units' activity or — ``GUIDED`` of the time — the pattern of a mask
+  already found with a share ``FLIP`` of its units flipped (examples share most of their
+  ReLU pattern). A vertex whose ratios ``u_jᵀq / w₂_jᵀe`` lie within ``BINARY`` of 0 or 1 on
+  a share ``SHARE`` of the signed units is read as a mask, and a cut (``MASS``, ``CUT``)
+  keeps the all-zero vertex and each mask out of later LPs of its class. Five sixths of the
+  budget run at half the ``spread`` (more signed units, sharper vertices), the rest at
+  ``spread`` (outputs further from p̄).
+- **The last few.** Once at most B / ``FEW`` are missing, the found Δ_K leave
+  ``R = (I − Δ_K Δ_K⁺) ∂W``, whose row space is exactly the missing examples' inputs
+  (:class:`MissingInputs`); objectives then come from the patterns of random inputs of that
+  span — with one missing, its own input up to sign and scale.
 - **Exactness.** Each mask is checked on *every* unit: d rounded from the vertex, e re-solved
-  by least squares so that ``d ⊙ W₂ᵀ e`` lies in span(U), and accepted only where it does to
-  ``exact`` (relative); a wrong mask misses by ≈ 1/√(active units) per wrong unit.
+  by least squares so that ``d ⊙ W₂ᵀ e`` lies in span(U) (the pattern re-read from its
+  projection up to ``REPAIRS`` times while that helps), and accepted only where it does to
+  ``EXACT`` (relative); a wrong unit misses by its share of δ's norm.
 - **Inputs.** With the found output gradients Δ_K, ``H = Δ_K⁺ ∂W`` gives their inputs —
   exact when all B are found, else each mixed with the missing ones' share. Each input's
-  scale is fitted so that the classifier's log-odds at it match those its δ carries
-  (``log e_k`` for k ≠ y, which neither the clip factor nor B changes).
+  scale: unclipped, from ``κ = (1 − p_y)/B`` (:func:`fit_scales`); clipped, from the
+  classifier's log-odds (approximate at a fresh model).
 
 Noise on the gradient moves δ_i off the vertex; the search is not run there and says so.
 ``benchmarks/disaggregation.py`` measures it on ``fedavg-cnn`` at B = 64.
@@ -47,7 +55,10 @@ Noise on the gradient moves δ_i off the vertex; the search is not run there and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -71,6 +82,8 @@ MASS = 0.25  # a vertex carries at least this share of its units' full activity
 CUT = 0.97  # a found mask is cut off by asking 3 % of its activity to go
 SLACK = 1e-4  # constraint slack, relative to the largest entry of W₂ᵀ(p̄ − e_y)
 FIXED_POINT = 30  # iterations of the unclipped scale's contraction
+REPAIRS = 5  # re-reads of a vertex's pattern from its projection
+FEW = 4  # mask guesses from the missing inputs' span once at most B / FEW are missing
 LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the batch
 
 
@@ -99,20 +112,22 @@ class ClassLP:
     sw: np.ndarray  # (k, C): s_j w₂_j
     a_ub: np.ndarray
     b_ub: np.ndarray
-    masks: list = field(default_factory=list)  # found masks on the signed units
+    masks: list = field(default_factory=list)  # the class's masks found so far, (m,) each
 
     def cut(self, mask: np.ndarray) -> None:
-        """Keep ``mask`` out of later LPs: at least 1 − CUT of its activity must go."""
-        row = np.concatenate(
-            [(self.su * mask[:, None]).sum(0), -CUT * (self.sw * mask[:, None]).sum(0)]
-        )
+        """Keep ``mask`` (m,) out of later LPs: at least 1 − CUT of its activity must go."""
+        on = mask[self.keep][:, None]
+        row = np.concatenate([(self.su * on).sum(0), -CUT * (self.sw * on).sum(0)])
         self.a_ub = np.vstack([self.a_ub, row[None]])
         self.b_ub = np.append(self.b_ub, 0.0)
+        self.masks.append(mask)
 
 
-def class_lp(u: np.ndarray, w2: np.ndarray, pbar: np.ndarray, label: int, spread: float) -> ClassLP:
+def class_lp(
+    u: np.ndarray, w2: np.ndarray, pbar: np.ndarray, label: int, spread: float, masks=()
+) -> ClassLP:
     """The polytope of class ``label`` (module docstring) for the orthonormal column basis
-    ``u`` (m, B) and the classifier weight ``w2`` (C, m)."""
+    ``u`` (m, B) and the classifier weight ``w2`` (C, m), with ``masks`` already cut off."""
     a = w2.T @ (pbar - np.eye(len(pbar))[label])
     keep = (np.abs(a) > 3 * spread * np.linalg.norm(w2, axis=0)) & (np.linalg.norm(u, axis=1) > 0)
     s = np.sign(a[keep])
@@ -123,7 +138,10 @@ def class_lp(u: np.ndarray, w2: np.ndarray, pbar: np.ndarray, label: int, spread
     mass = np.concatenate([-su.sum(0), MASS * sw.sum(0)])[None]
     slack = SLACK * float(np.abs(a).max())
     b_ub = np.concatenate([np.full(2 * k, slack), [0.0]])
-    return ClassLP(label, keep, su, sw, np.vstack([lower, upper, mass]), b_ub)
+    lp = ClassLP(label, keep, su, sw, np.vstack([lower, upper, mass]), b_ub)
+    for mask in masks:
+        lp.cut(mask)
+    return lp
 
 
 def solve_vertex(lp: ClassLP, objective: np.ndarray, b: int, classes: int) -> np.ndarray | None:
@@ -136,8 +154,9 @@ def solve_vertex(lp: ClassLP, objective: np.ndarray, b: int, classes: int) -> np
     ]
     obj = np.concatenate([objective, np.zeros(classes)])
     res = linprog(
-        obj, A_ub=lp.a_ub, b_ub=lp.b_ub, A_eq=a_eq, b_eq=[0.0, -1.0], bounds=bounds, method="highs"
-    )
+        obj, A_ub=lp.a_ub, b_ub=lp.b_ub, A_eq=a_eq, b_eq=[0.0, -1.0], bounds=bounds,
+        method="highs", options={"presolve": False},  # a fifth faster on these small LPs
+    )  # fmt: skip
     return res.x if res.status == 0 else None
 
 
@@ -165,6 +184,23 @@ def fit_delta(
     return delta, e, off / norm if norm > 0 else math.inf
 
 
+def repair(
+    u: np.ndarray, w2: np.ndarray, mask: np.ndarray, label: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """:func:`fit_delta` of ``mask``, re-read from its δ's projection onto span(u) while that
+    lowers the distance (up to ``REPAIRS`` times): a vertex a few units off its example's
+    pattern is pulled onto it."""
+    delta, e, off = fit_delta(u, w2, mask, label)
+    for _ in range(REPAIRS):
+        if off <= EXACT:
+            break
+        again = fit_delta(u, w2, read_mask(u, w2, u.T @ delta, e), label)
+        if again[2] >= off:
+            break
+        delta, e, off = again
+    return delta, e, off
+
+
 def batch_mean_softmax(obs: Observation, nxt: LinearLayer, counts: Tensor) -> np.ndarray:
     """``p̄``: unclipped, ``∂c₂ + n / B`` (the classifier's bias gradient), clamped to the
     simplex; clipped or without a bias (clip factors weigh ``∂c₂``), the model's softmax at
@@ -186,6 +222,74 @@ def batch_mean_softmax(obs: Observation, nxt: LinearLayer, counts: Tensor) -> np
     return torch.softmax(out.double(), 1)[0].cpu().numpy()
 
 
+def objective(lp: ClassLP, pool: list, rng: np.random.Generator) -> np.ndarray:
+    """One try's objective over q: a random combination of the signed units' activity, or —
+    a share ``GUIDED`` of the time once masks are found — a found mask with a share ``FLIP``
+    of its units flipped (module docstring)."""
+    if pool and rng.random() < GUIDED:
+        base = pool[rng.integers(len(pool))][lp.keep].astype(float)
+        weights = 2 * np.where(rng.random(len(base)) < FLIP, 1 - base, base) - 1
+    else:
+        weights = rng.standard_normal(int(lp.keep.sum()))
+    return -(weights[:, None] * lp.su).sum(0)
+
+
+def read_vertex(
+    lp: ClassLP, u: np.ndarray, w2: np.ndarray, x: np.ndarray | None
+) -> np.ndarray | None:
+    """The LP's vertex ``x`` = (q, e) as a new mask (m,) where it is binary on the signed
+    units (module docstring), cut off from ``lp``; else None."""
+    if x is None:
+        return None
+    b = u.shape[1]
+    q, e = x[:b], x[b:]
+    ratio = (u @ q)[lp.keep] / (w2.T @ e)[lp.keep]
+    if (np.minimum(np.abs(ratio), np.abs(ratio - 1)) < BINARY).mean() < SHARE:
+        return None
+    mask = read_mask(u, w2, q, e)
+    if any((mask != seen).sum() <= 3 for seen in lp.masks):
+        return None
+    lp.cut(mask)
+    return mask
+
+
+class MissingInputs:
+    """Mask guesses for the examples the search has not found. With the found output
+    gradients Δ_K, ``R = (I − Δ_K Δ_K⁺) ∂W = (I − Δ_K Δ_K⁺) Δ_u F_uᵀ`` has rank B − k and
+    row space span(F_u): the missing examples' inputs lie exactly in it (one missing: its
+    input up to sign and scale). A guess is a random input of that span, signed to a
+    positive sum where the inputs are ``nonnegative`` (a trunk's ReLU features; else either
+    sign), scaled so that its share of active units matches the found masks' (±10 %), read
+    through the layer: ``1[W f + c > 0]``."""
+
+    def __init__(
+        self, dw: np.ndarray, w: np.ndarray, c: np.ndarray, b: int, nonnegative: bool
+    ) -> None:
+        self.dw, self.w, self.c, self.b, self.nonnegative = dw, w, c, b, nonnegative
+        self.k = -1
+        self.span = np.zeros((0, dw.shape[1]))
+
+    def __call__(self, deltas: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        if len(deltas) != self.k:
+            self.k = len(deltas)
+            d = np.stack(deltas, 1)
+            r = self.dw - d @ np.linalg.lstsq(d, self.dw, rcond=None)[0]
+            lam, vec = np.linalg.eigh(r @ r.T)  # (m, m): R's left singular vectors
+            left = vec[:, -(self.b - self.k) :] if self.k < self.b else vec[:, :0]
+            self.span = left.T @ r  # rows span R's row space
+            self.share = float(np.mean([(d != 0).mean() for d in deltas]))
+        f = rng.standard_normal(len(self.span)) @ self.span
+        if (f.sum() < 0) if self.nonnegative else (rng.random() < 0.5):
+            f = -f
+        wf = self.w @ f
+        target = self.share * (1 + 0.2 * (rng.random() - 0.5))
+        scales = (
+            np.geomspace(1e-3, 1e3, 121) * np.linalg.norm(self.c) / max(np.linalg.norm(wf), 1e-300)
+        )
+        shares = ((scales[:, None] * wf[None] + self.c) > 0).mean(1)
+        return scales[int(np.argmin(np.abs(shares - target)))] * wf + self.c > 0
+
+
 def search(
     u: np.ndarray,
     w2: np.ndarray,
@@ -195,48 +299,50 @@ def search(
     lps: int,
     spread: float,
     seed: int,
+    workers: int = 1,
+    guess: Callable[[list[np.ndarray], np.random.Generator], np.ndarray] | None = None,
 ) -> tuple[list[tuple[int, np.ndarray, np.ndarray]], int]:
     """The search of the module docstring -> ([(label, δ (m,), e (C,)), …] exact finds, LPs
-    solved). Classes with a positive count come first; once every count is met (or where
-    the counts are short of B) every class is searched until B are found or ``lps`` run out."""
+    solved). Five sixths of ``lps`` at half the ``spread`` (more signed units, sharper
+    vertices), the rest at ``spread`` (for outputs further from p̄) with objectives, where
+    ``guess`` is given, from its guesses of a missing example's mask
+    (:class:`MissingInputs`). Each round tries every class short of its count (every class
+    once all counts are met), its LPs solved on ``workers`` threads (HiGHS releases the
+    GIL), until B are found."""
     b, classes = u.shape[1], w2.shape[0]
     rng = np.random.default_rng(seed)
-    lp = {c: class_lp(u, w2, pbar, c, spread) for c in range(classes)}
     found: list[tuple[int, np.ndarray, np.ndarray]] = []
-    pool: list[np.ndarray] = []  # found masks on all m units
+    pool: list[np.ndarray] = []  # found masks on all m units, found's order
     used = 0
-    while used < lps and len(found) < b:
-        short = [c for c in range(classes) if len(lp[c].masks) < counts[c]]
-        for c in short or [c for c in range(classes) if counts[c] or lp[c].masks] or range(classes):
-            if used >= lps or len(found) >= b:
-                break
-            one = lp[c]
-            if pool and rng.random() < GUIDED:
-                base = pool[rng.integers(len(pool))][one.keep].astype(float)
-                flip = rng.random(len(base)) < FLIP
-                weights = 2 * np.where(flip, 1 - base, base) - 1
-            else:
-                weights = rng.standard_normal(int(one.keep.sum()))
-            x = solve_vertex(one, -(weights[:, None] * one.su).sum(0), b, classes)
-            used += 1
-            if x is None:
-                continue
-            q, e = x[:b], x[b:]
-            ratio = (u @ q)[one.keep] / (w2.T @ e)[one.keep]
-            if (np.minimum(np.abs(ratio), np.abs(ratio - 1)) < BINARY).mean() < SHARE:
-                continue
-            mask = ratio > 0.5
-            if any((mask != seen).sum() <= 3 for seen in one.masks):
-                continue
-            one.masks.append(mask)
-            one.cut(mask)
-            delta, e, off = fit_delta(u, w2, read_mask(u, w2, q, e), c)
-            if off <= EXACT and not any(
-                abs(np.dot(delta, d0)) > (1 - 1e-9) * np.linalg.norm(delta) * np.linalg.norm(d0)
-                for _, d0, _ in found
-            ):
-                found.append((c, delta, e))
-                pool.append(delta != 0)
+    with ThreadPoolExecutor(max(1, workers)) as threads:
+        for width, until in ((spread / 2, 5 * lps // 6), (spread, lps)):
+            lp = {}
+            for c in range(classes):
+                masks = [m for (y, _, _), m in zip(found, pool, strict=True) if y == c]
+                lp[c] = class_lp(u, w2, pbar, c, width, masks)
+            while used < until and len(found) < b:
+                short = [c for c in range(classes) if sum(y == c for y, _, _ in found) < counts[c]]
+                tries = short or [c for c in range(classes) if counts[c]] or list(range(classes))
+                tries = tries[: until - used]
+                objs = [objective(lp[c], pool, rng) for c in tries]
+                if guess is not None and pool and b - len(found) <= max(1, b // FEW):
+                    masks = [guess([d for _, d, _ in found], rng) for _ in tries]
+                    objs = [
+                        -((2.0 * m[lp[c].keep] - 1)[:, None] * lp[c].su).sum(0)
+                        for c, m in zip(tries, masks, strict=True)
+                    ]
+                xs = threads.map(
+                    solve_vertex, [lp[c] for c in tries], objs, repeat(b), repeat(classes)
+                )
+                for c, x in zip(tries, list(xs), strict=True):
+                    used += 1
+                    mask = read_vertex(lp[c], u, w2, x)
+                    if mask is None or len(found) >= b:
+                        continue
+                    delta, e, off = repair(u, w2, mask, c)
+                    if off <= EXACT and not any(np.array_equal(delta != 0, m) for m in pool):
+                        found.append((c, delta, e))
+                        pool.append(delta != 0)
     return found, used
 
 
@@ -312,9 +418,12 @@ def separate(
     w2, _ = layer_params(obs, nxt)
     u, _ = torch.linalg.qr(basis.double())
     pbar = batch_mean_softmax(obs, nxt, counts)
+    w, c = layer_params(obs, layer)
+    missing = MissingInputs(dw.numpy(), w.numpy(), c.numpy(), b, not layer.takes_input)
     finds, used = search(
-        u.numpy(), w2.numpy(), pbar, counts.tolist(), lps=budget, spread=spread, seed=seed
-    )
+        u.numpy(), w2.numpy(), pbar, counts.tolist(), lps=budget, spread=spread, seed=seed,
+        workers=torch.get_num_threads(), guess=missing,
+    )  # fmt: skip
     meta = {"lps": used, "budget": budget, "spread": spread}
     if not finds:
         meta["how"] = f"vertex search: no exact output gradient in {used} LPs"

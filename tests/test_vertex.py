@@ -128,6 +128,26 @@ def test_a_wrong_mask_is_never_called_exact():
     assert vertex.fit_delta(u, w2, wrong, label)[2] > 10 * vertex.EXACT
 
 
+def test_the_residual_of_all_but_one_output_gradient_is_the_missing_input():
+    """With every output gradient but example j's found, (I − Δ_K Δ_K⁺) ∂W has rank one and
+    its row space is example j's input: one missing example is known up to sign and scale."""
+    b = 12
+    x, y, mean, std = batch(b, seed=6)
+    model = net(seed=6)
+    obs = observe(model, x, y, mean=mean, std=std)
+    layer = pick_layer(obs)
+    dw, _ = layer_gradient(obs, layer)
+    w, c = (t.detach().double().numpy() for t in (model[1].weight, model[1].bias))
+    missing = vertex.MissingInputs(dw.numpy(), w, c, b, nonnegative=False)
+    deltas = list(output_gradients(model, x, y, mean, std).numpy())
+    j = 5
+    missing(deltas[:j] + deltas[j + 1 :], np.random.default_rng(0))
+    truth = inputs(x, mean, std)[j].numpy()
+    (row,) = missing.span
+    cos = abs(row @ truth) / (np.linalg.norm(row) * np.linalg.norm(truth))
+    assert cos > 1 - 1e-6
+
+
 def test_noise_or_a_layer_not_feeding_the_classifier_is_not_searched():
     x, y, mean, std = batch(8, seed=4)
     model = net(seed=4)
