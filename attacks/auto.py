@@ -25,8 +25,9 @@ Exact closed forms first, optimisation where the maths leaves no closed form:
 
 Before 3 and 4, a batch (B > 1) goes to ``spear`` (:mod:`.spear`; Dimitrov et al. 2024)
 where its first linear layer is followed by a ReLU and its gradient has rank B, the message
-is noise-free and B ≤ ``spear.AUTO_MAX_B`` (the search is exponential in B): the batch is
-then separated exactly. Past that B, the Cocktail Party Attack (:mod:`.cpa`) where its
+is noise-free and B ≤ ``spear.AUTO_MAX_B`` (the search is exponential in B) — or, at any B
+the rank allows, where that ReLU feeds the classifier (the vertex search, :mod:`.vertex`):
+the batch is then separated exactly. Past that B, the Cocktail Party Attack (:mod:`.cpa`) where its
 first linear layer takes the image with a gradient of rank B and the next layer's row space
 pins every example (:func:`.cpa.applies`): ICA's approximate separation, made exact for most
 of the batch by the row-space refinement (:mod:`.rowspace`; ``benchmarks/disaggregation.py``).

@@ -99,8 +99,8 @@ def test_a_budget_too_small_recovers_part_of_the_batch_and_says_so():
 
 
 def test_features_below_a_trunk_are_separated_exactly():
-    """fedavg-cnn: the FC 512 layer's inputs are features, separated exactly (then inverted
-    to images by the fi attack's feature inversion, not run here)."""
+    """fedavg-cnn: the FC 512 layer's inputs are features, separated exactly by the paper's
+    sampling (then inverted to images by the fi attack's feature inversion, not run here)."""
     x, y, mean, std = batch(6, seed=5)
     model = build_model("fedavg-cnn", (3, 32, 32), 10, 5)
     obs = observe(model, x, y, mean=mean, std=std)
@@ -110,6 +110,7 @@ def test_features_below_a_trunk_are_separated_exactly():
     sep = spear_module.separate(
         obs, ly, layer, samples=20_000, tau=spear_module.TAU, greedy_rounds=4,
         next_layer=True, match=spear_module.MATCH, min_finds=0.0, seed=0, progress=False,
+        search_by="sample",
     )  # fmt: skip
     with torch.no_grad():
         m, s = torch.tensor(mean).view(-1, 1, 1), torch.tensor(std).view(-1, 1, 1)
