@@ -172,3 +172,17 @@ def test_auto_picks_spear_past_the_sampling_where_the_layer_feeds_the_classifier
     obs = observe(net(seed=5), x, y, mean=mean, std=std)
     name, why = choose(obs)
     assert name == "spear" and "vertex" in why
+
+
+def test_where_the_outputs_spread_far_nothing_is_found_and_auto_falls_back_to_ig():
+    """A classifier 20× larger spreads the softmax outputs far from their mean (as training
+    does): the label no longer fixes the signs, no mask is exact — none is claimed — and
+    ``auto`` runs IG instead, saying why."""
+    x, y, mean, std = batch(24, seed=7)
+    model = net(seed=7)
+    with torch.no_grad():
+        model[3].weight.mul_(20.0)
+    obs = observe(model, x, y, mean=mean, std=std)
+    (rec,) = run_attack("auto", [obs], iterations=3)
+    assert rec.meta["attack"] == "ig", rec.meta.get("auto")
+    assert "SPEAR found no example" in rec.meta["auto"]
