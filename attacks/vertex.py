@@ -259,8 +259,8 @@ class MissingInputs:
     row space span(F_u): the missing examples' inputs lie exactly in it (one missing: its
     input up to sign and scale). A guess is a random input of that span, signed to a
     positive sum where the inputs are ``nonnegative`` (a trunk's ReLU features; else either
-    sign), scaled so that its share of active units matches the found masks' (±10 %), read
-    through the layer: ``1[W f + c > 0]``."""
+    sign), scaled so that its share of active units matches a found mask's, read through
+    the layer: ``1[W f + c > 0]``."""
 
     def __init__(
         self, dw: np.ndarray, w: np.ndarray, c: np.ndarray, b: int, nonnegative: bool
@@ -274,18 +274,15 @@ class MissingInputs:
             self.k = len(deltas)
             d = np.stack(deltas, 1)
             r = self.dw - d @ np.linalg.lstsq(d, self.dw, rcond=None)[0]
-            lam, vec = np.linalg.eigh(r @ r.T)  # (m, m): R's left singular vectors
-            left = vec[:, -(self.b - self.k) :] if self.k < self.b else vec[:, :0]
-            self.span = left.T @ r  # rows span R's row space
-            self.share = float(np.mean([(d != 0).mean() for d in deltas]))
+            _, vec = np.linalg.eigh(r @ r.T)  # (m, m): R's left singular vectors, ascending
+            self.span = vec[:, vec.shape[1] - (self.b - self.k) :].T @ r  # B − k largest
         f = rng.standard_normal(len(self.span)) @ self.span
         if (f.sum() < 0) if self.nonnegative else (rng.random() < 0.5):
             f = -f
         wf = self.w @ f
-        target = self.share * (1 + 0.2 * (rng.random() - 0.5))
-        scales = (
-            np.geomspace(1e-3, 1e3, 121) * np.linalg.norm(self.c) / max(np.linalg.norm(wf), 1e-300)
-        )
+        target = float((deltas[rng.integers(len(deltas))] != 0).mean())  # a found share
+        base = np.linalg.norm(self.c) / max(float(np.linalg.norm(wf)), 1e-300)
+        scales = np.geomspace(1e-3, 1e3, 121) * base
         shares = ((scales[:, None] * wf[None] + self.c) > 0).mean(1)
         return scales[int(np.argmin(np.abs(shares - target)))] * wf + self.c > 0
 
@@ -304,11 +301,11 @@ def search(
 ) -> tuple[list[tuple[int, np.ndarray, np.ndarray]], int]:
     """The search of the module docstring -> ([(label, δ (m,), e (C,)), …] exact finds, LPs
     solved). Five sixths of ``lps`` at half the ``spread`` (more signed units, sharper
-    vertices), the rest at ``spread`` (for outputs further from p̄) with objectives, where
-    ``guess`` is given, from its guesses of a missing example's mask
-    (:class:`MissingInputs`). Each round tries every class short of its count (every class
-    once all counts are met), its LPs solved on ``workers`` threads (HiGHS releases the
-    GIL), until B are found."""
+    vertices), the rest at ``spread`` (for outputs further from p̄); once at most B / FEW are
+    missing, objectives from ``guess``'s patterns of a missing example (:class:`MissingInputs`)
+    where it is given. Each round tries every class short of its count (every class once all
+    counts are met), its LPs solved on ``workers`` threads (HiGHS releases the GIL), until B
+    are found."""
     b, classes = u.shape[1], w2.shape[0]
     rng = np.random.default_rng(seed)
     found: list[tuple[int, np.ndarray, np.ndarray]] = []
