@@ -422,7 +422,6 @@ def separate(
     gen = torch.Generator().manual_seed(int(seed))
     expect = expected_finds(m, b, samples)
     meta: dict = {"samples": samples, "batch": b, "expected_finds": expect}
-    reach = expect >= min_finds
     if search_by == "vertex" or (
         search_by == "auto" and vertex.classifier_after(obs, layer)[0] is not None
     ):
@@ -433,7 +432,7 @@ def separate(
     h = torch.zeros(b, ly.R.shape[1], dtype=torch.float64)
     g = torch.zeros(m, b, dtype=torch.float64)
     found = torch.zeros(b, dtype=torch.bool)
-    if not reach:
+    if expect < min_finds:
         meta["how"] = (
             f"not searched: {samples} uniform samples expect {expect:.1e} finds at B = {b} "
             f"(each hits an example with probability ≈ 2^−(B−1)); raise samples"
