@@ -116,9 +116,8 @@ def auto(
 ) -> list[Reconstruction]:
     """Each observation attacked by :func:`choose`'s pick (observation i with seed
     ``seed + i``); an R-GAP pick whose rank condition fails becomes IG started from R-GAP's
-    recovery, a SPEAR pick that finds no example becomes IG; an IG pick whose features
-    solve the classifier's equations to a squared relative residual of at most
-    ``fi_residual`` goes to ``fi``. ``lr``/``tv`` (None: the defaults)
+    recovery; an IG pick whose features solve the classifier's equations to a squared
+    relative residual of at most ``fi_residual`` goes to ``fi``. ``lr``/``tv`` (None: the defaults)
     and ``iterations``/``restarts`` reach IG and ``fi`` only."""
     obs = as_list(observations)
     common: dict[str, Any] = {"device": device, "progress": progress}
@@ -148,10 +147,6 @@ def auto(
             (rec,) = analytic(o, **common)
         elif attack == "spear":
             (rec,) = spear(o, seed=seed + i, device=device, progress=progress, **opt)
-            if not rec.meta.get("recovered"):  # e.g. a trained model: outputs far from p̄
-                how = rec.meta.get("spear", {}).get("how", "")
-                (rec,) = ig(o, seed=seed + i, **common, **opt)
-                attack, why = "ig", f"{why}; SPEAR found no example ({how}): IG"
         elif attack == "cpa":
             (rec,) = cpa(o, seed=seed + i, device=device, progress=progress)
         elif attack == "rgap":

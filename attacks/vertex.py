@@ -30,25 +30,30 @@ sampling:
   (HiGHS, on as many threads as torch uses: it releases the GIL). Objectives are a random
   combination of the units' activity or — ``GUIDED`` of the time — the pattern of a mask
   already found with a share ``FLIP`` of its units flipped (examples share most of their
-  ReLU pattern). A vertex whose ratios ``u_jᵀq / w₂_jᵀe`` lie within ``BINARY`` of 0 or 1 on
-  a share ``SHARE`` of the signed units is read as a mask, and a cut (``MASS``, ``CUT``)
-  keeps the all-zero vertex and each mask out of later LPs of its class. Five sixths of the
+  ReLU pattern). Each vertex is read as a mask and repaired (below); a cut (``MASS``,
+  ``CUT``) keeps the all-zero vertex, each example found and each binary vertex that is no
+  example (ratios ``u_jᵀq / w₂_jᵀe`` within ``BINARY`` of 0 or 1 on a share ``SHARE`` of the
+  signed units) out of later LPs of its class. Five sixths of the
   budget run at half the ``spread`` (more signed units, sharper vertices), the rest at
   ``spread`` (outputs further from p̄).
 - **The last few.** Once at most B / ``FEW`` are missing, the found Δ_K leave
   ``R = (I − Δ_K Δ_K⁺) ∂W``, whose row space is exactly the missing examples' inputs
   (:class:`MissingInputs`); objectives then come from the patterns of random inputs of that
   span — with one missing, its own input up to sign and scale.
-- **Exactness.** Each mask is checked on *every* unit: d rounded from the vertex, e re-solved
-  by least squares so that ``d ⊙ W₂ᵀ e`` lies in span(U) (the pattern re-read from its
-  projection up to ``REPAIRS`` times while that helps), and accepted only where it does to
-  ``EXACT`` (relative); a wrong unit misses by its share of δ's norm.
+- **Exactness.** Each mask is checked on *every* unit (the m − B units beyond the batch
+  must outnumber e's C − 1 free entries ``CHECKS`` times, else the search is not run): d
+  rounded from the vertex, e re-solved by least squares so that ``d ⊙ W₂ᵀ e`` lies in
+  span(U) (the pattern re-read from its projection up to ``REPAIRS`` times while that
+  helps), and accepted only where it does to ``EXACT`` (relative); a wrong unit misses by
+  its share of δ's norm.
 - **Inputs.** With the found output gradients Δ_K, ``H = Δ_K⁺ ∂W`` gives their inputs —
-  exact when all B are found, else each mixed with the missing ones' share. Each input's
-  scale: unclipped, from ``κ = (1 − p_y)/B`` (:func:`fit_scales`); clipped, from the
-  classifier's log-odds (approximate at a fresh model).
+  exact when all B are found, else each mixed with the missing ones' share — and the bias
+  gradient ``∂c = Δ_K t`` their scales (:func:`fit_scales`).
 
-Noise on the gradient moves δ_i off the vertex; the search is not run there and says so.
+**Noise** N(0, σ²) per coordinate turns span(U) away from the output gradients by about
+``angle = σ(√m + √n) / s_B`` (the noise's largest singular value over the B-th of ∂W): the
+constraints get a slack of three times what that moves an entry, and a mask is exact within
+``3 · angle``. Above ``ANGLE`` the search is not run, and says so.
 ``benchmarks/disaggregation.py`` measures it on ``fedavg-cnn`` at B = 64.
 """
 
@@ -62,13 +67,13 @@ from itertools import repeat
 
 import numpy as np
 import torch
-from scipy.optimize import linprog, minimize_scalar
+from scipy.optimize import linprog
 from torch import Tensor
 
 from privaudit.core.observation import Observation
 
 from .disaggregation import Separated, images_from_inputs, layer_params
-from .identifiability import LinearLayer, layer_gradient, linear_layers
+from .identifiability import LinearLayer, layer_gradient, linear_layers, noise_edge, top_singular
 from .labels import labels_for
 from .rowspace import next_layer
 
@@ -81,8 +86,12 @@ GUIDED = 0.75  # the share of guided objectives once a mask is found
 MASS = 0.25  # a vertex carries at least this share of its units' full activity
 CUT = 0.97  # a found mask is cut off by asking 3 % of its activity to go
 SLACK = 1e-4  # constraint slack, relative to the largest entry of W₂ᵀ(p̄ − e_y)
-FIXED_POINT = 30  # iterations of the unclipped scale's contraction
+ANGLE = 0.05  # noise turning the column space by more than this: not searched
+FIXED_POINT = 30  # iterations of the scale's contraction (a layer without bias)
 REPAIRS = 5  # re-reads of a vertex's pattern from its projection
+VALID = 1e-2  # a fitted e with an entry below −VALID is no softmax output
+CHECKS = 4  # a mask is checked only with this many spare units (m − B) per free output
+SAME_UNITS = 3  # masks differing on at most this many units are one example's
 FEW = 4  # mask guesses from the missing inputs' span once at most B / FEW are missing
 LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the batch
 
@@ -95,8 +104,6 @@ def classifier_after(obs: Observation, layer: LinearLayer) -> tuple[LinearLayer 
         return None, f"{layer.module} is not followed by a ReLU and a linear layer in the message"
     if linear_layers(obs.model)[-1].module != nxt.module:
         return None, f"{nxt.module} is not the classifier (its output gradient is not p − y)"
-    if obs.noise_std:
-        return None, "the gradient is noised: the output gradients are off the vertices"
     if obs.terms:
         return None, "the observation is a sum of gradient terms"
     return nxt, ""
@@ -124,10 +131,18 @@ class ClassLP:
 
 
 def class_lp(
-    u: np.ndarray, w2: np.ndarray, pbar: np.ndarray, label: int, spread: float, masks=()
+    u: np.ndarray,
+    w2: np.ndarray,
+    pbar: np.ndarray,
+    label: int,
+    spread: float,
+    masks=(),
+    angle: float = 0.0,
 ) -> ClassLP:
     """The polytope of class ``label`` (module docstring) for the orthonormal column basis
-    ``u`` (m, B) and the classifier weight ``w2`` (C, m), with ``masks`` already cut off."""
+    ``u`` (m, B) and the classifier weight ``w2`` (C, m), with ``masks`` already cut off;
+    ``angle``: how far noise turns span(u) from the output gradients' (each entry of a true
+    δ's projection then moves by about ``angle · ‖δ‖ / √m``, three times which is allowed)."""
     a = w2.T @ (pbar - np.eye(len(pbar))[label])
     keep = (np.abs(a) > 3 * spread * np.linalg.norm(w2, axis=0)) & (np.linalg.norm(u, axis=1) > 0)
     s = np.sign(a[keep])
@@ -136,7 +151,9 @@ def class_lp(
     lower = np.hstack([-su, np.zeros((k, c))])
     upper = np.hstack([su, -sw])
     mass = np.concatenate([-su.sum(0), MASS * sw.sum(0)])[None]
-    slack = SLACK * float(np.abs(a).max())
+    slack = max(
+        SLACK * float(np.abs(a).max()), 3 * angle * float(np.linalg.norm(a)) / math.sqrt(len(a))
+    )
     b_ub = np.concatenate([np.full(2 * k, slack), [0.0]])
     lp = ClassLP(label, keep, su, sw, np.vstack([lower, upper, mass]), b_ub)
     for mask in masks:
@@ -170,18 +187,24 @@ def read_mask(u: np.ndarray, w2: np.ndarray, q: np.ndarray, e: np.ndarray) -> np
 def fit_delta(
     u: np.ndarray, w2: np.ndarray, mask: np.ndarray, label: int
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """For a ReLU pattern ``mask`` (m,), the e (e_y = −1) that brings ``mask ⊙ W₂ᵀ e`` nearest
-    span(u), by least squares -> (that δ (m,), e (C,), its relative distance from span(u);
-    0 for a true pattern, ≈ |δ_j| / ‖δ‖ for one wrong unit j)."""
+    """For a ReLU pattern ``mask`` (m,), the e of a softmax output — e_y = −1 and the rest
+    ``p_k / (1 − p_y)``, summing to 1 — that brings ``mask ⊙ W₂ᵀ e`` nearest span(u), by least
+    squares with that sum as a (heavily weighted) equation -> (that δ (m,), e (C,), its
+    relative distance from span(u): 0 for a true pattern, ≈ |δ_j| / ‖δ‖ for one wrong unit
+    j; ∞ where e is no softmax output, an entry below −``VALID``)."""
     cols = w2.T * mask[:, None]  # (m, C)
     cols = cols - u @ (u.T @ cols)  # off span(u)
     rest = [k for k in range(w2.shape[0]) if k != label]
+    weight = 10.0 * float(np.linalg.norm(cols)) + 1e-300
+    lhs = np.vstack([cols[:, rest], np.full((1, len(rest)), weight)])
+    rhs = np.concatenate([cols[:, label], [weight]])
     e = np.zeros(w2.shape[0])
-    e[label], e[rest] = -1.0, np.linalg.lstsq(cols[:, rest], cols[:, label], rcond=None)[0]
+    e[label], e[rest] = -1.0, np.linalg.lstsq(lhs, rhs, rcond=None)[0]
     delta = mask * (w2.T @ e)
     norm = float(np.linalg.norm(delta))
-    off = float(np.linalg.norm(delta - u @ (u.T @ delta)))
-    return delta, e, off / norm if norm > 0 else math.inf
+    if norm == 0 or e[rest].min() < -VALID:
+        return delta, e, math.inf
+    return delta, e, float(np.linalg.norm(delta - u @ (u.T @ delta))) / norm
 
 
 def repair(
@@ -236,21 +259,16 @@ def objective(lp: ClassLP, pool: list, rng: np.random.Generator) -> np.ndarray:
 
 def read_vertex(
     lp: ClassLP, u: np.ndarray, w2: np.ndarray, x: np.ndarray | None
-) -> np.ndarray | None:
-    """The LP's vertex ``x`` = (q, e) as a new mask (m,) where it is binary on the signed
-    units (module docstring), cut off from ``lp``; else None."""
+) -> tuple[np.ndarray, bool] | None:
+    """The LP's vertex ``x`` = (q, e) as a mask (m,), and whether it is binary — its ratios
+    within ``BINARY`` of 0 or 1 on a share ``SHARE`` of the signed units; None without one."""
     if x is None:
         return None
     b = u.shape[1]
     q, e = x[:b], x[b:]
     ratio = (u @ q)[lp.keep] / (w2.T @ e)[lp.keep]
-    if (np.minimum(np.abs(ratio), np.abs(ratio - 1)) < BINARY).mean() < SHARE:
-        return None
-    mask = read_mask(u, w2, q, e)
-    if any((mask != seen).sum() <= 3 for seen in lp.masks):
-        return None
-    lp.cut(mask)
-    return mask
+    binary = (np.minimum(np.abs(ratio), np.abs(ratio - 1)) < BINARY).mean() >= SHARE
+    return read_mask(u, w2, q, e), bool(binary)
 
 
 class MissingInputs:
@@ -298,6 +316,7 @@ def search(
     seed: int,
     workers: int = 1,
     guess: Callable[[list[np.ndarray], np.random.Generator], np.ndarray] | None = None,
+    angle: float = 0.0,
 ) -> tuple[list[tuple[int, np.ndarray, np.ndarray]], int]:
     """The search of the module docstring -> ([(label, δ (m,), e (C,)), …] exact finds, LPs
     solved). Five sixths of ``lps`` at half the ``spread`` (more signed units, sharper
@@ -305,7 +324,8 @@ def search(
     missing, objectives from ``guess``'s patterns of a missing example (:class:`MissingInputs`)
     where it is given. Each round tries every class short of its count (every class once all
     counts are met), its LPs solved on ``workers`` threads (HiGHS releases the GIL), until B
-    are found."""
+    are found. ``angle``: the noise's turn of span(u) (:func:`class_lp`); a mask is then
+    exact within ``3 · angle`` instead of ``EXACT``."""
     b, classes = u.shape[1], w2.shape[0]
     rng = np.random.default_rng(seed)
     found: list[tuple[int, np.ndarray, np.ndarray]] = []
@@ -316,7 +336,7 @@ def search(
             lp = {}
             for c in range(classes):
                 masks = [m for (y, _, _), m in zip(found, pool, strict=True) if y == c]
-                lp[c] = class_lp(u, w2, pbar, c, width, masks)
+                lp[c] = class_lp(u, w2, pbar, c, width, masks, angle)
             while used < until and len(found) < b:
                 short = [c for c in range(classes) if sum(y == c for y, _, _ in found) < counts[c]]
                 tries = short or [c for c in range(classes) if counts[c]] or list(range(classes))
@@ -333,13 +353,18 @@ def search(
                 )
                 for c, x in zip(tries, list(xs), strict=True):
                     used += 1
-                    mask = read_vertex(lp[c], u, w2, x)
-                    if mask is None or len(found) >= b:
+                    hit = read_vertex(lp[c], u, w2, x)
+                    if hit is None or len(found) >= b:
                         continue
-                    delta, e, off = repair(u, w2, mask, c)
-                    if off <= EXACT and not any(np.array_equal(delta != 0, m) for m in pool):
-                        found.append((c, delta, e))
-                        pool.append(delta != 0)
+                    delta, e, off = repair(u, w2, hit[0], c)
+                    mask = delta != 0
+                    if off <= max(EXACT, 3 * angle):
+                        if not any((mask != m).sum() <= SAME_UNITS for m in pool):
+                            found.append((c, delta, e))
+                            pool.append(mask)
+                            lp[c].cut(mask)
+                    elif hit[1] and not any((hit[0] != m).sum() <= SAME_UNITS for m in lp[c].masks):
+                        lp[c].cut(hit[0])  # a binary vertex that is no example
     return found, used
 
 
@@ -348,45 +373,27 @@ def fit_scales(
     layer: LinearLayer,
     nxt: LinearLayer,
     h: Tensor,
-    e: np.ndarray,
+    deltas: Tensor,
     labels: list[int],
 ) -> Tensor:
-    """The inputs ``h`` (k, n), found with δ normalised to ``e_y = −1``, at their true scale.
-    Unclipped, ``δ_i = (1 − p_y) / B · δ̂_i``, so ``h_i = ĥ_i / κ_i`` with
-    ``κ_i = (1 − p_y(ĥ_i / κ_i)) / B``: a contraction (p_y moves little with κ), iterated.
-    Clipped, an unknown factor joins κ; the scale is then the one at which the classifier's
-    log-odds between the other classes match ``log e_k`` (module docstring) — at a fresh
-    initialisation those log-odds are nearly flat in the scale, so this is approximate."""
+    """The inputs ``h`` (k, n) found with the output gradients ``deltas`` (m, k), each known
+    up to a factor t_i (the normalisation e_y = −1, 1 − p_y, B and the clip factor), at their
+    true scale ``h_i / t_i``. With a bias, ``∂c = Σ_i t_i δ̂_i``: t by least squares over its
+    m equations (SPEAR's scales, the paper's §4), exact once all B are found and unchanged by
+    clipping. Without one, unclipped, ``t_i = (1 − p_y(h_i / t_i)) / B``: a contraction
+    (p_y moves little with t), iterated; clipped, that leaves the clip factor in the scale."""
+    _, db = layer_gradient(obs, layer)
+    if db is not None:
+        t = torch.linalg.lstsq(deltas, db[:, None]).solution[:, 0]
+        return h / t[:, None]
     w, c = layer_params(obs, layer)
     w2, c2 = layer_params(obs, nxt)
-    pre, b = h @ w.T, int(obs.batch_size)
-    y = torch.as_tensor(labels)
-
-    def logits(scale: Tensor) -> Tensor:
-        return (pre / scale[:, None] + c).clamp_min(0) @ w2.T + c2
-
-    if obs.clip is None:
-        kappa = torch.full((len(labels),), 1.0 / b, dtype=torch.float64)
-        for _ in range(FIXED_POINT):
-            kappa = (1 - torch.softmax(logits(kappa), 1)[torch.arange(len(labels)), y]) / b
-        return h / kappa[:, None]
-    scales = torch.ones(len(labels), dtype=torch.float64)
-    for i, label in enumerate(labels):
-        rest = [k for k in range(len(c2)) if k != label and e[i, k] > 0]
-        if len(rest) < 2:
-            continue
-        target = torch.log(torch.as_tensor(e[i, rest]))
-        target = target - target.mean()
-
-        def misfit(t: float, i: int = i, rest: list = rest, target: Tensor = target) -> float:
-            z = logits(torch.full((len(labels),), math.exp(t), dtype=torch.float64))[i, rest]
-            return float(((z - z.mean() - target) ** 2).sum())
-
-        grid = np.linspace(-12, 12, 97)
-        t0 = grid[int(np.argmin([misfit(t) for t in grid]))]
-        best = minimize_scalar(misfit, bounds=(t0 - 0.25, t0 + 0.25), method="bounded")
-        scales[i] = math.exp(best.x)
-    return h / scales[:, None]
+    pre, b, y = h @ w.T, int(obs.batch_size), torch.as_tensor(labels)
+    t = torch.full((len(labels),), 1.0 / b, dtype=torch.float64)
+    for _ in range(FIXED_POINT):
+        logits = (pre / t[:, None] + c).clamp_min(0) @ w2.T + c2
+        t = (1 - torch.softmax(logits, 1)[torch.arange(len(labels)), y]) / b
+    return h / t[:, None]
 
 
 def separate(
@@ -409,7 +416,19 @@ def separate(
     nxt, why = classifier_after(obs, layer)
     if nxt is None:
         return Separated(h, g, found, {"how": f"vertex search not run: {why}"})
+    spare = dw.shape[0] - b
+    if spare < CHECKS * (int(obs.num_classes) - 1):
+        why = (
+            f"{layer.module} has {dw.shape[0]} units for B = {b}: {spare} equations beyond the "
+            f"batch cannot check a mask against its {int(obs.num_classes) - 1} free outputs"
+        )
+        return Separated(h, g, found, {"how": f"vertex search not run: {why}"})
     budget = LPS_PER_EXAMPLE * b if lps is None else int(lps)
+    sv = top_singular(dw, b)[1]
+    angle = noise_edge(obs, tuple(dw.shape), margin=1.0) / float(sv[b - 1]) if b <= len(sv) else 1.0
+    if angle > ANGLE:
+        why = f"the noise turns the gradient's column space by ≈ {angle:.2g} (> {ANGLE})"
+        return Separated(h, g, found, {"how": f"vertex search not run: {why}", "angle": angle})
     estimate, _ = labels_for(obs, "auto")
     counts = torch.bincount(estimate.cpu(), minlength=int(obs.num_classes))
     w2, _ = layer_params(obs, nxt)
@@ -419,17 +438,16 @@ def separate(
     missing = MissingInputs(dw.numpy(), w.numpy(), c.numpy(), b, not layer.takes_input)
     finds, used = search(
         u.numpy(), w2.numpy(), pbar, counts.tolist(), lps=budget, spread=spread, seed=seed,
-        workers=torch.get_num_threads(), guess=missing,
+        workers=torch.get_num_threads(), guess=missing, angle=angle,
     )  # fmt: skip
-    meta = {"lps": used, "budget": budget, "spread": spread}
+    meta = {"lps": used, "budget": budget, "spread": spread, "angle": angle}
     if not finds:
         meta["how"] = f"vertex search: no exact output gradient in {used} LPs"
         return Separated(h, g, found, meta)
     k = len(finds)
     deltas = torch.from_numpy(np.stack([d for _, d, _ in finds], 1))  # (m, k)
     inputs = torch.linalg.lstsq(deltas, dw).solution  # (k, n)
-    e = np.stack([e for _, _, e in finds])
-    h[:k] = fit_scales(obs, layer, nxt, inputs, e, [y for y, _, _ in finds])
+    h[:k] = fit_scales(obs, layer, nxt, inputs, deltas, [y for y, _, _ in finds])
     g[:, :k], found[:k] = deltas, True
     meta["how"] = (
         f"{k} of {b} output gradients found exactly as vertices of their class's polytope "
