@@ -415,7 +415,7 @@ def separate(
     finds: :func:`expected_finds`), or — with ``next_layer`` where the next layer allows it — the
     search that solves each found example from the next layer and deflates past it.
     ``search_by``: "vertex" runs :mod:`.vertex`'s LP search instead; "auto" runs it wherever
-    it applies (a noise-free gradient of a layer that feeds the classifier: it checks every
+    it applies (a layer that feeds the classifier, with noise small enough: it checks every
     find on every unit, and on ``fedavg-cnn`` beats the sampling at B = 8 and 16 too);
     "sample" never."""
     m, b = ly.L.shape
@@ -517,7 +517,7 @@ def spear(
     with ``next_layer`` each found example is solved from the next layer and deflated. Where
     the layer's input is not the image, ``iterations`` (default 1000) and ``restarts`` of
     feature inversion at step ``lr`` with TV weight ``tv`` turn features into images.
-    ``search``: "auto" hands a noise-free layer that feeds the classifier to :mod:`.vertex`'s
+    ``search``: "auto" hands a layer that feeds the classifier to :mod:`.vertex`'s
     LP search (``lps`` LPs; default 12 per example), "sample" keeps the paper's sampling,
     "vertex" always searches vertices.
     ``loss`` is 1 − the fraction of examples recovered."""

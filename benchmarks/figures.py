@@ -165,7 +165,8 @@ JOBS = [
     Job(
         "disaggregation-cnn",
         [*BENCH, "benchmarks/disaggregation.py", "--models", "fedavg-cnn", "--attacks"]
-        + ["spear,cpa", "--batch-sizes", "8,64", "--batches", "2", "--threads", "2"]
+        + ["spear,cpa", "--batch-sizes", "8,64", "--sigmas", "0,1e-6,1e-5", "--batches", "2"]
+        + ["--threads", "2"]
         + ["--data-root", "{data}", "--markdown", "{figures}/disaggregation/cnn.md"],
         ["disaggregation/cnn.md"],
         mnist=True,
