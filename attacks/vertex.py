@@ -92,6 +92,7 @@ REPAIRS = 5  # re-reads of a vertex's pattern from its projection
 VALID = 1e-2  # a fitted e with an entry below −VALID is no softmax output
 CHECKS = 4  # a mask is checked only with this many spare units (m − B) per free output
 SAME_UNITS = 3  # masks differing on at most this many units are one example's
+NEAR_SHARE = 0.1  # a guess's scale: any pattern along s f within this share of a found one
 FEW = 4  # mask guesses from the missing inputs' span once at most B / FEW are missing
 LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the batch
 
@@ -277,8 +278,9 @@ class MissingInputs:
     row space span(F_u): the missing examples' inputs lie exactly in it (one missing: its
     input up to sign and scale). A guess is a random input of that span, signed to a
     positive sum where the inputs are ``nonnegative`` (a trunk's ReLU features; else either
-    sign), scaled so that its share of active units matches a found mask's, read through
-    the layer: ``1[W f + c > 0]``."""
+    sign), read through the layer as ``1[s W f + c > 0]`` at a scale s drawn among the
+    patterns along the ray whose share of active units is within ``NEAR_SHARE`` of a found
+    mask's (each of the ray's ≤ m + 1 patterns is one interval of s)."""
 
     def __init__(
         self, dw: np.ndarray, w: np.ndarray, c: np.ndarray, b: int, nonnegative: bool
@@ -298,11 +300,18 @@ class MissingInputs:
         if (f.sum() < 0) if self.nonnegative else (rng.random() < 0.5):
             f = -f
         wf = self.w @ f
+        cuts = -self.c / np.where(wf == 0, np.inf, wf)  # where a unit switches along s f
+        cuts = np.unique(cuts[cuts > 0])
+        if len(cuts) == 0:
+            return wf + self.c > 0
+        scales = np.concatenate([[cuts[0] / 2], (cuts[1:] + cuts[:-1]) / 2, [2 * cuts[-1]]])
+        shares = ((scales[:, None] * wf[None] + self.c) > 0).mean(1)  # one per pattern
         target = float((deltas[rng.integers(len(deltas))] != 0).mean())  # a found share
-        base = np.linalg.norm(self.c) / max(float(np.linalg.norm(wf)), 1e-300)
-        scales = np.geomspace(1e-3, 1e3, 121) * base
-        shares = ((scales[:, None] * wf[None] + self.c) > 0).mean(1)
-        return scales[int(np.argmin(np.abs(shares - target)))] * wf + self.c > 0
+        near = np.flatnonzero(np.abs(shares - target) <= NEAR_SHARE)
+        pick = (
+            near[rng.integers(len(near))] if len(near) else int(np.argmin(np.abs(shares - target)))
+        )
+        return scales[pick] * wf + self.c > 0
 
 
 def search(
@@ -331,6 +340,18 @@ def search(
     found: list[tuple[int, np.ndarray, np.ndarray]] = []
     pool: list[np.ndarray] = []  # found masks on all m units, found's order
     used = 0
+
+    def take(c: int, delta: np.ndarray, e: np.ndarray, off: float) -> bool:
+        """Keep an exact, new output gradient of class c (and cut it off from its LP)."""
+        mask = delta != 0
+        if off > max(EXACT, 3 * angle) or len(found) >= b:
+            return False
+        if not any((mask != m).sum() <= SAME_UNITS for m in pool):
+            found.append((c, delta, e))
+            pool.append(mask)
+            lp[c].cut(mask)
+        return True
+
     with ThreadPoolExecutor(max(1, workers)) as threads:
         for width, until in ((spread / 2, 5 * lps // 6), (spread, lps)):
             lp = {}
@@ -344,6 +365,8 @@ def search(
                 objs = [objective(lp[c], pool, rng) for c in tries]
                 if guess is not None and pool and b - len(found) <= max(1, b // FEW):
                     masks = [guess([d for _, d, _ in found], rng) for _ in tries]
+                    for c, m in zip(tries, masks, strict=True):  # the guess itself, repaired
+                        take(c, *repair(u, w2, m, c))
                     objs = [
                         -((2.0 * m[lp[c].keep] - 1)[:, None] * lp[c].su).sum(0)
                         for c, m in zip(tries, masks, strict=True)
@@ -354,16 +377,11 @@ def search(
                 for c, x in zip(tries, list(xs), strict=True):
                     used += 1
                     hit = read_vertex(lp[c], u, w2, x)
-                    if hit is None or len(found) >= b:
+                    if hit is None:
                         continue
-                    delta, e, off = repair(u, w2, hit[0], c)
-                    mask = delta != 0
-                    if off <= max(EXACT, 3 * angle):
-                        if not any((mask != m).sum() <= SAME_UNITS for m in pool):
-                            found.append((c, delta, e))
-                            pool.append(mask)
-                            lp[c].cut(mask)
-                    elif hit[1] and not any((hit[0] != m).sum() <= SAME_UNITS for m in lp[c].masks):
+                    if take(c, *repair(u, w2, hit[0], c)):
+                        continue
+                    if hit[1] and not any((hit[0] != m).sum() <= SAME_UNITS for m in lp[c].masks):
                         lp[c].cut(hit[0])  # a binary vertex that is no example
     return found, used
 
