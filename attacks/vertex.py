@@ -99,7 +99,8 @@ LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the bat
 
 def classifier_after(obs: Observation, layer: LinearLayer) -> tuple[LinearLayer | None, str]:
     """The classifier right after ``layer``'s ReLU (``Linear → ReLU → Linear`` with the last
-    linear layer giving the logits), or None and why the search does not apply."""
+    linear layer giving the logits) where the layer has units enough beyond B to check a
+    mask (``CHECKS``), or None and why the search does not apply."""
     nxt = next_layer(obs, layer)
     if nxt is None:
         return None, f"{layer.module} is not followed by a ReLU and a linear layer in the message"
@@ -107,6 +108,12 @@ def classifier_after(obs: Observation, layer: LinearLayer) -> tuple[LinearLayer 
         return None, f"{nxt.module} is not the classifier (its output gradient is not p − y)"
     if obs.terms:
         return None, "the observation is a sum of gradient terms"
+    m, b, free = obs.target[layer.weight].shape[0], int(obs.batch_size), int(obs.num_classes) - 1
+    if m - b < CHECKS * free:
+        return None, (
+            f"{layer.module} has {m} units for B = {b}: {m - b} equations beyond the batch "
+            f"cannot check a mask against its {free} free outputs"
+        )
     return nxt, ""
 
 
@@ -251,11 +258,14 @@ def objective(lp: ClassLP, pool: list, rng: np.random.Generator) -> np.ndarray:
     a share ``GUIDED`` of the time once masks are found — a found mask with a share ``FLIP``
     of its units flipped (module docstring)."""
     if pool and rng.random() < GUIDED:
-        base = pool[rng.integers(len(pool))][lp.keep].astype(float)
-        weights = 2 * np.where(rng.random(len(base)) < FLIP, 1 - base, base) - 1
-    else:
-        weights = rng.standard_normal(int(lp.keep.sum()))
-    return -(weights[:, None] * lp.su).sum(0)
+        base = pool[rng.integers(len(pool))][lp.keep]
+        return towards(lp, np.where(rng.random(len(base)) < FLIP, ~base, base))
+    return -(rng.standard_normal(int(lp.keep.sum()))[:, None] * lp.su).sum(0)
+
+
+def towards(lp: ClassLP, pattern: np.ndarray) -> np.ndarray:
+    """The objective over q whose vertex best matches ``pattern`` on the signed units."""
+    return -((2.0 * pattern - 1)[:, None] * lp.su).sum(0)
 
 
 def read_vertex(
@@ -368,8 +378,7 @@ def search(
                     for c, m in zip(tries, masks, strict=True):  # the guess itself, repaired
                         take(c, *repair(u, w2, m, c))
                     objs = [
-                        -((2.0 * m[lp[c].keep] - 1)[:, None] * lp[c].su).sum(0)
-                        for c, m in zip(tries, masks, strict=True)
+                        towards(lp[c], m[lp[c].keep]) for c, m in zip(tries, masks, strict=True)
                     ]
                 xs = threads.map(
                     solve_vertex, [lp[c] for c in tries], objs, repeat(b), repeat(classes)
@@ -433,13 +442,6 @@ def separate(
     found = torch.zeros(b, dtype=torch.bool)
     nxt, why = classifier_after(obs, layer)
     if nxt is None:
-        return Separated(h, g, found, {"how": f"vertex search not run: {why}"})
-    spare = dw.shape[0] - b
-    if spare < CHECKS * (int(obs.num_classes) - 1):
-        why = (
-            f"{layer.module} has {dw.shape[0]} units for B = {b}: {spare} equations beyond the "
-            f"batch cannot check a mask against its {int(obs.num_classes) - 1} free outputs"
-        )
         return Separated(h, g, found, {"how": f"vertex search not run: {why}"})
     budget = LPS_PER_EXAMPLE * b if lps is None else int(lps)
     sv = top_singular(dw, b)[1]
