@@ -74,6 +74,7 @@ from privaudit.core.observation import Observation, Reconstruction
 
 from . import vertex
 from .common import as_list, progress_bar
+from .descent import bottom, descend
 from .disaggregation import Separated, finish, layer_params, pick_layer
 from .fi import DEFAULT_ITERATIONS
 from .identifiability import (
@@ -467,6 +468,20 @@ def separate(
     return Separated(h, g, found, meta)
 
 
+def search_layer(obs: Observation, layer: str, search_by: str) -> LinearLayer:
+    """``layer`` by name; with "auto" the first linear layer — or, unless ``search_by`` is
+    "sample", a later one whose ReLU feeds the classifier where :mod:`.vertex` searches it and
+    :mod:`.descent` leads from it down to the first (an MLP's last hidden layer)."""
+    first = pick_layer(obs, layer)
+    if layer != "auto" or search_by == "sample":
+        return first
+    for ly in linear_layers(obs.model):
+        if ly.weight in obs.target and vertex.classifier_after(obs, ly)[0] is not None:
+            if bottom(obs, ly).module == first.module:
+                return ly
+    return first
+
+
 SEARCHES = ("auto", "sample", "vertex")
 MATCH = 0.99  # sparsity matching (or a solved pattern's agreement) accepted as exact
 
@@ -518,7 +533,7 @@ def spear(
     the layer's input is not the image, ``iterations`` (default 1000) and ``restarts`` of
     feature inversion at step ``lr`` with TV weight ``tv`` turn features into images.
     ``search``: "auto" hands a layer that feeds the classifier to :mod:`.vertex`'s
-    LP search (``lps`` LPs; default 12 per example), "sample" keeps the paper's sampling,
+    LP search (``lps`` LPs; default 24 per example), "sample" keeps the paper's sampling,
     "vertex" always searches vertices.
     ``loss`` is 1 − the fraction of examples recovered."""
     out = []
@@ -528,7 +543,7 @@ def spear(
                 "SPEAR separates one gradient; this observation is a sum of gradient terms "
                 "(e.g. a tracking difference): use --attack ig"
             )
-        ly = pick_layer(o, layer)
+        ly = search_layer(o, layer, search)
         f = factor(o, ly, int(o.batch_size), zero_tol, zero_sigmas)
         sep = separate(
             o, f, ly, samples=samples, tau=tau, greedy_rounds=greedy_rounds, next_layer=next_layer,
@@ -537,7 +552,8 @@ def spear(
         )  # fmt: skip
         inv = {"iterations": DEFAULT_ITERATIONS if iterations is None else int(iterations)}
         inv.update(restarts=1 if restarts is None else int(restarts), lr=lr, tv=tv)
-        out.append(finish(o, ly, sep, seed + i, device, progress, inv, "spear"))
+        low, sep = descend(o, ly, sep)
+        out.append(finish(o, low, sep, seed + i, device, progress, inv, "spear"))
     return out
 
 

@@ -94,7 +94,10 @@ CHECKS = 4  # a mask is checked only with this many spare units (m − B) per fr
 SAME_UNITS = 3  # masks differing on at most this many units are one example's
 NEAR_SHARE = 0.1  # a guess's scale: any pattern along s f within this share of a found one
 FEW = 4  # mask guesses from the missing inputs' span once at most B / FEW are missing
-LPS_PER_EXAMPLE = 12  # the default budget: this many LPs per example of the batch
+LPS_PER_EXAMPLE = 24  # the default budget: this many LPs per example of the batch
+FOLLOW = 6  # an inexact vertex is followed by at most this many LPs aimed at its rounding,
+RARE = 0.1  # ... while fewer than this share of the LPs so far found an example
+STALL = 4  # LPs per class without a find, after which every class is tried (counts may err)
 
 
 def classifier_after(obs: Observation, layer: LinearLayer) -> tuple[LinearLayer | None, str]:
@@ -232,6 +235,22 @@ def repair(
     return delta, e, off
 
 
+def polish(
+    u: np.ndarray, w2: np.ndarray, found: tuple[int, np.ndarray, np.ndarray]
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """A find (label, δ, e) re-read from its projection while that lowers its distance from
+    span(u) further (up to ``REPAIRS`` times): a mask accepted within ``EXACT`` may still
+    miss units whose share of δ is that small; read again, they come right."""
+    label, delta, e = found
+    off = fit_delta(u, w2, delta != 0, label)[2]
+    for _ in range(REPAIRS):
+        again = fit_delta(u, w2, read_mask(u, w2, u.T @ delta, e), label)
+        if not again[2] < off:
+            break
+        delta, e, off = again
+    return label, delta, e
+
+
 def batch_mean_softmax(obs: Observation, nxt: LinearLayer, counts: Tensor) -> np.ndarray:
     """``p̄``: unclipped, ``∂c₂ + n / B`` (the classifier's bias gradient), clamped to the
     simplex; clipped or without a bias (clip factors weigh ``∂c₂``), the model's softmax at
@@ -349,7 +368,8 @@ def search(
     rng = np.random.default_rng(seed)
     found: list[tuple[int, np.ndarray, np.ndarray]] = []
     pool: list[np.ndarray] = []  # found masks on all m units, found's order
-    used = 0
+    used = last = 0  # LPs solved; LPs solved at the last find
+    follow: dict[int, tuple[np.ndarray, int]] = {}  # class -> (last inexact mask, steps)
 
     def take(c: int, delta: np.ndarray, e: np.ndarray, off: float) -> bool:
         """Keep an exact, new output gradient of class c (and cut it off from its LP)."""
@@ -357,7 +377,9 @@ def search(
         if off > max(EXACT, 3 * angle) or len(found) >= b:
             return False
         if not any((mask != m).sum() <= SAME_UNITS for m in pool):
+            nonlocal last
             found.append((c, delta, e))
+            last = used
             pool.append(mask)
             lp[c].cut(mask)
         return True
@@ -370,9 +392,15 @@ def search(
                 lp[c] = class_lp(u, w2, pbar, c, width, masks, angle)
             while used < until and len(found) < b:
                 short = [c for c in range(classes) if sum(y == c for y, _, _ in found) < counts[c]]
-                tries = short or [c for c in range(classes) if counts[c]] or list(range(classes))
+                tries = short or [c for c in range(classes) if counts[c]]
+                if not tries or used - last >= STALL * classes:  # the counts may be wrong
+                    tries = list(range(classes))
                 tries = tries[: until - used]
-                objs = [objective(lp[c], pool, rng) for c in tries]
+                objs = [
+                    towards(lp[c], follow[c][0][lp[c].keep]) if c in follow
+                    else objective(lp[c], pool, rng)
+                    for c in tries
+                ]  # fmt: skip
                 if guess is not None and pool and b - len(found) <= max(1, b // FEW):
                     masks = [guess([d for _, d, _ in found], rng) for _ in tries]
                     for c, m in zip(tries, masks, strict=True):  # the guess itself, repaired
@@ -388,8 +416,12 @@ def search(
                     hit = read_vertex(lp[c], u, w2, x)
                     if hit is None:
                         continue
+                    steps = follow.pop(c, (None, 0))[1]
                     if take(c, *repair(u, w2, hit[0], c)):
                         continue
+                    if steps < FOLLOW and used >= classes and len(found) < RARE * used:
+                        # finds are rare: the next LP of c aims at this vertex's rounding
+                        follow[c] = (hit[0], steps + 1)
                     if hit[1] and not any((hit[0] != m).sum() <= SAME_UNITS for m in lp[c].masks):
                         lp[c].cut(hit[0])  # a binary vertex that is no example
     return found, used
@@ -464,6 +496,7 @@ def separate(
     if not finds:
         meta["how"] = f"vertex search: no exact output gradient in {used} LPs"
         return Separated(h, g, found, meta)
+    finds = [polish(u.numpy(), w2.numpy(), f) for f in finds]
     k = len(finds)
     deltas = torch.from_numpy(np.stack([d for _, d, _ in finds], 1))  # (m, k)
     inputs = torch.linalg.lstsq(deltas, dw).solution  # (k, n)

@@ -41,6 +41,9 @@ def recovered(x: torch.Tensor, y: torch.Tensor, rec, db: float = 30.0) -> tuple[
 
 
 def attack(model: nn.Module, x, y, mean, std, **kw):
+    """SPEAR's sampling (``search="sample"`` unless given: on ``mlp`` the default searches the
+    last hidden layer's vertices instead, tested in test_descent)."""
+    kw.setdefault("search", "sample")
     obs_kw = {k: kw.pop(k) for k in ("clip", "scale", "noise") if k in kw}
     obs = observe(model, x, y, mean=mean, std=std, **obs_kw)
     (rec,) = run_attack("spear", [obs], **kw)
