@@ -9,8 +9,8 @@ gradients from layer L's:
 
 (Δ: one column per example). A separated layer hands over every example's input ``h_i``
 exactly once all B are found; then ``Δ_L = ∂W_L H⁺`` (exact, at the true scale, clip factors
-included, whatever scale the separation left), the pattern ``1[h_i > 0]`` is read off
-``h_i`` itself, and ``A = Δ_{L−1}⁺ ∂W_{L−1}`` is exact wherever ``Δ_{L−1}`` has rank B (its B columns are
+included, whatever scale the separation left), the pattern ``1[h_i > 0]`` is read off ``h_i``
+itself, and ``A = Δ_{L−1}⁺ ∂W_{L−1}`` is exact wherever ``Δ_{L−1}`` has rank B (its columns are
 independent wherever the separation above was possible: that needed ``H`` of rank B, so the
 layer has at least B units). This is R-GAP's recursion (Zhu & Blaschko, ICLR 2021, §3) for a
 batch: there the unknown of each step is one input, here the B inputs at once, made
@@ -99,7 +99,9 @@ def descend(obs: Observation, layer: LinearLayer, sep: Separated) -> tuple[Linea
         sep.meta["descent"] = {"solved": solved, **({"stopped": why} if why else {})}
         if solved:
             sep.meta["how"] = (
-                sep.meta.get("how", "") + "; then down the ReLU chain, inputs of "
-                + ", ".join(solved) + " by least squares (exact)"
+                sep.meta.get("how", "")
+                + "; then down the ReLU chain, inputs of "
+                + ", ".join(solved)
+                + " by least squares (exact)"
             )
     return layer, sep

@@ -97,9 +97,13 @@ def test_inputs_off_by_a_thousandth_are_not_carried_down():
     low, down = descent.descend(obs, layer, replace(sep, meta=dict(sep.meta)))
     assert low.module == "1" and down.meta["descent"] == {"solved": ["1"]}
     gen = torch.Generator().manual_seed(0)
-    off = sep.h + 1e-3 * sep.h.norm(dim=1, keepdim=True) * torch.randn(
-        sep.h.shape, generator=gen, dtype=torch.float64
-    ) / sep.h.shape[1] ** 0.5
+    off = (
+        sep.h
+        + 1e-3
+        * sep.h.norm(dim=1, keepdim=True)
+        * torch.randn(sep.h.shape, generator=gen, dtype=torch.float64)
+        / sep.h.shape[1] ** 0.5
+    )
     moved = replace(sep, h=off, meta={})
     low, kept = descent.descend(obs, layer, moved)
     assert low is layer and torch.equal(kept.h, off)
