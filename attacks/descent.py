@@ -10,7 +10,8 @@ gradients from layer L's:
 (Δ: one column per example). A separated layer hands over every example's input ``h_i``
 exactly once all B are found; then ``Δ_L = ∂W_L H⁺`` (exact, at the true scale, clip factors
 included, whatever scale the separation left), the pattern ``1[h_i > 0]`` is read off ``h_i``
-itself, and ``A = Δ_{L−1}⁺ ∂W_{L−1}`` is exact wherever ``Δ_{L−1}`` has rank B (its columns are
+itself (zero below a share of its largest entry: of ``ZEROS``, the one that fits best), and
+``A = Δ_{L−1}⁺ ∂W_{L−1}`` is exact wherever ``Δ_{L−1}`` has rank B (its columns are
 independent wherever the separation above was possible: that needed ``H`` of rank B, so the
 layer has at least B units). This is R-GAP's recursion (Zhu & Blaschko, ICLR 2021, §3) for a
 batch: there the unknown of each step is one input, here the B inputs at once, made
@@ -37,9 +38,11 @@ from .disaggregation import Separated, layer_params
 from .identifiability import LinearLayer, layer_gradient, linear_layers
 from .rowspace import next_layer
 
-EXACT = 1e-6  # a noise-free step is accepted where it reproduces ∂W to this (relative)
+EXACT = 1e-4  # a noise-free step is accepted where it reproduces ∂W to this (relative)
 NOISE_FIT = 2.0  # with noise of std σ, a residual up to this × σ√(mn) is accepted
-ZERO = 1e-6  # an input at most this share of its example's largest is an inactive unit
+# an input at most this share of its example's largest is an inactive unit; tried in turn
+# (a message rounded to float32 leaves its zeros at 1e-5 or so), the best fit kept
+ZEROS = (1e-6, 1e-5, 1e-4, 1e-3)
 
 
 def layer_below(obs: Observation, layer: LinearLayer) -> LinearLayer | None:
@@ -67,10 +70,15 @@ def step(
     dwb, _ = layer_gradient(obs, below)
     w, _ = layer_params(obs, layer)
     delta = torch.linalg.lstsq(h.T, dw.T).solution.T  # ∂W_L = Δ_L H  ->  Δ_L (m_L, B)
-    active = h > ZERO * h.abs().amax(1, keepdim=True)
-    below_delta = active.T * (w.T @ delta)  # (m, B)
-    a = torch.linalg.lstsq(below_delta, dwb).solution  # (B, n)
-    res = float((below_delta @ a - dwb).norm())
+    back = w.T @ delta  # (m, B): Δ_{L−1} before the ReLU's pattern
+    best = None
+    for zero in ZEROS:  # the pattern read at each threshold; the best fit is kept
+        below_delta = (h > zero * h.abs().amax(1, keepdim=True)).T * back
+        a = torch.linalg.lstsq(below_delta, dwb).solution  # (B, n)
+        res = float((below_delta @ a - dwb).norm())
+        if best is None or res < best[0]:
+            best = (res, a, below_delta)
+    res, a, below_delta = best
     sigma = float(obs.noise_std or 0.0) / (float(obs.scale) if obs.scale else 1.0)
     allowed = max(EXACT * float(dwb.norm()), NOISE_FIT * abs(sigma) * math.sqrt(dwb.numel()))
     if res > allowed:

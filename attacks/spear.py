@@ -56,8 +56,12 @@ each example's column of ∂Z is ``d_i ⊙ W₂ᵀ(p_i − y_i)``, and :mod:`.ve
 vertex of a per-class polytope by linear programming — also at B where the sampling expects
 no find (``fedavg-cnn`` at B = 64).
 
-A layer after a convolutional trunk (``fedavg-cnn``'s FC 512) gives features; they are
-inverted to images by the ``fi`` attack's feature inversion (:mod:`.disaggregation`).
+Where that layer is not the first (an MLP's last hidden layer: ``layer="auto"`` picks it
+wherever :mod:`.descent` leads from it down to the first linear layer, unless
+``search="sample"``), the layers below are solved exactly once all B are found
+(:mod:`.descent`). A layer after a convolutional trunk (``fedavg-cnn``'s FC 512) gives
+features; they are inverted to images by the ``fi`` attack's feature inversion
+(:mod:`.disaggregation`).
 """
 
 from __future__ import annotations
@@ -525,7 +529,7 @@ def spear(
     lr: float = 0.1,
     tv: float = 5e-2,
 ) -> list[Reconstruction]:
-    """SPEAR (module docstring) on ``layer`` ("auto": the first linear layer) of each
+    """SPEAR (module docstring) on ``layer`` (by name, or "auto": :func:`search_layer`) of each
     observation, observation i with seed ``seed + i``: ``samples`` submatrices, directions
     with at least ``tau · m`` zeros, a selection accepted at sparsity matching ``match``
     (no search where the budget expects fewer than ``min_finds`` finds, 0: always);

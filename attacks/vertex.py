@@ -35,7 +35,10 @@ sampling:
   example (ratios ``u_jᵀq / w₂_jᵀe`` within ``BINARY`` of 0 or 1 on a share ``SHARE`` of the
   signed units) out of later LPs of its class. Five sixths of the
   budget run at half the ``spread`` (more signed units, sharper vertices), the rest at
-  ``spread`` (outputs further from p̄).
+  ``spread`` (outputs further from p̄). Where finds are ``RARE`` (a narrow layer for its B:
+  a random objective lands on a generic vertex), an inexact vertex is followed by up to
+  ``FOLLOW`` LPs aimed at its own rounding (:func:`towards`); after ``STALL`` LPs per class
+  without a find every class is tried (the label counts can be wrong, e.g. under clipping).
 - **The last few.** Once at most B / ``FEW`` are missing, the found Δ_K leave
   ``R = (I − Δ_K Δ_K⁺) ∂W``, whose row space is exactly the missing examples' inputs
   (:class:`MissingInputs`); objectives then come from the patterns of random inputs of that
@@ -45,7 +48,8 @@ sampling:
   rounded from the vertex, e re-solved by least squares so that ``d ⊙ W₂ᵀ e`` lies in
   span(U) (the pattern re-read from its projection up to ``REPAIRS`` times while that
   helps), and accepted only where it does to ``EXACT`` (relative); a wrong unit misses by
-  its share of δ's norm.
+  its share of δ's norm. An accepted find is re-read from its projection while that brings
+  it closer still (:func:`polish`): a unit whose share is under ``EXACT`` may be wrong.
 - **Inputs.** With the found output gradients Δ_K, ``H = Δ_K⁺ ∂W`` gives their inputs —
   exact when all B are found, else each mixed with the missing ones' share — and the bias
   gradient ``∂c = Δ_K t`` their scales (:func:`fit_scales`).
