@@ -537,7 +537,7 @@ def spear(
     the layer's input is not the image, ``iterations`` (default 1000) and ``restarts`` of
     feature inversion at step ``lr`` with TV weight ``tv`` turn features into images.
     ``search``: "auto" hands a layer that feeds the classifier to :mod:`.vertex`'s
-    LP search (``lps`` LPs; default 24 per example), "sample" keeps the paper's sampling,
+    LP search (``lps`` LPs; default 32 per example), "sample" keeps the paper's sampling,
     "vertex" always searches vertices.
     ``loss`` is 1 − the fraction of examples recovered."""
     out = []

@@ -98,7 +98,11 @@ CHECKS = 4  # a mask is checked only with this many spare units (m − B) per fr
 SAME_UNITS = 3  # masks differing on at most this many units are one example's
 NEAR_SHARE = 0.1  # a guess's scale: any pattern along s f within this share of a found one
 FEW = 4  # mask guesses from the missing inputs' span once at most B / FEW are missing
-LPS_PER_EXAMPLE = 24  # the default budget: this many LPs per example of the batch
+SPARSE_MAX = 16  # with at most this many missing, their ReLU inputs are sampled by zeros
+DRAWS = 4096  # ... in this many draws of r − 1 entries
+SPARSE = 0.3  # ... kept where at least this share of the entries are zero
+ZERO = 1e-5  # an entry at most this share of the largest is a zero (a float32 message)
+LPS_PER_EXAMPLE = 32  # the default budget: this many LPs per example of the batch
 FOLLOW = 6  # an inexact vertex is followed by at most this many LPs aimed at its rounding,
 RARE = 0.1  # ... while fewer than this share of the LPs so far found an example
 STALL = 4  # LPs per class without a find, after which every class is tried (counts may err)
@@ -305,6 +309,33 @@ def read_vertex(
     return read_mask(u, w2, q, e), bool(binary)
 
 
+def sparse_rows(span: np.ndarray, rng: np.random.Generator, draws: int = DRAWS) -> np.ndarray:
+    """The rows of ``span``'s row space (r, n) that are zero on at least a share ``SPARSE`` of
+    their entries, found by SPEAR's sampling turned to the rows (Dimitrov et al., NeurIPS
+    2024, §4): the combination that vanishes on r − 1 random entries is one ReLU input of
+    the span wherever they all are zeros of it, probability ≈ 2^−(r−1) — not sampled for
+    r > ``SPARSE_MAX``. Distinct, unit norm."""
+    r, n = span.shape
+    if r > SPARSE_MAX or r < 2:
+        return span[:0] if r != 1 else span / np.linalg.norm(span)
+    draws = min(draws, 2 ** (r + 5))  # ≈ 2^(r−1) draws per find expected: 64 finds' worth
+    cols = np.sort(rng.integers(0, n, (draws, r - 1)), 1)
+    cols = cols[(np.diff(cols, axis=1) > 0).all(1)]  # r − 1 distinct entries
+    kernel = np.linalg.svd(np.transpose(span[:, cols], (1, 2, 0)))[2][:, -1]  # (draws, r)
+    rows = kernel @ span
+    rows /= np.abs(rows).max(1, keepdims=True)
+    zeros = (np.abs(rows) <= ZERO).mean(1)
+    order = np.argsort(-zeros)[: int((zeros >= SPARSE).sum())]  # sparsest first
+    rows = rows[order] / np.linalg.norm(rows[order], axis=1, keepdims=True)
+    kept: list[np.ndarray] = []
+    for row in rows:
+        if len(kept) == 4 * r:
+            break
+        if all(abs(float(row @ k)) < 1 - 1e-6 for k in kept):
+            kept.append(row)
+    return np.array(kept).reshape(-1, n)
+
+
 class MissingInputs:
     """Mask guesses for the examples the search has not found. With the found output
     gradients Δ_K, ``R = (I − Δ_K Δ_K⁺) ∂W = (I − Δ_K Δ_K⁺) Δ_u F_uᵀ`` has rank B − k and
@@ -320,7 +351,7 @@ class MissingInputs:
     ) -> None:
         self.dw, self.w, self.c, self.b, self.nonnegative = dw, w, c, b, nonnegative
         self.k = -1
-        self.span = np.zeros((0, dw.shape[1]))
+        self.span = self.sparse = np.zeros((0, dw.shape[1]))
 
     def __call__(self, deltas: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
         if len(deltas) != self.k:
@@ -329,7 +360,11 @@ class MissingInputs:
             r = self.dw - d @ np.linalg.lstsq(d, self.dw, rcond=None)[0]
             _, vec = np.linalg.eigh(r @ r.T)  # (m, m): R's left singular vectors, ascending
             self.span = vec[:, vec.shape[1] - (self.b - self.k) :].T @ r  # B − k largest
-        f = rng.standard_normal(len(self.span)) @ self.span
+            self.sparse = sparse_rows(self.span, rng) if self.nonnegative else self.sparse[:0]
+        if len(self.sparse):
+            f = self.sparse[rng.integers(len(self.sparse))]
+        else:
+            f = rng.standard_normal(len(self.span)) @ self.span
         if (f.sum() < 0) if self.nonnegative else (rng.random() < 0.5):
             f = -f
         wf = self.w @ f
@@ -382,7 +417,7 @@ def search(
             return False
         if not any((mask != m).sum() <= SAME_UNITS for m in pool):
             nonlocal last
-            found.append((c, delta, e))
+            found.append(polish(u, w2, (c, delta, e)))
             last = used
             pool.append(mask)
             lp[c].cut(mask)
@@ -500,7 +535,6 @@ def separate(
     if not finds:
         meta["how"] = f"vertex search: no exact output gradient in {used} LPs"
         return Separated(h, g, found, meta)
-    finds = [polish(u.numpy(), w2.numpy(), f) for f in finds]
     k = len(finds)
     deltas = torch.from_numpy(np.stack([d for _, d, _ in finds], 1))  # (m, k)
     inputs = torch.linalg.lstsq(deltas, dw).solution  # (k, n)

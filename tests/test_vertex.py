@@ -205,3 +205,18 @@ def test_where_the_outputs_spread_far_only_true_output_gradients_are_claimed():
     truth = output_gradients(model, x, y, mean, std)
     cos = torch.nn.functional.cosine_similarity(sep.g[:, :k].T[:, None], truth[None], dim=-1)
     assert float(1 - cos.max(1).values.min()) < 1e-6
+
+
+def test_the_sparse_rows_of_a_span_of_relu_inputs_are_its_inputs():
+    """SPEAR's sampling on the rows: of a span of r ReLU inputs (half their entries zero),
+    the rows zero on ≥ 30 % of their entries are exactly those inputs, each once — a mixture
+    of two is zero only where both are (a quarter)."""
+    rng = np.random.default_rng(0)
+    r, n = 10, 200
+    inputs = rng.random((r, n)) * (rng.random((r, n)) < 0.5)
+    span = np.linalg.qr(inputs.T @ rng.standard_normal((r, r)))[0].T  # mixed, orthonormal
+    rows = vertex.sparse_rows(span, rng)
+    unit = inputs / np.linalg.norm(inputs, axis=1, keepdims=True)
+    cos = np.abs(rows @ unit.T)
+    assert len(rows) == r and np.allclose(np.sort(cos.max(1)), 1.0, atol=1e-9)
+    assert sorted(cos.argmax(1).tolist()) == list(range(r))
