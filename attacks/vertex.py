@@ -41,15 +41,18 @@ sampling:
   without a find every class is tried (the label counts can be wrong, e.g. under clipping).
 - **The last few.** Once at most B / ``FEW`` are missing, the found Δ_K leave
   ``R = (I − Δ_K Δ_K⁺) ∂W``, whose row space is exactly the missing examples' inputs
-  (:class:`MissingInputs`); objectives then come from the patterns of random inputs of that
-  span — with one missing, its own input up to sign and scale.
+  (:class:`MissingInputs`); objectives then come from the patterns of inputs of that
+  span: where the inputs are ReLU features and at most ``SPARSE_MAX`` are missing, the
+  span's sparse rows (:func:`sparse_rows`: the missing inputs themselves, each up to scale),
+  else random ones — with one missing, its own input up to sign and scale.
 - **Exactness.** Each mask is checked on *every* unit (the m − B units beyond the batch
   must outnumber e's C − 1 free entries ``CHECKS`` times, else the search is not run): d
   rounded from the vertex, e re-solved by least squares so that ``d ⊙ W₂ᵀ e`` lies in
   span(U) (the pattern re-read from its projection up to ``REPAIRS`` times while that
   helps), and accepted only where it does to ``EXACT`` (relative); a wrong unit misses by
-  its share of δ's norm. An accepted find is re-read from its projection while that brings
-  it closer still (:func:`polish`): a unit whose share is under ``EXACT`` may be wrong.
+  its share of δ's norm. Without noise an accepted find is re-read from its projection
+  while that brings it closer still (:func:`polish`): a unit whose share is under ``EXACT``
+  may be wrong (under noise the re-reading would fit the noise).
 - **Inputs.** With the found output gradients Δ_K, ``H = Δ_K⁺ ∂W`` gives their inputs —
   exact when all B are found, else each mixed with the missing ones' share — and the bias
   gradient ``∂c = Δ_K t`` their scales (:func:`fit_scales`).
@@ -417,7 +420,7 @@ def search(
             return False
         if not any((mask != m).sum() <= SAME_UNITS for m in pool):
             nonlocal last
-            found.append(polish(u, w2, (c, delta, e)))
+            found.append(polish(u, w2, (c, delta, e)) if angle == 0 else (c, delta, e))
             last = used
             pool.append(mask)
             lp[c].cut(mask)
