@@ -415,12 +415,14 @@ def search(
 
     def take(c: int, delta: np.ndarray, e: np.ndarray, off: float) -> bool:
         """Keep an exact, new output gradient of class c (and cut it off from its LP)."""
-        mask = delta != 0
         if off > max(EXACT, 3 * angle) or len(found) >= b:
             return False
+        if angle == 0:
+            c, delta, e = polish(u, w2, (c, delta, e))
+        mask = delta != 0
         if not any((mask != m).sum() <= SAME_UNITS for m in pool):
             nonlocal last
-            found.append(polish(u, w2, (c, delta, e)) if angle == 0 else (c, delta, e))
+            found.append((c, delta, e))
             last = used
             pool.append(mask)
             lp[c].cut(mask)
