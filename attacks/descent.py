@@ -110,6 +110,6 @@ def descend(obs: Observation, layer: LinearLayer, sep: Separated) -> tuple[Linea
                 sep.meta.get("how", "")
                 + "; then down the ReLU chain, inputs of "
                 + ", ".join(solved)
-                + " by least squares (exact)"
+                + f" by least squares (each reproducing its gradient to {EXACT:g})"
             )
     return layer, sep

@@ -108,6 +108,7 @@ ZERO = 1e-5  # an entry at most this share of the largest is a zero (a float32 m
 LPS_PER_EXAMPLE = 32  # the default budget: this many LPs per example of the batch
 FOLLOW = 6  # an inexact vertex is followed by at most this many LPs aimed at its rounding,
 RARE = 0.1  # ... while fewer than this share of the LPs so far found an example
+FAINT = 16  # a find's units of smallest |W₂ᵀe| each tried flipped when it is polished
 STALL = 4  # LPs per class without a find, after which every class is tried (counts may err)
 
 
@@ -250,8 +251,9 @@ def polish(
     u: np.ndarray, w2: np.ndarray, found: tuple[int, np.ndarray, np.ndarray]
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """A find (label, δ, e) re-read from its projection while that lowers its distance from
-    span(u) further (up to ``REPAIRS`` times): a mask accepted within ``EXACT`` may still
-    miss units whose share of δ is that small; read again, they come right."""
+    span(u) further (up to ``REPAIRS`` times), then each of its ``FAINT`` units of smallest
+    ``|W₂ᵀe|`` flipped where that lowers it: a mask accepted within ``EXACT`` may still be
+    wrong on units whose share of δ is that small."""
     label, delta, e = found
     off = fit_delta(u, w2, delta != 0, label)[2]
     for _ in range(REPAIRS):
@@ -259,6 +261,12 @@ def polish(
         if not again[2] < off:
             break
         delta, e, off = again
+    for j in np.argsort(np.abs(w2.T @ e))[:FAINT]:  # the units a wrong entry hides best in
+        mask = delta != 0
+        mask[j] = not mask[j]
+        again = fit_delta(u, w2, mask, label)
+        if again[2] < off:
+            delta, e, off = again
     return label, delta, e
 
 
