@@ -38,7 +38,9 @@ sampling:
   ``spread`` (outputs further from p̄). Where finds are ``RARE`` (a narrow layer for its B:
   a random objective lands on a generic vertex), an inexact vertex is followed by up to
   ``FOLLOW`` LPs aimed at its own rounding (:func:`towards`); after ``STALL`` LPs per class
-  without a find every class is tried (the label counts can be wrong, e.g. under clipping).
+  without a find every class is tried (the label counts can be wrong, e.g. under clipping);
+  after ``HOPELESS`` LPs per example without any find the search stops (``mlp``'s 200 units
+  at B = 128: a random objective's vertex is generic there, and nothing is found).
 - **The last few.** Once at most B / ``FEW`` are missing, the found Δ_K leave
   ``R = (I − Δ_K Δ_K⁺) ∂W``, whose row space is exactly the missing examples' inputs
   (:class:`MissingInputs`); objectives then come from the patterns of inputs of that
@@ -109,6 +111,7 @@ LPS_PER_EXAMPLE = 32  # the default budget: this many LPs per example of the bat
 FOLLOW = 6  # an inexact vertex is followed by at most this many LPs aimed at its rounding,
 RARE = 0.1  # ... while fewer than this share of the LPs so far found an example
 FAINT = 16  # a find's units of smallest |W₂ᵀe| each tried flipped when it is polished
+HOPELESS = 4  # LPs per example without a single find, after which the search stops
 STALL = 4  # LPs per class without a find, after which every class is tried (counts may err)
 
 
@@ -442,7 +445,7 @@ def search(
             for c in range(classes):
                 masks = [m for (y, _, _), m in zip(found, pool, strict=True) if y == c]
                 lp[c] = class_lp(u, w2, pbar, c, width, masks, angle)
-            while used < until and len(found) < b:
+            while used < until and len(found) < b and (found or used < HOPELESS * b):
                 short = [c for c in range(classes) if sum(y == c for y, _, _ in found) < counts[c]]
                 tries = short or [c for c in range(classes) if counts[c]]
                 if not tries or used - last >= STALL * classes:  # the counts may be wrong
