@@ -220,3 +220,26 @@ def test_the_sparse_rows_of_a_span_of_relu_inputs_are_its_inputs():
     cos = np.abs(rows @ unit.T)
     assert len(rows) == r and np.allclose(np.sort(cos.max(1)), 1.0, atol=1e-9)
     assert sorted(cos.argmax(1).tolist()) == list(range(r))
+
+
+def test_a_wrong_unit_hidden_under_the_tolerance_is_polished_away():
+    """A mask wrong on the unit of smallest |W₂ᵀe| misses span(U) by less than ``EXACT`` (so
+    the search would accept it) and leaves its input that far off; the polish puts it right."""
+    b = 16
+    x, y, mean, std = batch(b, seed=3)
+    model = net(seed=3)
+    obs = observe(model, x, y, mean=mean, std=std)
+    dw, _ = layer_gradient(obs, pick_layer(obs))
+    u = torch.linalg.qr(top_singular(dw, b)[0])[0].numpy()
+    w2 = model[3].weight.detach().double().numpy()
+    true = output_gradients(model, x, y, mean, std)[0].numpy() != 0
+    label = int(y[0])
+    delta, e, off = vertex.fit_delta(u, w2, true, label)
+    assert off < 1e-6
+    wrong = true.copy()
+    j = int(np.argmin(np.abs(w2.T @ e)))
+    wrong[j] = not wrong[j]
+    bad, e_bad, off_bad = vertex.fit_delta(u, w2, wrong, label)
+    assert 0 < off_bad < vertex.EXACT
+    _, fixed, _ = vertex.polish(u, w2, (label, bad, e_bad))
+    assert np.array_equal(fixed != 0, true)
