@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import run_cli
@@ -105,7 +106,10 @@ def test_train_then_attack_an_existing_run(tmp_path, capsys):
 
 
 def test_console_script_runs():
-    exe = shutil.which("privaudit")
+    """The console script of the install under test: the one beside this interpreter (a venv
+    used without activating it leaves another ``privaudit`` first on PATH), else PATH's."""
+    here = Path(sys.executable).with_name("privaudit")
+    exe = str(here) if here.exists() else shutil.which("privaudit")
     cmd = [exe] if exe else [sys.executable, "-m", "privaudit.cli"]
     proc = subprocess.run([*cmd, "targets"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "dpdl-cg" in proc.stdout
