@@ -103,16 +103,21 @@ def test_clipping_and_scale_leave_the_output_gradients_and_inputs_exact():
     assert float(errors(sep.h, inputs(x, mean, std)).max()) < 1e-3  # scales from ∂c
 
 
-def test_a_wrong_mask_is_never_called_exact():
-    """The true ReLU pattern puts d ⊙ W₂ᵀe in the gradient's column space (e re-solved);
-    one active unit of median size switched off leaves it off by far more than EXACT."""
-    b = 16
-    x, y, mean, std = batch(b, seed=3)
-    model = net(seed=3)
+def column_space(b: int, seed: int):
+    """A batch, its net, the orthonormal column space ``u`` of the hidden layer's gradient and
+    the classifier's weight ``w2`` (numpy)."""
+    x, y, mean, std = batch(b, seed=seed)
+    model = net(seed=seed)
     obs = observe(model, x, y, mean=mean, std=std)
     dw, _ = layer_gradient(obs, pick_layer(obs))
     u = torch.linalg.qr(top_singular(dw, b)[0])[0].numpy()
-    w2 = model[3].weight.detach().double().numpy()
+    return x, y, mean, std, model, u, model[3].weight.detach().double().numpy()
+
+
+def test_a_wrong_mask_is_never_called_exact():
+    """The true ReLU pattern puts d ⊙ W₂ᵀe in the gradient's column space (e re-solved);
+    one active unit of median size switched off leaves it off by far more than EXACT."""
+    x, y, mean, std, model, u, w2 = column_space(16, seed=3)
     with torch.no_grad():
         z = model[1](inputs(x, mean, std).float()).double()
         p = torch.softmax(model[3](z.clamp_min(0).float()).double(), 1)
@@ -226,13 +231,7 @@ def test_a_wrong_unit_hidden_under_the_tolerance_is_polished_away(monkeypatch):
     """A mask wrong on the unit of smallest |W₂ᵀe| misses span(U) by less than ``EXACT`` (so
     the search would accept it) and leaves its input that far off; the polish puts it right,
     by re-reading and, without that, by the flips alone."""
-    b = 16
-    x, y, mean, std = batch(b, seed=3)
-    model = net(seed=3)
-    obs = observe(model, x, y, mean=mean, std=std)
-    dw, _ = layer_gradient(obs, pick_layer(obs))
-    u = torch.linalg.qr(top_singular(dw, b)[0])[0].numpy()
-    w2 = model[3].weight.detach().double().numpy()
+    x, y, mean, std, model, u, w2 = column_space(16, seed=3)
     true = output_gradients(model, x, y, mean, std)[0].numpy() != 0
     label = int(y[0])
     delta, e, off = vertex.fit_delta(u, w2, true, label)
