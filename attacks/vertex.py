@@ -234,14 +234,14 @@ def fit_delta(
 
 
 def repair(
-    u: np.ndarray, w2: np.ndarray, mask: np.ndarray, label: int
+    u: np.ndarray, w2: np.ndarray, mask: np.ndarray, label: int, until: float = EXACT
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """:func:`fit_delta` of ``mask``, re-read from its δ's projection onto span(u) while that
-    lowers the distance (up to ``REPAIRS`` times): a vertex a few units off its example's
-    pattern is pulled onto it."""
+    lowers the distance and it is above ``until`` (up to ``REPAIRS`` times): a vertex a few
+    units off its example's pattern is pulled onto it."""
     delta, e, off = fit_delta(u, w2, mask, label)
     for _ in range(REPAIRS):
-        if off <= EXACT:
+        if off <= until:
             break
         again = fit_delta(u, w2, read_mask(u, w2, u.T @ delta, e), label)
         if again[2] >= off:
@@ -254,16 +254,11 @@ def polish(
     u: np.ndarray, w2: np.ndarray, found: tuple[int, np.ndarray, np.ndarray]
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """A find (label, δ, e) re-read from its projection while that lowers its distance from
-    span(u) further (up to ``REPAIRS`` times), then each of its ``FAINT`` units of smallest
+    span(u) further (:func:`repair` past ``EXACT``), then each of its ``FAINT`` units of smallest
     ``|W₂ᵀe|`` flipped where that lowers it: a mask accepted within ``EXACT`` may still be
     wrong on units whose share of δ is that small."""
-    label, delta, e = found
-    off = fit_delta(u, w2, delta != 0, label)[2]
-    for _ in range(REPAIRS):
-        again = fit_delta(u, w2, read_mask(u, w2, u.T @ delta, e), label)
-        if not again[2] < off:
-            break
-        delta, e, off = again
+    label, delta, _ = found
+    delta, e, off = repair(u, w2, delta != 0, label, until=0.0)
     for j in np.argsort(np.abs(w2.T @ e))[:FAINT]:  # the units a wrong entry hides best in
         mask = delta != 0
         mask[j] = not mask[j]
